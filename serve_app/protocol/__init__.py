@@ -1,0 +1,1 @@
+"""The Responses API surface: request models, errors, SSE framing. No harmony, no Ray."""

@@ -1,0 +1,68 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class APIError(Exception):
+    """An error answered to the client as JSON in OpenAI's shape, with an HTTP status."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status_code: int | None = None,
+        error_type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+        if status_code is not None:
+            self.status_code = status_code
+        if error_type is not None:
+            self.error_type = error_type
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.error_type, self.param, self.code)
+
+
+class InvalidRequest(APIError):
+    """400: the request is malformed or inconsistent."""
+
+
+class NotFound(APIError):
+    status_code = 404
+
+
+def error_body(
+    message: str, error_type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def model_not_found(model: str) -> NotFound:
+    return NotFound(
+        f"The model `{model}` does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def param_path(loc: tuple[int | str, ...]) -> str:
+    """Turn a pydantic error location into OpenAI's param notation: ``input[3].call_id``."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else part
+    return path

@@ -1,0 +1,383 @@
+"""The ``POST /v1/responses`` request body.
+
+Lenient where real clients differ (Codex 0.169 and 0.63, the openai SDK, the Agents SDK):
+``input`` as a string or items, message content as a string or parts, tools flat or nested
+Chat-Completions style, hosted tools this server cannot run. Strict where a mistake would
+silently change the conversation: unknown item types, missing call ids, calls without outputs.
+Unknown top-level fields are ignored, as OpenAI ignores them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator as PydanticDiscriminator
+
+from serve_app.protocol.errors import InvalidRequest
+
+logger = logging.getLogger(__name__)
+
+
+class _Lenient(BaseModel):
+    """Ignore fields we do not use (clients send many: ids, status, client_metadata...)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+# --- content parts -------------------------------------------------------------------------
+
+TEXT_PART_TYPES = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
+# The model reads text only; these parts are replaced by a short note in the prompt.
+NON_TEXT_PART_TYPES = {"input_image", "input_file", "input_audio", "image_url"}
+
+
+class ContentPart(_Lenient):
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+    @model_validator(mode="after")
+    def _known_type(self) -> ContentPart:
+        known = TEXT_PART_TYPES | NON_TEXT_PART_TYPES | {"refusal"}
+        if self.type not in known:
+            raise ValueError(f"unsupported content part type {self.type!r}")
+        if self.type in TEXT_PART_TYPES and self.text is None:
+            raise ValueError(f"a {self.type} part needs `text`")
+        return self
+
+    def as_text(self) -> str:
+        if self.type == "refusal":
+            return self.refusal or ""
+        if self.type in NON_TEXT_PART_TYPES:
+            return f"[{self.type} omitted: this model reads text only]"
+        return self.text or ""
+
+
+def join_parts(content: str | list[ContentPart]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.as_text() for part in content)
+
+
+# --- input items ---------------------------------------------------------------------------
+
+
+class MessageItem(_Lenient):
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+    id: str | None = None
+    # Set on assistant messages we returned: "commentary" marks a preamble before tool calls.
+    phase: Literal["commentary", "final_answer"] | None = None
+
+    @property
+    def text(self) -> str:
+        return join_parts(self.content)
+
+
+class ReasoningSummary(_Lenient):
+    type: str = "summary_text"
+    text: str
+
+
+class ReasoningContent(_Lenient):
+    type: str = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(_Lenient):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningSummary] = Field(default_factory=list)
+    content: list[ReasoningContent] | None = None
+    encrypted_content: str | None = None
+
+
+class FunctionCallItem(_Lenient):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    namespace: str | None = None
+    id: str | None = None
+
+
+class FunctionCallOutputItem(_Lenient):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[ContentPart]
+    id: str | None = None
+
+    @property
+    def text(self) -> str:
+        return join_parts(self.output)
+
+
+class CustomToolCallItem(_Lenient):
+    type: Literal["custom_tool_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: str
+    namespace: str | None = None
+    id: str | None = None
+
+
+class CustomToolCallOutputItem(_Lenient):
+    type: Literal["custom_tool_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[ContentPart]
+    id: str | None = None
+
+    @property
+    def text(self) -> str:
+        return join_parts(self.output)
+
+
+class ItemReference(_Lenient):
+    type: Literal["item_reference"]
+    id: str = Field(min_length=1)
+
+
+INPUT_ITEM_TYPES = (
+    "message",
+    "reasoning",
+    "function_call",
+    "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "item_reference",
+)
+
+
+def _item_tag(value: Any) -> str | None:
+    # Messages may omit `type` (the SDK's EasyInputMessage): a `role` makes them messages.
+    if isinstance(value, dict):
+        item_type = value.get("type")
+        if item_type is None and "role" in value:
+            return "message"
+        return item_type if item_type in INPUT_ITEM_TYPES else None
+    return getattr(value, "type", None)
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
+    | Annotated[ItemReference, Tag("item_reference")],
+    PydanticDiscriminator(
+        _item_tag,
+        custom_error_type="invalid_item_type",
+        custom_error_message=f"unsupported input item type; expected one of {INPUT_ITEM_TYPES}",
+    ),
+]
+
+ToolCallItem = FunctionCallItem | CustomToolCallItem
+ToolOutputItem = FunctionCallOutputItem | CustomToolCallOutputItem
+
+
+# --- tools ---------------------------------------------------------------------------------
+
+
+class FunctionTool(_Lenient):
+    """A function tool, flat (Responses) or nested ``{"function": {...}}`` (Chat Completions)."""
+
+    type: Literal["function"] = "function"
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-.]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flatten_nested(cls, value: Any) -> Any:
+        if isinstance(value, dict) and isinstance(value.get("function"), dict):
+            return {"type": "function", **value["function"]}
+        return value
+
+
+class CustomToolFormat(_Lenient):
+    type: Literal["text", "grammar"] = "text"
+    syntax: str | None = None
+    definition: str | None = None
+
+
+class CustomTool(_Lenient):
+    """A freeform tool whose input is raw text (Codex's apply_patch with a lark grammar)."""
+
+    type: Literal["custom"]
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-.]+$")
+    description: str | None = None
+    format: CustomToolFormat | None = None
+
+
+class NamespaceTool(_Lenient):
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-]+$")
+    description: str | None = None
+    tools: list[Annotated[FunctionTool | CustomTool, Field(discriminator="type")]] = Field(
+        default_factory=list
+    )
+
+
+class HostedTool(BaseModel):
+    """A tool OpenAI runs server-side (web_search, file_search...): accepted, not rendered."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+def _tool_tag(value: Any) -> str:
+    tool_type = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return tool_type if tool_type in ("function", "custom", "namespace") else "hosted"
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("function")]
+    | Annotated[CustomTool, Tag("custom")]
+    | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[HostedTool, Tag("hosted")],
+    PydanticDiscriminator(_tool_tag),
+]
+
+
+class NamedToolChoice(_Lenient):
+    """``{"type": "function", "name": ...}``, nested ``{"function": {"name"}}``, or custom."""
+
+    type: Literal["function", "custom"]
+    name: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flatten_nested(cls, value: Any) -> Any:
+        if isinstance(value, dict) and isinstance(value.get("function"), dict):
+            return {"type": "function", "name": value["function"].get("name")}
+        return value
+
+
+class OtherToolChoice(BaseModel):
+    """allowed_tools, hosted tool choices...: accepted and treated as ``auto``."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice | OtherToolChoice
+
+
+# --- the request ---------------------------------------------------------------------------
+
+ReasoningEffortName = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class ReasoningOptions(_Lenient):
+    effort: ReasoningEffortName | None = None
+    summary: str | None = None
+
+
+class TextFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextOptions(_Lenient):
+    format: TextFormat | None = None
+    verbosity: str | None = None
+
+
+class ResponsesRequest(_Lenient):
+    model: str = Field(min_length=1)
+    input: str | list[InputItem] = Field(default_factory=list)
+    instructions: str | None = None
+    tools: list[Tool] = Field(default_factory=list)
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
+    reasoning: ReasoningOptions | None = None
+    text: TextOptions | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    prompt_cache_key: str | None = Field(default=None, max_length=1024)
+    store: bool = True
+    previous_response_id: str | None = Field(default=None, min_length=1)
+    include: list[str] = Field(default_factory=list)
+    metadata: dict[str, str] | None = None
+    stream: bool = False
+    background: bool = False
+    user: str | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        # OpenAI's limits: 16 pairs, keys up to 64 characters, values up to 512.
+        if value is None:
+            return None
+        if len(value) > 16:
+            raise ValueError("metadata can hold at most 16 key-value pairs")
+        for key, item in value.items():
+            if len(key) > 64 or len(item) > 512:
+                raise ValueError("metadata keys are at most 64 characters, values at most 512")
+        return value
+
+    @property
+    def input_items(self) -> list[InputItem]:
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return self.input
+
+    @property
+    def effort(self) -> Literal["low", "medium", "high"]:
+        effort = (self.reasoning.effort if self.reasoning else None) or "medium"
+        if effort in ("none", "minimal"):
+            return "low"
+        return "high" if effort == "xhigh" else effort
+
+    def hosted_tool_types(self) -> list[str]:
+        return [tool.type for tool in self.tools if isinstance(tool, HostedTool)]
+
+
+def check_tool_call_pairs(items: list[InputItem]) -> None:
+    """Every tool call needs its output and every output its call, as OpenAI requires."""
+    calls: dict[str, int] = {}
+    outputs: dict[str, int] = {}
+    for index, item in enumerate(items):
+        if isinstance(item, FunctionCallItem | CustomToolCallItem):
+            calls.setdefault(item.call_id, index)
+        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+            if item.call_id not in calls:
+                raise InvalidRequest(
+                    "No tool call found for function call output with call_id "
+                    f"{item.call_id}.",
+                    param=f"input[{index}].call_id",
+                )
+            outputs.setdefault(item.call_id, index)
+    for call_id, index in calls.items():
+        if call_id not in outputs:
+            raise InvalidRequest(
+                f"No tool output found for function call {call_id}.",
+                param=f"input[{index}].call_id",
+            )
+
+
+def check_tool_choice(request: ResponsesRequest) -> None:
+    """A named tool_choice must name a tool the request defines."""
+    choice = request.tool_choice
+    if not isinstance(choice, NamedToolChoice):
+        return
+    names = set()
+    for tool in request.tools:
+        if isinstance(tool, FunctionTool | CustomTool):
+            names.add(tool.name)
+        elif isinstance(tool, NamespaceTool):
+            names.update(inner.name for inner in tool.tools)
+    if choice.name not in names:
+        raise InvalidRequest(
+            f"Tool choice '{choice.name}' not found in 'tools' parameter.", param="tool_choice"
+        )
