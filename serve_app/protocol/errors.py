@@ -66,3 +66,53 @@ def param_path(loc: tuple[int | str, ...]) -> str:
         else:
             path += f".{part}" if path else part
     return path
+
+
+# Pydantic names union branches in error locations ("str", "list[...]", an item's tag after
+# its index); OpenAI's `param` names only the fields the client wrote.
+_TAGS = {
+    "message",
+    "reasoning",
+    "function_call",
+    "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "item_reference",
+    "function",
+    "custom",
+    "namespace",
+    "hosted",
+}
+_TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _client_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    cleaned: list[int | str] = []
+    for part in loc:
+        if part == "body" and not cleaned:
+            continue
+        if isinstance(part, str):
+            if part in _TYPE_LABELS or "[" in part or "(" in part:
+                continue
+            if part in _TAGS and cleaned and isinstance(cleaned[-1], int):
+                continue
+        cleaned.append(part)
+    return tuple(cleaned)
+
+
+def from_validation_errors(errors: list[dict[str, Any]]) -> InvalidRequest:
+    """One clear 400 from pydantic's errors: the most specific one, with OpenAI's param path.
+
+    A union (``input`` is a string *or* a list) reports one error per branch; the deepest
+    location is the branch the client meant.
+    """
+    if not errors:
+        return InvalidRequest("Invalid request body.")
+    best = max(errors, key=lambda error: len(_client_loc(tuple(error.get("loc", ())))))
+    loc = _client_loc(tuple(best.get("loc", ())))
+    param = param_path(loc) or None
+    message = str(best.get("msg", "Invalid value"))
+    if param:
+        message = f"Invalid value for '{param}': {message}"
+    code = "invalid_value" if best.get("type") != "missing" else "missing_required_parameter"
+    return InvalidRequest(message, param=param, code=code)

@@ -1,0 +1,301 @@
+"""Render a Responses request into harmony prompt token ids.
+
+Layout of the prompt (gpt-oss's harmony format):
+
+- a system message: reasoning effort and the current date;
+- a developer message: ``instructions`` plus the leading system/developer input messages (Codex
+  sends its base prompt as ``input[0]``), and the tools: function tools in ``functions``,
+  custom (freeform) tools as tools whose input is raw text, namespace tools as namespaces;
+- the history items in order, tool results as messages from ``functions.NAME``;
+- ``<|start|>assistant`` for the completion.
+
+Chain of thought: reasoning is kept between the tool calls of the current turn and dropped
+for turns that ended in a final answer. We drop it here, because harmony's own auto-drop only
+drops analysis before the first final message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from openai_harmony import (
+    Author,
+    Conversation,
+    DeveloperContent,
+    Message,
+    ReasoningEffort,
+    RenderConversationConfig,
+    Role,
+    SystemContent,
+    ToolDescription,
+    ToolNamespaceConfig,
+)
+
+from serve_app.harmony.encoding import get_encoding
+from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec
+from serve_app.protocol.errors import InvalidRequest
+from serve_app.protocol.requests import (
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputItem,
+    ItemReference,
+    MessageItem,
+    NamedToolChoice,
+    ReasoningItem,
+    ResponsesRequest,
+    check_tool_call_pairs,
+    check_tool_choice,
+)
+
+logger = logging.getLogger(__name__)
+
+_EFFORTS = {
+    "low": ReasoningEffort.LOW,
+    "medium": ReasoningEffort.MEDIUM,
+    "high": ReasoningEffort.HIGH,
+}
+_JSON_CONTENT_TYPE = "<|constrain|>json"
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    token_ids: list[int]
+    tools: ToolRegistry
+
+
+def render_request(
+    request: ResponsesRequest,
+    *,
+    history: Sequence[InputItem] = (),
+    vault: ReasoningVault | None = None,
+    now: datetime | None = None,
+) -> RenderedPrompt:
+    """Prompt token ids for ``history`` (earlier stored items, if any) + the request's input."""
+    items = [*history, *request.input_items]
+    _reject_unresolved_references(items)
+    check_tool_call_pairs(items)
+    check_tool_choice(request)
+    tools = ToolRegistry.from_request(request)
+    leading, rest = _split_leading_instructions(items)
+    messages = [
+        _system_message(request, now or datetime.now(UTC)),
+        *_developer_message(request, leading, tools),
+        *_history_messages(rest, tools, vault),
+    ]
+    token_ids = get_encoding().render_conversation_for_completion(
+        Conversation.from_messages(messages),
+        Role.ASSISTANT,
+        RenderConversationConfig(auto_drop_analysis=False),
+    )
+    return RenderedPrompt(token_ids=token_ids, tools=tools)
+
+
+def _reject_unresolved_references(items: Sequence[InputItem]) -> None:
+    for index, item in enumerate(items):
+        if isinstance(item, ItemReference):
+            raise InvalidRequest(
+                f"Item with id '{item.id}' not found. Item references need stored responses.",
+                param=f"input[{index}].id",
+                code="item_not_found",
+            )
+
+
+def _split_leading_instructions(
+    items: Sequence[InputItem],
+) -> tuple[list[MessageItem], list[InputItem]]:
+    """The leading system/developer messages belong in harmony's developer message."""
+    count = 0
+    for item in items:
+        if not (isinstance(item, MessageItem) and item.role in ("system", "developer")):
+            break
+        count += 1
+    return list(items[:count]), list(items[count:])  # type: ignore[arg-type]
+
+
+def _system_message(request: ResponsesRequest, now: datetime) -> Message:
+    content = (
+        SystemContent.new()
+        .with_reasoning_effort(_EFFORTS[request.effort])
+        .with_conversation_start_date(now.date().isoformat())
+    )
+    return Message.from_role_and_content(Role.SYSTEM, content)
+
+
+def _developer_message(
+    request: ResponsesRequest, leading: list[MessageItem], tools: ToolRegistry
+) -> list[Message]:
+    instructions = _instructions(request, leading, tools)
+    if not instructions and not tools.tools:
+        return []
+    content = DeveloperContent.new()
+    if instructions:
+        content = content.with_instructions(instructions)
+    for namespace, specs in tools.namespaces().items():
+        descriptions = [_tool_description(spec) for spec in specs]
+        if namespace is None:
+            content = content.with_function_tools(descriptions)
+        else:
+            content = content.with_tools(
+                ToolNamespaceConfig(
+                    name=namespace, description=_namespace_description(request, namespace),
+                    tools=descriptions,
+                )
+            )
+    return [Message.from_role_and_content(Role.DEVELOPER, content)]
+
+
+def _instructions(
+    request: ResponsesRequest, leading: list[MessageItem], tools: ToolRegistry
+) -> str:
+    parts = [request.instructions or ""] + [message.text for message in leading]
+    if tools.required:
+        choice = request.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            parts.append(f"You must call the `{choice.name}` tool now.")
+        else:
+            parts.append("You must call one of the tools now.")
+    text_format = request.text.format if request.text else None
+    if text_format is not None and text_format.type == "json_schema":
+        schema = json.dumps(text_format.schema_ or {}, separators=(",", ":"))
+        parts.append(f"Answer with a JSON object that follows this JSON schema: {schema}")
+    elif text_format is not None and text_format.type == "json_object":
+        parts.append("Answer with a JSON object.")
+    return "\n\n".join(part for part in parts if part)
+
+
+def _namespace_description(request: ResponsesRequest, namespace: str) -> str | None:
+    for tool in request.tools:
+        if getattr(tool, "type", None) == "namespace" and getattr(tool, "name", None) == namespace:
+            return getattr(tool, "description", None)
+    return None
+
+
+def _tool_description(spec: ToolSpec) -> ToolDescription:
+    if spec.kind == "function":
+        return ToolDescription.new(spec.name, spec.description, parameters=spec.parameters)
+    # Harmony has no freeform tool type: a tool without parameters whose message body is the
+    # raw input, and a description saying so.
+    note = "This is a FREEFORM tool: send the raw input text as the message, not JSON."
+    if spec.grammar:
+        note += f" The input must match this grammar:\n{spec.grammar}"
+    description = f"{spec.description}\n{note}" if spec.description else note
+    return ToolDescription.new(spec.name, description, parameters=None)
+
+
+# --- history -------------------------------------------------------------------------------
+
+
+def _history_messages(
+    items: list[InputItem], tools: ToolRegistry, vault: ReasoningVault | None
+) -> list[Message]:
+    recipients = _call_recipients(items, tools)
+    last_final = _last_final_answer(items)
+    messages: list[Message] = []
+    for index, item in enumerate(items):
+        if isinstance(item, ReasoningItem):
+            if index > last_final:
+                messages.extend(_reasoning_message(item, vault))
+        elif isinstance(item, MessageItem):
+            messages.append(_message(item, is_preamble=_is_preamble(items, index)))
+        elif isinstance(item, FunctionCallItem | CustomToolCallItem):
+            messages.append(_tool_call_message(item, recipients[item.call_id]))
+        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+            messages.append(_tool_output_message(item, recipients[item.call_id]))
+    return messages
+
+
+def _call_recipients(items: list[InputItem], tools: ToolRegistry) -> dict[str, str]:
+    recipients = {}
+    for item in items:
+        if isinstance(item, FunctionCallItem | CustomToolCallItem):
+            spec = tools.by_name(item.name, item.namespace)
+            recipients[item.call_id] = (
+                spec.recipient if spec else f"{item.namespace or DEFAULT_NAMESPACE}.{item.name}"
+            )
+    return recipients
+
+
+def _is_preamble(items: list[InputItem], index: int) -> bool:
+    """An assistant message the model wrote before tool calls (harmony's commentary channel).
+
+    Our own output marks it with ``phase: commentary``; clients that drop the phase still send
+    it right before the calls it announced, and re-rendering it as ``final`` would end the turn.
+    """
+    item = items[index]
+    if not isinstance(item, MessageItem) or item.role != "assistant":
+        return False
+    if item.phase is not None:
+        return item.phase == "commentary"
+    for later in items[index + 1 :]:
+        if isinstance(later, ReasoningItem):
+            continue
+        return isinstance(later, FunctionCallItem | CustomToolCallItem)
+    return False
+
+
+def _last_final_answer(items: list[InputItem]) -> int:
+    finals = [
+        index
+        for index, item in enumerate(items)
+        if isinstance(item, MessageItem)
+        and item.role == "assistant"
+        and not _is_preamble(items, index)
+    ]
+    return finals[-1] if finals else -1
+
+
+def _message(item: MessageItem, *, is_preamble: bool) -> Message:
+    if item.role == "user":
+        return Message.from_role_and_content(Role.USER, item.text)
+    if item.role in ("system", "developer"):
+        return Message.from_role_and_content(Role.DEVELOPER, item.text)
+    channel = "commentary" if is_preamble else "final"
+    return Message.from_role_and_content(Role.ASSISTANT, item.text).with_channel(channel)
+
+
+def _reasoning_message(item: ReasoningItem, vault: ReasoningVault | None) -> list[Message]:
+    text = _reasoning_text(item, vault)
+    if not text:
+        return []
+    return [Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis")]
+
+
+def _reasoning_text(item: ReasoningItem, vault: ReasoningVault | None) -> str:
+    """Full reasoning text if the client kept it, else what we sealed, else the summary."""
+    if item.content:
+        return "".join(part.text for part in item.content)
+    if item.encrypted_content and vault is not None:
+        opened = vault.open(item.encrypted_content)
+        if opened is not None:
+            return opened
+    return "\n".join(part.text for part in item.summary)
+
+
+def _tool_call_message(item: FunctionCallItem | CustomToolCallItem, recipient: str) -> Message:
+    if isinstance(item, FunctionCallItem):
+        body, content_type = item.arguments, _JSON_CONTENT_TYPE
+    else:
+        body, content_type = item.input, None
+    message = (
+        Message.from_role_and_content(Role.ASSISTANT, body)
+        .with_channel("commentary")
+        .with_recipient(recipient)
+    )
+    return message.with_content_type(content_type) if content_type else message
+
+
+def _tool_output_message(
+    item: FunctionCallOutputItem | CustomToolCallOutputItem, recipient: str
+) -> Message:
+    return (
+        Message.from_author_and_content(Author.new(Role.TOOL, recipient), item.text)
+        .with_channel("commentary")
+        .with_recipient("assistant")
+    )

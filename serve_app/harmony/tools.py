@@ -1,0 +1,126 @@
+"""The tools a request offers the model, as harmony sees them.
+
+Built once per request from ``tools`` and ``tool_choice``; the renderer describes these tools
+to the model and the stream translator maps a harmony recipient (``functions.exec_command``,
+``multi_agent_v1.close_agent``) back to the tool the client defined.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from serve_app.protocol.requests import (
+    CustomTool,
+    FunctionTool,
+    HostedTool,
+    NamedToolChoice,
+    NamespaceTool,
+    ResponsesRequest,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_NAMESPACE = "functions"
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    kind: Literal["function", "custom"]
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+    # The client's namespace tool this belongs to; None for top-level tools.
+    namespace: str | None = None
+    # For custom tools: the grammar (e.g. lark) the raw-text input follows, if any.
+    grammar: str | None = None
+
+    @property
+    def recipient(self) -> str:
+        return f"{self.namespace or DEFAULT_NAMESPACE}.{self.name}"
+
+
+@dataclass(frozen=True)
+class ToolRegistry:
+    tools: tuple[ToolSpec, ...] = ()
+    # Set when tool_choice is "required" or names a tool.
+    required: bool = False
+
+    @classmethod
+    def from_request(cls, request: ResponsesRequest) -> ToolRegistry:
+        hosted = request.hosted_tool_types()
+        if hosted:
+            logger.info("Leaving out hosted tools this server cannot run: %s", hosted)
+        choice = request.tool_choice
+        if choice == "none":
+            return cls()
+        specs = tuple(_specs(request))
+        if isinstance(choice, NamedToolChoice):
+            return cls(tuple(spec for spec in specs if spec.name == choice.name), required=True)
+        return cls(specs, required=choice == "required")
+
+    def namespaces(self) -> dict[str | None, list[ToolSpec]]:
+        grouped: dict[str | None, list[ToolSpec]] = {}
+        for spec in self.tools:
+            grouped.setdefault(spec.namespace, []).append(spec)
+        return grouped
+
+    def resolve(self, recipient: str | None) -> ToolSpec | None:
+        """The tool a harmony recipient names, tolerating the model's usual slips.
+
+        Accepts ``functions.NAME``, ``NAMESPACE.NAME``, a bare ``NAME``, and stray text after
+        the name (``functions.NAME<|constrain|>json``). Returns None for an unknown tool.
+        """
+        if not recipient:
+            return None
+        cleaned = _RECIPIENT_TAIL.split(recipient.strip(), maxsplit=1)[0]
+        for spec in self.tools:
+            if cleaned == spec.recipient:
+                return spec
+        bare = cleaned.rsplit(".", 1)[-1]
+        matches = [spec for spec in self.tools if spec.name == bare]
+        return matches[0] if len(matches) == 1 else None
+
+    def by_name(self, name: str, namespace: str | None = None) -> ToolSpec | None:
+        for spec in self.tools:
+            if spec.name == name and spec.namespace == namespace:
+                return spec
+        return None
+
+
+_RECIPIENT_TAIL = re.compile(r"[\s<]")
+
+
+def _specs(request: ResponsesRequest) -> list[ToolSpec]:
+    specs: list[ToolSpec] = []
+    for tool in request.tools:
+        if isinstance(tool, HostedTool):
+            continue
+        if isinstance(tool, NamespaceTool):
+            specs.extend(_spec(inner, namespace=tool.name) for inner in tool.tools)
+        else:
+            specs.append(_spec(tool))
+    return specs
+
+
+def _spec(tool: FunctionTool | CustomTool, namespace: str | None = None) -> ToolSpec:
+    if isinstance(tool, FunctionTool):
+        return ToolSpec(
+            name=tool.name,
+            kind="function",
+            description=tool.description or "",
+            parameters=tool.parameters or {"type": "object", "properties": {}},
+            namespace=namespace,
+        )
+    grammar = None
+    if tool.format is not None and tool.format.type == "grammar":
+        grammar = tool.format.definition
+    return ToolSpec(
+        name=tool.name,
+        kind="custom",
+        description=tool.description or "",
+        namespace=namespace,
+        grammar=grammar,
+    )
