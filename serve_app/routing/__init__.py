@@ -1,0 +1,1 @@
+"""Which engine replica serves a request: routing keys and the request router."""

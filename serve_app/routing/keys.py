@@ -1,0 +1,46 @@
+"""Routing keys: the conversation a request belongs to.
+
+Codex sends ``prompt_cache_key`` (its conversation id). Other clients often send none; their
+turns still share the rendered prompt's start (system + developer message + first user
+message), so a hash of that prefix keeps a conversation on one replica too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+START_TOKEN = 200006  # <|start|>
+END_TOKEN = 200007  # <|end|>
+# Bound the hashed prefix so a huge first message costs little and long prompts still agree.
+MAX_KEY_PREFIX_TOKENS = 8192
+
+
+def routing_key(prompt_cache_key: str | None, prompt_token_ids: Sequence[int]) -> str:
+    if prompt_cache_key:
+        return prompt_cache_key
+    return "prefix:" + prefix_digest(prompt_token_ids)
+
+
+def prefix_digest(prompt_token_ids: Sequence[int]) -> str:
+    end = _end_of_first_user_message(prompt_token_ids)
+    prefix = prompt_token_ids[: min(end, MAX_KEY_PREFIX_TOKENS)]
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(",".join(map(str, prefix)).encode())
+    return digest.hexdigest()
+
+
+def _end_of_first_user_message(token_ids: Sequence[int]) -> int:
+    """Index just past the first user message's ``<|end|>`` (or the whole prompt)."""
+    from serve_app.harmony.encoding import get_encoding
+
+    user_tokens = get_encoding().encode("user", allowed_special="all")
+    for index, token in enumerate(token_ids):
+        if token == START_TOKEN and list(token_ids[index + 1 : index + 1 + len(user_tokens)]) == (
+            user_tokens
+        ):
+            for end in range(index, len(token_ids)):
+                if token_ids[end] == END_TOKEN:
+                    return end + 1
+            break
+    return len(token_ids)

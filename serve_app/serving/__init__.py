@@ -1,0 +1,1 @@
+"""The Ray Serve deployments (ingress, engine) and what they share."""

@@ -1,0 +1,38 @@
+"""How the ingress reaches engine replicas: a Serve handle, streamed and keyed for routing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from serve_app.engines.base import GenerateChunk, GenerateRequest
+
+
+class EngineClient(Protocol):
+    def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """Stream a request's chunks; closing the iterator early aborts the request."""
+        ...
+
+
+class HandleEngineClient:
+    """Calls the engine deployment through its handle.
+
+    ``session_id`` carries the routing key, so the engine deployment's request router can keep
+    a conversation on the replica that holds its prefix in KV cache.
+    """
+
+    def __init__(self, handle) -> None:  # ray.serve.handle.DeploymentHandle
+        self._handle = handle.options(stream=True)
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        response = self._handle.options(session_id=request.session_id).generate.remote(request)
+        finished = False
+        try:
+            async for chunk in response:
+                yield chunk
+                finished = chunk.finish_reason is not None
+        finally:
+            if not finished:
+                # The client went away (or the ingress failed): cancel the engine call, which
+                # makes the engine replica abort the request and free its KV blocks.
+                response.cancel()

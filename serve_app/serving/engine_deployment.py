@@ -1,0 +1,90 @@
+"""The engine deployment: one engine per replica, token ids in, token ids out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from ray import serve
+
+from serve_app.config import EngineConfig
+from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest
+from serve_app.engines.factory import make_engine
+
+logger = logging.getLogger(__name__)
+
+_END = object()
+
+
+@serve.deployment(name="EngineDeployment", max_ongoing_requests=64)
+class EngineDeployment:
+    async def __init__(self, engine: EngineConfig) -> None:
+        self._engine = make_engine(engine)
+        await self._engine.start()
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """Stream the engine's chunks, coalescing those the reader has not taken yet.
+
+        Each chunk through a handle costs real time (~1k chunks/s per stream). The engine runs
+        ahead into a queue; every yield sends all that is queued as one chunk, so a slow reader
+        gets fewer, larger chunks and a fast one gets every token as soon as it exists.
+        """
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        producer = asyncio.create_task(self._produce(request, queue))
+        finished = False
+        try:
+            while not finished:
+                chunk = await self._next_coalesced(queue)
+                if chunk is None:
+                    break
+                finished = chunk.finish_reason is not None
+                yield chunk
+        finally:
+            if not producer.done():
+                # Cancelled by the caller (client disconnect): stop generating and free KV.
+                producer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await producer
+                await self._engine.abort(request.request_id)
+
+    async def _produce(self, request: GenerateRequest, queue: asyncio.Queue[object]) -> None:
+        try:
+            async for chunk in self._engine.generate(request):
+                queue.put_nowait(chunk)
+        except EngineError as exc:
+            logger.warning("request %s failed in the engine: %s", request.request_id, exc)
+            queue.put_nowait(GenerateChunk(finish_reason="error", error=str(exc)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("request %s: unexpected engine error", request.request_id)
+            queue.put_nowait(GenerateChunk(finish_reason="error", error=type(exc).__name__))
+        finally:
+            queue.put_nowait(_END)
+
+    @staticmethod
+    async def _next_coalesced(queue: asyncio.Queue[object]) -> GenerateChunk | None:
+        item = await queue.get()
+        if item is _END:
+            return None
+        assert isinstance(item, GenerateChunk)
+        chunk = item
+        while not queue.empty() and chunk.finish_reason is None:
+            following = queue.get_nowait()
+            if following is _END:
+                queue.put_nowait(_END)
+                break
+            assert isinstance(following, GenerateChunk)
+            chunk = chunk.merge(following)
+        return chunk
+
+    def num_ongoing_requests(self) -> int:
+        return self._engine.num_ongoing_requests()
+
+    async def check_health(self) -> None:
+        await self._engine.check_health()
+
+    async def __del__(self) -> None:
+        await self._engine.shutdown()

@@ -1,0 +1,129 @@
+"""The ingress deployment: FastAPI over HTTP, the Responses protocol, CPU only."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from openai.types.responses import ResponseStreamEvent
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serve_app.config import AppArgs
+from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.protocol.errors import (
+    APIError,
+    error_body,
+    from_validation_errors,
+    model_not_found,
+)
+from serve_app.protocol.requests import ResponsesRequest
+from serve_app.protocol.sse import encode_event
+from serve_app.serving import metrics
+from serve_app.serving.engine_client import EngineClient, HandleEngineClient
+from serve_app.serving.responses_service import ResponsesService
+
+logger = logging.getLogger(__name__)
+
+_HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
+
+
+def create_api(args: AppArgs, engine: EngineClient, vault: ReasoningVault) -> FastAPI:
+    """The HTTP API, usable with any `EngineClient` (the Serve ingress passes a handle)."""
+    api = FastAPI(title="serve_app", description="OpenAI Responses API for gpt-oss")
+    service = ResponsesService(args, engine, vault)
+    _install_error_handlers(api)
+    created = int(time.time())
+
+    @api.post("/v1/responses", response_model=None)
+    async def create_response(body: ResponsesRequest) -> Response:
+        turn = service.prepare(body)
+        if body.stream:
+            return StreamingResponse(
+                _sse(service.events(turn)),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        response = await service.run(turn)
+        status = 500 if response.status == "failed" else 200
+        if status == 500 and response.error is not None:
+            body_json = error_body(response.error.message, "server_error", None, response.error.code)
+            return JSONResponse(body_json, status_code=500)
+        return JSONResponse(response.model_dump(mode="json", exclude_unset=True), status)
+
+    @api.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [_model_card(name, created) for name in _names(args)]}
+
+    @api.get("/v1/models/{model:path}")
+    async def get_model(model: str) -> dict:
+        if model not in args.served_names():
+            raise model_not_found(model)
+        return _model_card(model, created)
+
+    @api.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @api.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return api
+
+
+async def _sse(events: AsyncIterator[ResponseStreamEvent]) -> AsyncIterator[bytes]:
+    async for event in events:
+        yield encode_event(event)
+
+
+def _names(args: AppArgs) -> list[str]:
+    return [args.model, *args.model_aliases]
+
+
+def _model_card(name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "serve_app"}
+
+
+def _install_error_handlers(api: FastAPI) -> None:
+    @api.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        metrics.REQUESTS.labels("rejected").inc()
+        logger.info("rejected: %s (param %s, code %s)", exc.message, exc.param, exc.code)
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @api.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return await api_error(request, from_validation_errors(list(exc.errors())))
+
+    @api.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error_type = _HTTP_ERROR_TYPES.get(exc.status_code, "invalid_request_error")
+        return JSONResponse(
+            error_body(str(exc.detail), error_type), status_code=exc.status_code
+        )
+
+    @api.exception_handler(Exception)
+    async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return JSONResponse(
+            error_body("The server had an error processing your request.", "server_error"),
+            status_code=500,
+        )
+
+
+@serve.deployment(name="ResponsesIngress", max_ongoing_requests=256)
+@serve.ingress()
+class ResponsesIngress:
+    """Routes are built per replica: they need the engine handle and the app's args."""
+
+    def __init__(self, engine_handle, args: AppArgs) -> None:
+        self._api = create_api(args, HandleEngineClient(engine_handle), ReasoningVault.from_env())
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return self._api

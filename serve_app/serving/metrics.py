@@ -1,0 +1,37 @@
+"""Prometheus metrics of the ingress (exposed on ``/metrics``).
+
+Names follow vLLM's ``vllm:`` style with our own prefix, so dashboards built for vLLM read
+naturally next to them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+REQUESTS = Counter(
+    "serve_app:requests",
+    "Responses requests by final status (completed, incomplete, failed, or rejected).",
+    ["status"],
+)
+TIME_TO_FIRST_TOKEN = Histogram(
+    "serve_app:time_to_first_token_seconds",
+    "From request arrival to the first completion token from the engine.",
+    buckets=_LATENCY_BUCKETS,
+)
+E2E_LATENCY = Histogram(
+    "serve_app:e2e_request_latency_seconds",
+    "From request arrival to the terminal event.",
+    buckets=_LATENCY_BUCKETS,
+)
+PROMPT_TOKENS = Counter("serve_app:prompt_tokens", "Prompt tokens sent to engines.")
+CACHED_PROMPT_TOKENS = Counter(
+    "serve_app:prompt_cached_tokens", "Prompt tokens served from the engines' prefix caches."
+)
+GENERATION_TOKENS = Counter("serve_app:generation_tokens", "Completion tokens generated.")
+ROUTING_KEYS = Counter(
+    "serve_app:routing_keys",
+    "Requests by where their routing key came from (prompt_cache_key or derived prefix).",
+    ["source"],
+)

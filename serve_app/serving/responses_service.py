@@ -1,0 +1,161 @@
+"""One Responses turn, end to end: validate, render, generate, translate.
+
+Plain Python (no Ray, no FastAPI): the ingress deployment calls it, and it reaches the engines
+through an `EngineClient`, so the whole protocol path runs in tests without a cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from openai.types.responses import Response, ResponseStreamEvent
+
+from serve_app.config import AppArgs
+from serve_app.engines.base import GenerateRequest, SamplingSettings
+from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
+from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.harmony.render import render_request
+from serve_app.harmony.stream import ResponseStreamTranslator
+from serve_app.protocol.errors import InvalidRequest, NotFound, model_not_found
+from serve_app.protocol.requests import ResponsesRequest
+from serve_app.protocol.responses import initial_response, new_response_id
+from serve_app.routing.keys import routing_key
+from serve_app.serving import metrics
+from serve_app.serving.engine_client import EngineClient
+
+logger = logging.getLogger(__name__)
+
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+
+
+@dataclass
+class Turn:
+    """A validated, rendered request, ready to generate."""
+
+    request: ResponsesRequest
+    generate: GenerateRequest
+    translator: ResponseStreamTranslator
+    arrived_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def response(self) -> Response:
+        return self.translator.response
+
+
+class ResponsesService:
+    def __init__(self, args: AppArgs, engine: EngineClient, vault: ReasoningVault) -> None:
+        self._args = args
+        self._engine = engine
+        self._vault = vault
+
+    def prepare(self, request: ResponsesRequest) -> Turn:
+        """Everything that can reject the request happens here, before any event is sent."""
+        if request.model not in self._args.served_names():
+            raise model_not_found(request.model)
+        if request.previous_response_id is not None:
+            # No response store yet: no id can be found (stored responses come with the store).
+            raise NotFound(
+                f"Previous response with id '{request.previous_response_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        if request.background:
+            raise InvalidRequest(
+                "Background responses need the response store, which this server does not run.",
+                param="background",
+                code="unsupported_parameter",
+            )
+        prompt = render_request(request, vault=self._vault)
+        max_tokens = self._max_output_tokens(request, len(prompt.token_ids))
+        response = initial_response(request, response_id=new_response_id(), model=request.model)
+        key = routing_key(request.prompt_cache_key, prompt.token_ids)
+        metrics.ROUTING_KEYS.labels("prompt_cache_key" if request.prompt_cache_key else "derived").inc()
+        seal = self._vault.seal if ENCRYPTED_REASONING in request.include else None
+        generate = GenerateRequest(
+            request_id=response.id,
+            prompt_token_ids=prompt.token_ids,
+            sampling=SamplingSettings(
+                max_tokens=max_tokens,
+                temperature=1.0 if request.temperature is None else request.temperature,
+                top_p=1.0 if request.top_p is None else request.top_p,
+                stop_token_ids=(RETURN_TOKEN, CALL_TOKEN),
+            ),
+            session_id=key,
+        )
+        translator = ResponseStreamTranslator(response, prompt.tools, seal_reasoning=seal)
+        logger.info(
+            "response %s: %d prompt tokens, max %d output tokens, key %s",
+            response.id, len(prompt.token_ids), max_tokens, _short(key),
+        )
+        return Turn(request=request, generate=generate, translator=translator)
+
+    def _max_output_tokens(self, request: ResponsesRequest, prompt_tokens: int) -> int:
+        room = self._args.max_context_tokens - prompt_tokens
+        if room <= 0:
+            raise InvalidRequest(
+                f"Your input has {prompt_tokens} tokens, more than this model's context of "
+                f"{self._args.max_context_tokens} tokens allows.",
+                param="input",
+                code="context_length_exceeded",
+            )
+        wanted = request.max_output_tokens or self._args.default_max_output_tokens
+        return min(wanted, room)
+
+    async def events(self, turn: Turn) -> AsyncIterator[ResponseStreamEvent]:
+        """The turn's events, from ``response.created`` to exactly one terminal event."""
+        translator = turn.translator
+        for event in translator.start():
+            yield event
+        terminal: list[ResponseStreamEvent] = []
+        prompt_tokens = cached_tokens = 0
+        first_token_seen = False
+        try:
+            async for chunk in self._engine.stream(turn.generate):
+                prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
+                cached_tokens = max(cached_tokens, chunk.num_cached_tokens)
+                if chunk.token_ids and not first_token_seen:
+                    first_token_seen = True
+                    metrics.TIME_TO_FIRST_TOKEN.observe(time.monotonic() - turn.arrived_at)
+                for event in translator.feed(chunk.token_ids):
+                    yield event
+                if chunk.finish_reason == "error":
+                    terminal = translator.fail(chunk.error or "The engine failed.", "server_error")
+                elif chunk.finish_reason is not None:
+                    terminal = translator.finish(
+                        chunk.finish_reason, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens
+                    )
+                if terminal:
+                    break
+            if not terminal:
+                terminal = translator.fail("The engine stream ended early.", "server_error")
+        except Exception as exc:  # a replica died or the handle failed: never hang the client
+            logger.exception("response %s: engine call failed", turn.response.id)
+            terminal = translator.fail(f"The engine failed: {type(exc).__name__}", "server_error")
+        for event in terminal:
+            yield event
+        self._record(turn)
+
+    async def run(self, turn: Turn) -> Response:
+        """The non-streaming form: the same Response the stream's terminal event carries."""
+        async for _ in self.events(turn):
+            pass
+        return turn.response
+
+    def _record(self, turn: Turn) -> None:
+        response = turn.response
+        metrics.REQUESTS.labels(response.status or "unknown").inc()
+        metrics.E2E_LATENCY.observe(time.monotonic() - turn.arrived_at)
+        usage = response.usage
+        if usage is not None:
+            metrics.PROMPT_TOKENS.inc(usage.input_tokens)
+            metrics.CACHED_PROMPT_TOKENS.inc(usage.input_tokens_details.cached_tokens)
+            metrics.GENERATION_TOKENS.inc(usage.output_tokens)
+        logger.info("response %s: %s, usage %s", response.id, response.status, usage)
+
+
+def _short(key: str) -> str:
+    # Conversation ids are not secrets, but logs need only enough to correlate.
+    return key if len(key) <= 16 else key[:16] + "…"

@@ -1,0 +1,88 @@
+"""Bad requests over HTTP get OpenAI-shaped errors that name the offending parameter."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+MODEL = "gpt-oss-120b"
+
+
+def post(app_url: str, body: object, **kwargs) -> httpx.Response:
+    return httpx.post(f"{app_url}/v1/responses", json=body, timeout=30, **kwargs)
+
+
+def assert_openai_error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["code"] is None or isinstance(error["code"], str)
+    return error
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "hi"}, "model"),
+        ({"model": MODEL, "input": 42}, "input"),
+        ({"model": MODEL, "input": [{"type": "nonsense"}]}, "input[0]"),
+        ({"model": MODEL, "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "bad name!"}]},
+         "tools[0].name"),
+    ],
+)
+def test_invalid_fields_are_400_with_param(app_url: str, body: dict, param: str) -> None:
+    error = assert_openai_error(post(app_url, body), 400)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+
+
+def test_call_without_output_and_output_without_call(app_url: str) -> None:
+    call = {"type": "function_call", "call_id": "call_a", "name": "f", "arguments": "{}"}
+    user = {"role": "user", "content": "hi"}
+    error = assert_openai_error(post(app_url, {"model": MODEL, "input": [user, user, user, call]}), 400)
+    assert error["message"] == "No tool output found for function call call_a."
+    assert error["param"] == "input[3].call_id"
+    output = {"type": "function_call_output", "call_id": "call_b", "output": "x"}
+    error = assert_openai_error(post(app_url, {"model": MODEL, "input": [user, output]}), 400)
+    assert error["message"] == "No tool call found for function call output with call_id call_b."
+    assert error["param"] == "input[1].call_id"
+
+
+def test_malformed_json_is_400(app_url: str) -> None:
+    response = httpx.post(
+        f"{app_url}/v1/responses", content=b'{"model": ', timeout=30,
+        headers={"content-type": "application/json"},
+    )
+    assert assert_openai_error(response, 400)["type"] == "invalid_request_error"
+
+
+def test_unknown_model_is_404_model_not_found(app_url: str) -> None:
+    error = assert_openai_error(post(app_url, {"model": "gpt-9", "input": "hi"}), 404)
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+
+
+def test_unknown_previous_response_is_404(app_url: str) -> None:
+    body = {"model": MODEL, "input": "hi", "previous_response_id": "resp_missing"}
+    error = assert_openai_error(post(app_url, body), 404)
+    assert error["param"] == "previous_response_id"
+
+
+def test_unknown_route_is_404_in_openai_shape(app_url: str) -> None:
+    assert_openai_error(httpx.get(f"{app_url}/v1/nothing-here", timeout=30), 404)
+
+
+def test_hosted_tools_are_accepted_not_rejected(app_url: str) -> None:
+    body = {"model": MODEL, "input": "SDK-TEXT", "tools": [{"type": "web_search"}]}
+    response = post(app_url, body)
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "completed"
+
+
+def test_metrics_count_requests(app_url: str) -> None:
+    post(app_url, {"model": MODEL, "input": "SDK-TEXT"})
+    text = httpx.get(f"{app_url}/metrics", timeout=30).text
+    assert 'serve_app:requests_total{status="completed"}' in text
