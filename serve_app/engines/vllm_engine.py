@@ -1,0 +1,392 @@
+"""The production engine: vLLM ``AsyncLLM`` (V1) on token ids, inside a Ray Serve replica.
+
+Notes (target: vLLM 0.33, Ray 2.60; read in the vLLM and Ray sources, not run here)
+------------------------------------------------------------------------------------
+APIs used, and why:
+- ``AsyncEngineArgs(**kwargs).create_engine_config(UsageContext.OPENAI_API_SERVER)`` then
+  ``vllm.v1.engine.async_llm.AsyncLLM.from_vllm_config(...)``: building the ``VllmConfig``
+  ourselves lets us set ``parallel_config.placement_group`` before the engine starts (below).
+  The online-serving usage context picks vLLM's latency-leaning batch defaults.
+- ``AsyncLLM.generate(TokensPrompt(prompt_token_ids=...), SamplingParams(...), request_id)``
+  with ``output_kind=RequestOutputKind.DELTA``: each ``RequestOutput`` carries only new token
+  ids (several merged when we read slower than vLLM produces), ``num_cached_tokens`` (prefix
+  cache hits, set from the engine core's output) and, on the last one, ``finish_reason``.
+- ``AsyncLLM.abort(request_id)`` takes our (external) id: vLLM maps it to its internal ids
+  (it appends a random suffix since the request-id rework) and puts a final ``"abort"`` output
+  in the stream, so a generator that is still being read ends cleanly.
+- ``check_health()`` raises once the engine core is dead; ``shutdown()`` stops the engine-core
+  process and, with the Ray executor, its worker actors.
+
+Token ids in and out, no tokenizer: ``skip_tokenizer_init=True`` is supported with token
+prompts (vLLM's ``tests/engine/test_skip_tokenizer_init.py``; ``InputProcessor`` skips the
+token-id checks that need a tokenizer), and ``detokenize=False`` makes the ``OutputProcessor``
+use its plain ``IncrementalDetokenizer``, which only collects ids. The replica needs
+``config.json``/``generation_config.json`` and weights, no tokenizer files. Harmony's stop ids
+are ours; vLLM also merges the ``eos_token_id`` list of the model's ``generation_config.json``
+into ``stop_token_ids`` (``SamplingParams.update_from_generation_config``; the tokenizer's own
+eos is unknown without a tokenizer), so the harmony stop ids must be in one or the other.
+
+The stop token is in the output: ``Scheduler._update_request_with_output`` appends each
+sampled token before ``check_stop`` and trims only the tokens *after* the stop; the
+detokenizer leaves a stop token out of the *text* only. ``stop_reason`` is then the stop
+token id. ``_StopTokenGuard`` re-appends it if a future version drops it, because the
+harmony parser must see the end of the message.
+
+Placement group (tensor_parallel_size > 1): the deployment asks Ray Serve for one bundle per
+GPU (``serve_app.engines.placement.engine_placement``); Serve pins the replica actor to bundle 0
+with ``placement_group_capture_child_tasks=True``, so ``ray.util.get_current_placement_group()``
+in the replica returns that group. vLLM 0.33 picks a group up in ``initialize_ray_cluster``
+(``vllm/v1/executor/ray_utils.py``): ``parallel_config.placement_group`` first, else
+``ray.util.get_current_placement_group()``, else it creates a new one. It then puts one worker
+per GPU bundle (``RayDistributedExecutor._init_workers_ray``: the first ``world_size`` bundles
+with a GPU). Ray Serve LLM passes the replica's group explicitly: ``VLLMEngineConfig.
+get_or_create_pg()`` (``get_current_placement_group()``) and then
+``vllm_engine_config.parallel_config.placement_group = placement_group`` before building the
+``AsyncLLM`` (``ray/llm/_internal/serve/engines/vllm/vllm_engine.py``). We do the same.
+
+Traps:
+- The engine core runs in a child process (V1 multiprocessing). That process calls
+  ``ray.init()`` and joins as a new driver, which belongs to no placement group, so vLLM's own
+  ``get_current_placement_group()`` fallback would see nothing there and create a fresh group:
+  the group must travel inside the ``VllmConfig`` (pickled to the child).
+- ``distributed_executor_backend`` must be ``"ray"`` explicitly. Left unset, ``ParallelConfig``
+  counts the GPUs visible to the replica (none) and raises "World size is larger than the
+  number of available GPUs" before it looks for a placement group.
+- The GPU-less replica cannot build the ``VllmConfig``: vLLM asks the device for its
+  capability, memory and name (quantization checks, batch defaults) and its
+  ``device_id_to_physical_device_id`` raises on Ray's empty ``CUDA_VISIBLE_DEVICES``
+  (vLLM issue 8402). As Ray Serve LLM does, we build it in a short Ray task inside the group
+  holding a sliver of a GPU (``num_gpus=0.001``) and clear vLLM's cached device capability in
+  the replica afterwards.
+- Bundles may hold at most one GPU (``initialize_ray_cluster`` rejects more).
+- ``AsyncLLM.generate`` wraps unexpected errors in ``EngineGenerateError`` (the cause is
+  chained) and raises ``EngineDeadError`` once the engine core is gone; client errors
+  (``VLLMValidationError``, a ``ValueError``) may come either raw or chained.
+- ``FinishReason`` has "error" and "repetition" besides stop/length/abort; both map to our
+  "error".
+- Constructing ``AsyncLLM`` blocks the event loop until the engine core is up (weights loaded);
+  this happens in the replica's constructor, before Serve routes anything to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from serve_app.engines.base import (
+    Engine,
+    EngineError,
+    FinishReason,
+    GenerateChunk,
+    GenerateRequest,
+    SamplingSettings,
+)
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+    from vllm import SamplingParams
+    from vllm.config import VllmConfig
+    from vllm.outputs import CompletionOutput, RequestOutput
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger(__name__)
+
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+# Enough of a GPU to make it visible to the config-building task, not enough to block workers.
+_CONFIG_TASK_GPUS = 0.001
+
+
+class VLLMEngineConfig(BaseModel):
+    """What the engine deployment's ``engine.options`` hold when ``engine.kind`` is ``vllm``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "openai/gpt-oss-120b"
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    max_model_len: int | None = Field(default=None, gt=0)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    enable_prefix_caching: bool = True
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    # Token ids in and out: the replica needs no tokenizer files.
+    skip_tokenizer_init: bool = True
+    # None: "ray" when tensor_parallel_size > 1 (workers on the replica's placement group, see
+    # engines/placement.py), else vLLM's in-process executor on the replica's own GPU.
+    distributed_executor_backend: Literal["ray", "mp", "uni"] | None = None
+    # Any other AsyncEngineArgs field, passed as is (e.g. async_scheduling, kv_cache_dtype).
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _no_shadowed_fields(self) -> VLLMEngineConfig:
+        shadowed = sorted(set(self.engine_kwargs) & set(type(self).model_fields))
+        if shadowed:
+            raise ValueError(f"set {shadowed} as options of their own, not in engine_kwargs")
+        return self
+
+    @property
+    def executor_backend(self) -> str | None:
+        if self.distributed_executor_backend is not None:
+            return self.distributed_executor_backend
+        return "ray" if self.tensor_parallel_size > 1 else None
+
+    def engine_args(self) -> dict[str, Any]:
+        """Keyword arguments of vLLM's ``AsyncEngineArgs``."""
+        args: dict[str, Any] = {
+            "model": self.model,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "skip_tokenizer_init": self.skip_tokenizer_init,
+        }
+        optional = {
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "distributed_executor_backend": self.executor_backend,
+        }
+        args.update({name: value for name, value in optional.items() if value is not None})
+        args.update(self.engine_kwargs)
+        return args
+
+
+class VLLMEngine(Engine):
+    """One vLLM ``AsyncLLM`` per engine replica."""
+
+    def __init__(self, config: VLLMEngineConfig) -> None:
+        self._config = config
+        self._engine: AsyncLLM | None = None
+        self._in_flight: set[str] = set()
+
+    async def start(self) -> None:
+        if self._engine is not None:
+            return
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = self._config.engine_args()
+        vllm_config = await _engine_config(args)
+        self._engine = AsyncLLM.from_vllm_config(
+            vllm_config,
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            enable_log_requests=bool(args.get("enable_log_requests", False)),
+            disable_log_stats=bool(args.get("disable_log_stats", False)),
+        )
+        logger.info(
+            "vLLM engine started: %s, tp=%d, executor=%s",
+            self._config.model,
+            self._config.tensor_parallel_size,
+            self._config.executor_backend or "uni",
+        )
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        engine = self._running_engine()
+        from vllm import TokensPrompt
+
+        request_id = request.request_id
+        if request_id in self._in_flight:
+            raise EngineError(f"request {request_id} is already running", code="invalid_request")
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        params = _sampling_params(request.sampling, detokenize=False)
+        num_prompt_tokens = len(request.prompt_token_ids)
+        guard = _StopTokenGuard()
+        self._in_flight.add(request_id)
+        finished = False
+        try:
+            # aclosing: if we are closed at a yield, vLLM's generator is closed (and aborts) now,
+            # not whenever it is garbage-collected.
+            async with contextlib.aclosing(engine.generate(prompt, params, request_id)) as stream:
+                async for output in stream:
+                    chunk = _to_chunk(output, num_prompt_tokens, guard)
+                    if chunk is None:
+                        continue
+                    # No break after the last chunk: vLLM's generator ends by itself then, where
+                    # closing it early would run its abort path for a finished request.
+                    finished = chunk.finish_reason is not None
+                    yield chunk
+        except (asyncio.CancelledError, GeneratorExit, EngineError):
+            raise
+        except Exception as exc:
+            raise _engine_error(exc) from exc
+        finally:
+            self._in_flight.discard(request_id)
+            if not finished:
+                # Cancelled (the caller went away), closed early or failed: stop generating and
+                # free the KV blocks before the cancellation propagates. vLLM's own generate()
+                # also aborts when it is the one cancelled; a second abort is a no-op.
+                await self._abort_quietly(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        if self._engine is not None:
+            await self._engine.abort(request_id)
+
+    def num_ongoing_requests(self) -> int:
+        return len(self._in_flight)
+
+    async def check_health(self) -> None:
+        await self._running_engine().check_health()
+
+    async def shutdown(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
+
+    def _running_engine(self) -> AsyncLLM:
+        if self._engine is None:
+            raise EngineError("the vLLM engine is not running")
+        return self._engine
+
+    async def _abort_quietly(self, request_id: str) -> None:
+        try:
+            await self.abort(request_id)
+        except Exception:  # the engine may be dead already; nothing is left to free then
+            logger.warning("could not abort request %s", request_id, exc_info=True)
+
+
+class _StopTokenGuard:
+    """Keeps the stop token (``<|return|>``, ``<|call|>``) in the streamed ids.
+
+    vLLM 0.33 keeps it (see the module notes); this only acts if a version drops it, since the
+    harmony parser needs it to close the last message.
+    """
+
+    def __init__(self) -> None:
+        self._last_token: int | None = None
+
+    def apply(
+        self, token_ids: list[int], stop_reason: object, finish: FinishReason | None
+    ) -> list[int]:
+        if token_ids:
+            self._last_token = token_ids[-1]
+        # stop_reason is the stop token id when a stop token ended the request (else a stop
+        # string or None).
+        if finish == "stop" and type(stop_reason) is int and self._last_token != stop_reason:
+            token_ids = [*token_ids, stop_reason]
+            self._last_token = stop_reason
+        return token_ids
+
+
+def _sampling_params(settings: SamplingSettings, *, detokenize: bool) -> SamplingParams:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=settings.max_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        stop_token_ids=list(settings.stop_token_ids),
+        # Special tokens are harmony's structure; keep them (this only concerns text anyway).
+        skip_special_tokens=False,
+        # Only affects stop *strings* in text; stop token ids are always in token_ids.
+        include_stop_str_in_output=True,
+        detokenize=detokenize,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _to_chunk(
+    output: RequestOutput, num_prompt_tokens: int, guard: _StopTokenGuard
+) -> GenerateChunk | None:
+    """Our chunk for one DELTA output; None for an empty, unfinished one."""
+    completion = output.outputs[0] if output.outputs else None
+    finish, error = _finish(output, completion)
+    token_ids: list[int] = []
+    if completion is not None:
+        token_ids = guard.apply(list(completion.token_ids), completion.stop_reason, finish)
+    if not token_ids and finish is None:
+        return None
+    return GenerateChunk(
+        token_ids=token_ids,
+        finish_reason=finish,
+        num_prompt_tokens=num_prompt_tokens,
+        num_cached_tokens=output.num_cached_tokens or 0,
+        error=error,
+    )
+
+
+def _finish(
+    output: RequestOutput, completion: CompletionOutput | None
+) -> tuple[FinishReason | None, str | None]:
+    if not output.finished:
+        return None, None
+    reason = completion.finish_reason if completion is not None else None
+    finish = _FINISH_REASONS.get(str(reason))
+    if finish is None:  # "error", "repetition", or none given
+        return "error", f"vLLM finished the request with reason {reason!r}"
+    return finish, None
+
+
+def _engine_error(exc: BaseException) -> EngineError:
+    """An ``EngineError`` for what ``AsyncLLM.generate`` raised (the cause may be chained)."""
+    if type(exc).__name__ == "EngineDeadError":
+        return EngineError("the vLLM engine died; the replica will be restarted")
+    cause = exc.__cause__ if type(exc).__name__ == "EngineGenerateError" else exc
+    if cause is not None and _is_client_error(cause):
+        return EngineError(str(cause), code="invalid_prompt")
+    shown = cause if cause is not None else exc
+    return EngineError(f"vLLM failed: {type(shown).__name__}: {shown}")
+
+
+def _is_client_error(exc: BaseException) -> bool:
+    # vLLM's VLLMValidationError is a ValueError; newer ones derive from VLLMClientError.
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return isinstance(exc, ValueError) or "VLLMClientError" in names
+
+
+async def _engine_config(args: dict[str, Any]) -> VllmConfig:
+    """The ``VllmConfig``; for the Ray executor, built on a GPU of the replica's group."""
+    if args.get("distributed_executor_backend") != "ray":
+        return _build_vllm_config(args)
+    placement_group = _current_placement_group()
+    if placement_group is None:
+        raise RuntimeError(
+            "the Ray executor needs the replica's placement group: deploy the engine with "
+            "serve_app.engines.placement.engine_placement(tensor_parallel_size)"
+        )
+    vllm_config = await _build_vllm_config_in(placement_group, args)
+    # The engine core runs in a child process that is not part of the group: pass it along.
+    vllm_config.parallel_config.placement_group = placement_group
+    _forget_device_capability()
+    return vllm_config
+
+
+def _build_vllm_config(args: dict[str, Any]) -> VllmConfig:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    return AsyncEngineArgs(**args).create_engine_config(
+        usage_context=UsageContext.OPENAI_API_SERVER
+    )
+
+
+async def _build_vllm_config_in(
+    placement_group: PlacementGroup, args: dict[str, Any]
+) -> VllmConfig:
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    task = ray.remote(_build_vllm_config).options(
+        num_cpus=0,
+        num_gpus=_CONFIG_TASK_GPUS,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=placement_group),
+    )
+    return await task.remote(args)
+
+
+def _current_placement_group() -> PlacementGroup | None:
+    import ray
+    from ray.util import get_current_placement_group
+
+    return get_current_placement_group() if ray.is_initialized() else None
+
+
+def _forget_device_capability() -> None:
+    # vLLM caches the device capability per process; a value computed before the GPU setup was
+    # right would stick (vLLM issues 7890, 8402). Ray Serve LLM clears it the same way.
+    from vllm.platforms import current_platform
+
+    cache_clear = getattr(current_platform.get_device_capability, "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
