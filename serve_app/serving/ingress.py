@@ -23,6 +23,7 @@ from serve_app.protocol.errors import (
     model_not_found,
 )
 from serve_app.protocol.requests import ResponsesRequest
+from serve_app.protocol.responses import dump_response
 from serve_app.protocol.sse import encode_event
 from serve_app.serving import metrics
 from serve_app.serving.engine_client import EngineClient, HandleEngineClient
@@ -54,7 +55,7 @@ def create_api(args: AppArgs, engine: EngineClient, vault: ReasoningVault) -> Fa
         if status == 500 and response.error is not None:
             body_json = error_body(response.error.message, "server_error", None, response.error.code)
             return JSONResponse(body_json, status_code=500)
-        return JSONResponse(response.model_dump(mode="json", exclude_unset=True), status)
+        return JSONResponse(dump_response(response), status)
 
     @api.get("/v1/models")
     async def list_models() -> dict:
