@@ -47,11 +47,19 @@ def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     config = _test_config(tmp, port)
     log_path = tmp / "serve.log"
-    env = {**os.environ, "SERVE_APP_REASONING_KEY": "test-reasoning-key", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {
+        **os.environ,
+        "SERVE_APP_REASONING_KEY": "test-reasoning-key",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [str(Path(sys.executable).parent / "serve"), "run", str(config)],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
     try:

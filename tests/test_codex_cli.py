@@ -49,12 +49,22 @@ def run_codex(version: str, app_url: str, tmp_path: Path, task: str, *extra: str
     write_codex_home(home, app_url)
     work.mkdir()
     command = [
-        shutil.which("node") or "node", str(codex_binary(version)), "exec",
-        "--skip-git-repo-check", "--json", *extra, task,
+        shutil.which("node") or "node",
+        str(codex_binary(version)),
+        "exec",
+        "--skip-git-repo-check",
+        "--json",
+        *extra,
+        task,
     ]
     env = {**os.environ, "CODEX_HOME": str(home), "LOCAL_API_KEY": "sk-test", "NO_COLOR": "1"}
     result = subprocess.run(
-        command, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        command,
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
         timeout=240,
     )
     return result, work
@@ -75,8 +85,12 @@ def agent_messages(stdout: str) -> list[str]:
 
 def test_codex_0169_runs_exec_command_and_finishes(app_url: str, tmp_path: Path) -> None:
     result, work = run_codex(
-        "0.169", app_url, tmp_path, "E2E-EXEC-TASK: create the marker file",
-        "-c", f'model_catalog_json="{CATALOG}"',
+        "0.169",
+        app_url,
+        tmp_path,
+        "E2E-EXEC-TASK: create the marker file",
+        "-c",
+        f'model_catalog_json="{CATALOG}"',
     )
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     assert (work / "marker.txt").read_text().strip() == "e2e-marker-169"

@@ -30,8 +30,10 @@ def assert_openai_error(response: httpx.Response, status: int) -> dict:
         ({"model": MODEL, "input": 42}, "input"),
         ({"model": MODEL, "input": [{"type": "nonsense"}]}, "input[0]"),
         ({"model": MODEL, "input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
-        ({"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "bad name!"}]},
-         "tools[0].name"),
+        (
+            {"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "bad name!"}]},
+            "tools[0].name",
+        ),
     ],
 )
 def test_invalid_fields_are_400_with_param(app_url: str, body: dict, param: str) -> None:
@@ -43,7 +45,9 @@ def test_invalid_fields_are_400_with_param(app_url: str, body: dict, param: str)
 def test_call_without_output_and_output_without_call(app_url: str) -> None:
     call = {"type": "function_call", "call_id": "call_a", "name": "f", "arguments": "{}"}
     user = {"role": "user", "content": "hi"}
-    error = assert_openai_error(post(app_url, {"model": MODEL, "input": [user, user, user, call]}), 400)
+    error = assert_openai_error(
+        post(app_url, {"model": MODEL, "input": [user, user, user, call]}), 400
+    )
     assert error["message"] == "No tool output found for function call call_a."
     assert error["param"] == "input[3].call_id"
     output = {"type": "function_call_output", "call_id": "call_b", "output": "x"}
@@ -54,7 +58,9 @@ def test_call_without_output_and_output_without_call(app_url: str) -> None:
 
 def test_malformed_json_is_400(app_url: str) -> None:
     response = httpx.post(
-        f"{app_url}/v1/responses", content=b'{"model": ', timeout=30,
+        f"{app_url}/v1/responses",
+        content=b'{"model": ',
+        timeout=30,
         headers={"content-type": "application/json"},
     )
     assert assert_openai_error(response, 400)["type"] == "invalid_request_error"

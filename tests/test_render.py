@@ -46,7 +46,10 @@ def test_tool_loop_turn_keeps_outputs_and_previous_reasoning() -> None:
         "<|start|>assistant<|channel|>analysis<|message|>"
         "I should run a shell command to create the marker file.<|end|>"
     )
-    assert "<|start|>assistant to=functions.exec_command<|channel|>commentary <|constrain|>json" in tail
+    assert (
+        "<|start|>assistant to=functions.exec_command<|channel|>commentary <|constrain|>json"
+        in tail
+    )
     assert '{"cmd": "echo hello-from-stub > stub_marker.txt; cat stub_marker.txt"}<|call|>' in tail
     assert (
         "<|start|>functions.exec_command to=assistant<|channel|>commentary<|message|>Chunk ID"
@@ -70,7 +73,10 @@ def test_custom_tool_renders_as_freeform_and_its_call_as_raw_text() -> None:
         "<|start|>assistant to=functions.apply_patch<|channel|>commentary<|message|>"
         "*** Begin Patch\n*** Add File: patched_by_stub.txt" in text
     )
-    assert "<|start|>functions.apply_patch to=assistant<|channel|>commentary<|message|>Exit code: 0" in text
+    assert (
+        "<|start|>functions.apply_patch to=assistant<|channel|>commentary<|message|>Exit code: 0"
+        in text
+    )
 
 
 def test_namespace_tools_render_as_harmony_namespaces() -> None:
@@ -97,12 +103,20 @@ def _user(text: str) -> dict:
 
 
 def _reasoning(text: str) -> dict:
-    return {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+    return {
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+    }
 
 
 def _call(call_id: str) -> dict:
-    return {"type": "function_call", "call_id": call_id, "name": "get_weather",
-            "arguments": '{"city":"Paris"}'}
+    return {
+        "type": "function_call",
+        "call_id": call_id,
+        "name": "get_weather",
+        "arguments": '{"city":"Paris"}',
+    }
 
 
 def _output(call_id: str, output: object = "sunny") -> dict:
@@ -110,8 +124,11 @@ def _output(call_id: str, output: object = "sunny") -> dict:
 
 
 def _assistant(text: str, phase: str | None = None) -> dict:
-    item = {"type": "message", "role": "assistant",
-            "content": [{"type": "output_text", "text": text}]}
+    item = {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text}],
+    }
     if phase:
         item["phase"] = phase
     return item
@@ -120,9 +137,15 @@ def _assistant(text: str, phase: str | None = None) -> dict:
 def test_reasoning_of_a_finished_turn_is_dropped_and_the_current_turn_kept() -> None:
     text = render_text(
         _turns_body(
-            _user("weather?"), _reasoning("OLD-THOUGHT"), _call("c1"), _output("c1"),
-            _assistant("It is sunny."), _user("and tomorrow?"), _reasoning("NEW-THOUGHT"),
-            _call("c2"), _output("c2", [{"type": "input_text", "text": "rain"}]),
+            _user("weather?"),
+            _reasoning("OLD-THOUGHT"),
+            _call("c1"),
+            _output("c1"),
+            _assistant("It is sunny."),
+            _user("and tomorrow?"),
+            _reasoning("NEW-THOUGHT"),
+            _call("c2"),
+            _output("c2", [{"type": "input_text", "text": "rain"}]),
         )
     )
     assert "OLD-THOUGHT" not in text
@@ -132,8 +155,10 @@ def test_reasoning_of_a_finished_turn_is_dropped_and_the_current_turn_kept() -> 
 
 
 def test_a_preamble_before_tool_calls_stays_commentary_not_final() -> None:
-    for preamble in (_assistant("Checking the weather.", "commentary"),
-                     _assistant("Checking the weather.")):
+    for preamble in (
+        _assistant("Checking the weather.", "commentary"),
+        _assistant("Checking the weather."),
+    ):
         text = render_text(_turns_body(_user("weather?"), preamble, _call("c1"), _output("c1")))
         assert "<|channel|>commentary<|message|>Checking the weather.<|end|>" in text
         assert "<|channel|>final" not in text
@@ -142,8 +167,11 @@ def test_a_preamble_before_tool_calls_stays_commentary_not_final() -> None:
 def test_encrypted_reasoning_comes_back_and_a_foreign_blob_is_ignored() -> None:
     vault = ReasoningVault("test-key")
     sealed = {"type": "reasoning", "summary": [], "encrypted_content": vault.seal("SEALED-THOUGHT")}
-    foreign = {"type": "reasoning", "summary": [],
-               "encrypted_content": ReasoningVault("other-key").seal("FOREIGN")}
+    foreign = {
+        "type": "reasoning",
+        "summary": [],
+        "encrypted_content": ReasoningVault("other-key").seal("FOREIGN"),
+    }
     garbage = {"type": "reasoning", "summary": [], "encrypted_content": "not base64 at all!"}
     text = render_text(
         _turns_body(_user("weather?"), sealed, foreign, garbage, _call("c1"), _output("c1")),
@@ -158,9 +186,18 @@ def test_nested_chat_completions_tools_and_string_input() -> None:
         "model": "gpt-oss-120b",
         "input": "hello",
         "instructions": "Be brief.",
-        "tools": [{"type": "function", "function": {"name": "lookup", "description": "Find",
-                   "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}},
-                  {"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["x"]}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "lookup",
+                    "description": "Find",
+                    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+                },
+            },
+            {"type": "web_search"},
+            {"type": "file_search", "vector_store_ids": ["x"]},
+        ],
         "tool_choice": {"type": "function", "function": {"name": "lookup"}},
         "reasoning": {"effort": "high"},
     }
@@ -180,10 +217,16 @@ def test_tool_choice_none_leaves_tools_out() -> None:
 @pytest.mark.parametrize(
     ("items", "message", "param"),
     [
-        ([_user("x"), _call("c1")], "No tool output found for function call c1.",
-         "input[1].call_id"),
-        ([_user("x"), _output("c9")],
-         "No tool call found for function call output with call_id c9.", "input[1].call_id"),
+        (
+            [_user("x"), _call("c1")],
+            "No tool output found for function call c1.",
+            "input[1].call_id",
+        ),
+        (
+            [_user("x"), _output("c9")],
+            "No tool call found for function call output with call_id c9.",
+            "input[1].call_id",
+        ),
     ],
 )
 def test_unpaired_tool_calls_are_rejected(items, message, param) -> None:
@@ -205,10 +248,14 @@ def test_unknown_named_tool_choice_is_rejected() -> None:
     ("body", "param"),
     [
         ({"model": "m", "input": [{"type": "bogus"}]}, "input[0]"),
-        ({"model": "m", "input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
-         "input[0].call_id"),
-        ({"model": "m", "input": [{"role": "user", "content": [{"type": "weird"}]}]},
-         "input[0].content[0]"),
+        (
+            {"model": "m", "input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+            "input[0].call_id",
+        ),
+        (
+            {"model": "m", "input": [{"role": "user", "content": [{"type": "weird"}]}]},
+            "input[0].content[0]",
+        ),
         ({"model": "m", "input": "x", "temperature": 7}, "temperature"),
         ({"model": "m", "input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
         ({"input": "x"}, "model"),

@@ -144,7 +144,8 @@ def _developer_message(
         else:
             content = content.with_tools(
                 ToolNamespaceConfig(
-                    name=namespace, description=_namespace_description(request, namespace),
+                    name=namespace,
+                    description=_namespace_description(request, namespace),
                     tools=descriptions,
                 )
             )

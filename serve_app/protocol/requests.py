@@ -353,8 +353,7 @@ def check_tool_call_pairs(items: list[InputItem]) -> None:
         elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
             if item.call_id not in calls:
                 raise InvalidRequest(
-                    "No tool call found for function call output with call_id "
-                    f"{item.call_id}.",
+                    f"No tool call found for function call output with call_id {item.call_id}.",
                     param=f"input[{index}].call_id",
                 )
             outputs.setdefault(item.call_id, index)

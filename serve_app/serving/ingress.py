@@ -53,7 +53,9 @@ def create_api(args: AppArgs, engine: EngineClient, vault: ReasoningVault) -> Fa
         response = await service.run(turn)
         status = 500 if response.status == "failed" else 200
         if status == 500 and response.error is not None:
-            body_json = error_body(response.error.message, "server_error", None, response.error.code)
+            body_json = error_body(
+                response.error.message, "server_error", None, response.error.code
+            )
             return JSONResponse(body_json, status_code=500)
         return JSONResponse(dump_response(response), status)
 
@@ -105,9 +107,7 @@ def _install_error_handlers(api: FastAPI) -> None:
     @api.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         error_type = _HTTP_ERROR_TYPES.get(exc.status_code, "invalid_request_error")
-        return JSONResponse(
-            error_body(str(exc.detail), error_type), status_code=exc.status_code
-        )
+        return JSONResponse(error_body(str(exc.detail), error_type), status_code=exc.status_code)
 
     @api.exception_handler(Exception)
     async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:

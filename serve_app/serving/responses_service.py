@@ -72,7 +72,9 @@ class ResponsesService:
         max_tokens = self._max_output_tokens(request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
         key = routing_key(request.prompt_cache_key, prompt.token_ids)
-        metrics.ROUTING_KEYS.labels("prompt_cache_key" if request.prompt_cache_key else "derived").inc()
+        metrics.ROUTING_KEYS.labels(
+            "prompt_cache_key" if request.prompt_cache_key else "derived"
+        ).inc()
         seal = self._vault.seal if ENCRYPTED_REASONING in request.include else None
         generate = GenerateRequest(
             request_id=response.id,
@@ -88,7 +90,10 @@ class ResponsesService:
         translator = ResponseStreamTranslator(response, prompt.tools, seal_reasoning=seal)
         logger.info(
             "response %s: %d prompt tokens, max %d output tokens, key %s",
-            response.id, len(prompt.token_ids), max_tokens, _short(key),
+            response.id,
+            len(prompt.token_ids),
+            max_tokens,
+            _short(key),
         )
         return Turn(request=request, generate=generate, translator=translator)
 
@@ -125,7 +130,9 @@ class ResponsesService:
                     terminal = translator.fail(chunk.error or "The engine failed.", "server_error")
                 elif chunk.finish_reason is not None:
                     terminal = translator.finish(
-                        chunk.finish_reason, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens
+                        chunk.finish_reason,
+                        prompt_tokens=prompt_tokens,
+                        cached_tokens=cached_tokens,
                     )
                 if terminal:
                     break
