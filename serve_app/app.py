@@ -1,6 +1,8 @@
-"""The application builder: ``serve run configs/local.yaml`` imports ``build_app`` from here."""
+"""The application builder: ``serve run configs/local.yaml`` imports ``build_app`` from here.
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: Ray Serve reads the real ``AppArgs`` class from
+the signature to validate the config's ``args``.
+"""
 
 from ray.serve import Application
 
