@@ -1,0 +1,46 @@
+"""A client that disconnects mid-stream aborts its engine request."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import ray
+from ray import serve
+
+
+@pytest.fixture(scope="module")
+def engine_handle(app_url: str):
+    # Join the cluster `serve run` started, to ask the engine replica what it is running.
+    ray.init(address="auto", logging_level="ERROR", include_dashboard=False)
+    yield serve.get_deployment_handle("EngineDeployment", app_name="serve_app")
+    ray.shutdown()
+
+
+def ongoing(handle) -> int:
+    return handle.num_ongoing_requests.remote().result(timeout_s=30)
+
+
+def wait_for(predicate, timeout_s: float = 20) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_disconnect_mid_stream_aborts_the_engine_request(app_url: str, engine_handle) -> None:
+    assert wait_for(lambda: ongoing(engine_handle) == 0)
+    body = {"model": "gpt-oss-120b", "input": "SDK-SLOW: take your time", "stream": True}
+    running_mid_stream = None
+    with httpx.stream("POST", f"{app_url}/v1/responses", json=body, timeout=30) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:") and "response.reasoning_text.done" in line:
+                # The engine is now paused mid-turn. (Leaving this loop closes the connection.)
+                running_mid_stream = ongoing(engine_handle)
+                break
+    assert running_mid_stream == 1
+    # The connection closed while the engine was still generating.
+    assert wait_for(lambda: ongoing(engine_handle) == 0), "the engine request was not aborted"

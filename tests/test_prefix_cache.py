@@ -1,0 +1,126 @@
+"""The block-level prefix KV cache model (what vLLM's automatic prefix caching would reuse)."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve_app.engines.prefix_cache import PrefixKVCache
+
+
+def test_hits_grow_as_a_conversation_shares_a_longer_prefix() -> None:
+    cache = PrefixKVCache(block_size=4, capacity_tokens=1024)
+    conversation = list(range(10))
+    hits = []
+    for turn in range(4):
+        hits.append(cache.lookup(conversation))
+        conversation = [*conversation, *range(100 * (turn + 1), 100 * (turn + 1) + 7)]
+        cache.insert(conversation[:-3])  # this turn's prompt + output: a prefix of the next
+    assert hits == [0, 12, 20, 28]
+    assert hits == sorted(hits)
+
+
+def test_only_full_blocks_are_cached() -> None:
+    cache = PrefixKVCache(block_size=4, capacity_tokens=64)
+    cache.insert(list(range(10)))  # two full blocks; the partial third is not cached
+    assert cache.used_blocks == 2
+    assert cache.lookup([*range(10), 50, 51, 52]) == 8
+    assert cache.lookup([*range(8), 99, 98, 97]) == 8
+
+
+def test_a_different_block_breaks_the_chain() -> None:
+    cache = PrefixKVCache(block_size=4, capacity_tokens=64)
+    cache.insert(list(range(12)))
+    # Same second and third blocks after a different first one: nothing is reusable.
+    assert cache.lookup([7, 1, 2, 3, *range(4, 12), 0]) == 0
+    # A difference in the second block keeps the first.
+    assert cache.lookup([0, 1, 2, 3, 4, 5, 6, 99, *range(8, 12), 0]) == 4
+
+
+def test_never_the_whole_prompt() -> None:
+    cache = PrefixKVCache(block_size=4, capacity_tokens=64)
+    cache.insert(list(range(8)))
+    # The last prompt token is always computed, so its block cannot come from cache.
+    assert cache.lookup(list(range(8))) == 4
+    assert cache.lookup(list(range(9))) == 8
+    assert cache.lookup([0]) == 0
+    assert cache.lookup([]) == 0
+
+
+def test_lru_eviction_keeps_the_recently_used_prefix() -> None:
+    cache = PrefixKVCache(block_size=2, capacity_tokens=8)  # four blocks
+    cache.insert([1, 2, 3, 4])
+    cache.insert([5, 6, 7, 8])
+    cache.lookup([1, 2, 3, 4, 0])  # touch the first sequence
+    cache.insert([9, 10, 11, 12])  # evicts the second sequence
+    assert cache.used_blocks == 4
+    assert cache.lookup([1, 2, 3, 4, 0]) == 4
+    assert cache.lookup([5, 6, 7, 8, 0]) == 0
+    assert cache.lookup([9, 10, 11, 12, 0]) == 4
+    assert cache.stats().evicted_blocks == 2
+
+
+def test_eviction_takes_a_sequence_tail_first() -> None:
+    cache = PrefixKVCache(block_size=2, capacity_tokens=8)
+    cache.insert([1, 2, 3, 4, 5, 6])  # three blocks
+    cache.insert([7, 8, 9, 10])  # two more: one must go, the LRU sequence's deepest block
+    assert cache.lookup([1, 2, 3, 4, 5, 6, 0]) == 4
+    assert cache.lookup([7, 8, 9, 10, 0]) == 4
+
+
+def test_a_sequence_longer_than_the_cache_keeps_its_head() -> None:
+    cache = PrefixKVCache(block_size=2, capacity_tokens=4)
+    cache.insert(list(range(10)))
+    assert cache.used_blocks == 2
+    assert cache.lookup(list(range(11))) == 4
+
+
+def test_stats_count_tokens_and_blocks() -> None:
+    cache = PrefixKVCache(block_size=4, capacity_tokens=64)
+    cache.lookup(list(range(10)))
+    cache.insert(list(range(10)))
+    cache.lookup(list(range(10)))
+    stats = cache.stats()
+    assert (stats.lookups, stats.queried_tokens, stats.hit_tokens) == (2, 20, 8)
+    assert stats.hit_rate == pytest.approx(0.4)
+    assert (stats.used_blocks, stats.capacity_blocks, stats.inserted_blocks) == (2, 16, 2)
+    assert stats.usage == pytest.approx(2 / 16)
+
+
+def test_peek_changes_neither_stats_nor_lru() -> None:
+    cache = PrefixKVCache(block_size=2, capacity_tokens=4)
+    cache.insert([1, 2])
+    cache.insert([3, 4])
+    assert cache.peek([1, 2, 0]) == 2  # must not make [1, 2] recent
+    cache.insert([5, 6])
+    assert cache.peek([1, 2, 0]) == 0
+    assert cache.stats().lookups == 0
+
+
+def test_known_keys_hash_only_the_new_blocks_and_agree_with_a_full_insert() -> None:
+    prompt, output = list(range(37)), list(range(500, 530))
+    incremental = PrefixKVCache(block_size=4, capacity_tokens=1024)
+    keys = incremental.insert(prompt)
+    incremental.insert([*prompt, *output], keys)
+    full = PrefixKVCache(block_size=4, capacity_tokens=1024)
+    full.insert([*prompt, *output])
+    assert incremental.block_keys([*prompt, *output]) == full.block_keys([*prompt, *output])
+    assert incremental.used_blocks == full.used_blocks == (37 + 30) // 4
+    assert incremental.lookup([*prompt, *output, 1]) == full.lookup([*prompt, *output, 1]) == 64
+
+
+def test_invalid_sizes_are_rejected() -> None:
+    with pytest.raises(ValueError):
+        PrefixKVCache(block_size=0)
+    with pytest.raises(ValueError):
+        PrefixKVCache(block_size=16, capacity_tokens=8)
+    cache = PrefixKVCache(block_size=4, capacity_tokens=64)
+    with pytest.raises(ValueError):
+        cache.insert([1, 2, 3, 4], known_keys=[1, 2])
+
+
+def test_clear_drops_blocks() -> None:
+    cache = PrefixKVCache(block_size=4, capacity_tokens=64)
+    cache.insert(list(range(16)))
+    cache.clear()
+    assert cache.used_blocks == 0
+    assert cache.lookup(list(range(17))) == 0
