@@ -1,21 +1,39 @@
-"""The simulated engine and its prefix-cache model (no Ray)."""
+"""The simulated engine: harmony completions, scripts, stop/length/abort/fail, cache counts.
+
+Prompts are rendered with openai_harmony directly, so these tests do not depend on the
+Responses rendering. Timing parameters are fast; nothing asserts on wall-clock speed (the
+timeouts below only keep a broken abort from hanging the run).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import pytest
-from openai_harmony import Role
+from openai_harmony import Author, Conversation, Message, Role, SystemContent
+from pydantic import ValidationError
 
-from serve_app.engines.base import EngineError, GenerateRequest, SamplingSettings
-from serve_app.engines.prefix_cache import PrefixKVCache
-from serve_app.engines.simulated import EngineScript, SimulatedEngine, SimulatedEngineConfig
-from serve_app.harmony.encoding import get_encoding
-from serve_app.harmony.render import render_request
-from serve_app.protocol.requests import ResponsesRequest
+from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest, SamplingSettings
+from serve_app.engines.simulated import (
+    SCRIPT_ENV,
+    EngineScript,
+    SimulatedEngine,
+    SimulatedEngineConfig,
+    last_message_text,
+)
+from serve_app.harmony.encoding import CALL_TOKEN, END_TOKEN, RETURN_TOKEN, get_encoding
+
+HARMONY_STOPS = (RETURN_TOKEN, CALL_TOKEN)
+FAST = {"decode_tokens_per_s": 100_000, "prefill_tokens_per_s": 1e8}
 
 SCRIPT = {
     "turns": [
+        {
+            "match": "RESULT-42",
+            "items": [{"reasoning": "The tool said 42."}, {"text": "The answer is 42."}],
+        },
         {
             "match": "TOOL-PLEASE",
             "items": [
@@ -23,113 +41,355 @@ SCRIPT = {
                 {"function_call": {"name": "exec_command", "arguments": {"cmd": "ls -la"}}},
             ],
         },
+        {
+            "match": "TWO-CALLS",
+            "items": [
+                {"preamble": "Running two things."},
+                {"function_call": {"name": "lookup", "namespace": "mcp", "arguments": '{"q":1}'}},
+                {"custom_tool_call": {"name": "apply_patch", "input": "*** Begin Patch <|call|>"}},
+            ],
+        },
         {"match": "BREAK", "items": [{"text": "partial"}, {"fail": "boom"}]},
+        {"match": "NAP", "items": [{"reasoning": "Wait."}, {"sleep": 60}, {"text": "late"}]},
+        {"match": "RAW", "items": [{"raw": "<|channel|>final<|message|>no end"}]},
     ]
 }
 
 
-def prompt(text: str) -> list[int]:
-    return render_request(ResponsesRequest.model_validate({"model": "m", "input": text})).token_ids
+def prompt(*messages: Message) -> list[int]:
+    """A harmony prompt ending with ``<|start|>assistant``, as the ingress renders one."""
+    system = Message.from_role_and_content(Role.SYSTEM, SystemContent.new())
+    conversation = Conversation.from_messages([system, *messages])
+    return get_encoding().render_conversation_for_completion(conversation, Role.ASSISTANT)
 
 
-async def collect(engine: SimulatedEngine, request_id: str, tokens: list[int], max_tokens=4096):
-    chunks = []
-    request = GenerateRequest(request_id, tokens, SamplingSettings(max_tokens=max_tokens))
-    async for chunk in engine.generate(request):
-        chunks.append(chunk)
-    return chunks
+def user(text: str) -> Message:
+    return Message.from_role_and_content(Role.USER, text)
 
 
-def engine(**overrides) -> SimulatedEngine:
-    options = {"decode_tokens_per_s": 50_000, "prefill_tokens_per_s": 1e7, "script": SCRIPT}
-    return SimulatedEngine(SimulatedEngineConfig(**{**options, **overrides}))
+def tool_call(name: str, arguments: str) -> Message:
+    return (
+        Message.from_role_and_content(Role.ASSISTANT, arguments)
+        .with_channel("commentary")
+        .with_recipient(f"functions.{name}")
+        .with_content_type("<|constrain|>json")
+    )
 
 
-def test_cache_counts_leading_full_blocks_only() -> None:
-    cache = PrefixKVCache(block_size=4, capacity_tokens=64)
-    assert cache.lookup(list(range(10))) == 0
-    cache.insert(list(range(10)))  # two full blocks, the partial third is not cached
-    assert cache.lookup(list(range(10))) == 8
-    assert cache.lookup([*range(8), 99, 98, 97]) == 8
-    assert cache.lookup([7, *range(1, 10)]) == 0  # a different first block breaks the chain
+def tool_output(name: str, output: str) -> Message:
+    return (
+        Message.from_author_and_content(Author.new(Role.TOOL, f"functions.{name}"), output)
+        .with_channel("commentary")
+        .with_recipient("assistant")
+    )
 
 
-def test_cache_never_serves_the_whole_prompt() -> None:
-    cache = PrefixKVCache(block_size=4, capacity_tokens=64)
-    cache.insert(list(range(8)))
-    assert cache.lookup(list(range(8))) == 4
+def engine(**overrides: object) -> SimulatedEngine:
+    return SimulatedEngine(SimulatedEngineConfig(**{**FAST, "script": SCRIPT, **overrides}))
 
 
-def test_cache_evicts_least_recently_used_blocks() -> None:
-    cache = PrefixKVCache(block_size=2, capacity_tokens=8)  # four blocks
-    cache.insert([1, 2, 3, 4])
-    cache.insert([5, 6, 7, 8])
-    cache.lookup([1, 2, 3, 4, 0])  # touch the first sequence
-    cache.insert([9, 10, 11, 12])  # evicts the second sequence
-    assert cache.used_blocks == 4
-    assert cache.lookup([1, 2, 3, 4, 0]) == 4
-    assert cache.lookup([5, 6, 7, 8, 0]) == 0
+def request(
+    tokens: list[int], request_id: str = "r1", max_tokens: int = 4096, stops=HARMONY_STOPS
+) -> GenerateRequest:
+    return GenerateRequest(request_id, tokens, SamplingSettings(max_tokens, stop_token_ids=stops))
+
+
+async def collect(sim: SimulatedEngine, generate: GenerateRequest) -> list[GenerateChunk]:
+    return [chunk async for chunk in sim.generate(generate)]
+
+
+def tokens_of(chunks: list[GenerateChunk]) -> list[int]:
+    return [token for chunk in chunks for token in chunk.token_ids]
+
+
+def parse(tokens: list[int]) -> list[Message]:
+    return get_encoding().parse_messages_from_completion_tokens(tokens, Role.ASSISTANT)
+
+
+# -- Scripted turns ---------------------------------------------------------------------------
 
 
 async def test_scripted_tool_call_decodes_to_the_exact_call() -> None:
-    chunks = await collect(engine(), "r1", prompt("TOOL-PLEASE now"))
-    tokens = [token for chunk in chunks for token in chunk.token_ids]
-    reasoning, call = get_encoding().parse_messages_from_completion_tokens(tokens, Role.ASSISTANT)
-    assert reasoning.channel == "analysis" and reasoning.content[0].text == "Need ls."
-    assert call.recipient == "functions.exec_command"
-    assert call.content[0].text == '{"cmd": "ls -la"}'
+    chunks = await collect(engine(), request(prompt(user("TOOL-PLEASE now"))))
+    tokens = tokens_of(chunks)
+    reasoning, call = parse(tokens)
+    assert (reasoning.channel, reasoning.recipient) == ("analysis", None)
+    assert reasoning.content[0].text == "Need ls."
+    assert (call.channel, call.recipient) == ("commentary", "functions.exec_command")
+    assert call.content_type == "<|constrain|>json"
+    assert json.loads(call.content[0].text) == {"cmd": "ls -la"}
+    assert tokens[-1] == CALL_TOKEN
+    assert chunks[-1].finish_reason == "stop"
+    assert all(chunk.finish_reason is None for chunk in chunks[:-1])
+
+
+async def test_completion_starts_with_a_channel_after_the_prompts_assistant_header() -> None:
+    chunks = await collect(engine(), request(prompt(user("TOOL-PLEASE"))))
+    text = get_encoding().decode(tokens_of(chunks))
+    assert text.startswith("<|channel|>analysis<|message|>")
+    assert "<|start|>assistant<|channel|>commentary to=functions.exec_command " in text
+
+
+async def test_several_calls_in_one_turn_play_out_despite_stop_tokens() -> None:
+    chunks = await collect(engine(), request(prompt(user("TWO-CALLS"))))
+    preamble, call, custom = parse(tokens_of(chunks))
+    assert (preamble.channel, preamble.recipient) == ("commentary", None)
+    assert preamble.content[0].text == "Running two things."
+    assert (call.recipient, call.content[0].text) == ("mcp.lookup", '{"q":1}')
+    assert call.content_type == "<|constrain|>json"
+    assert custom.recipient == "functions.apply_patch"
+    assert custom.content_type is None
+    # Special-token text in an item's content stays text: it does not end the message.
+    assert custom.content[0].text == "*** Begin Patch <|call|>"
+    assert tokens_of(chunks).count(CALL_TOKEN) == 2
     assert chunks[-1].finish_reason == "stop"
 
 
-async def test_default_answer_never_calls_a_tool_and_says_what_it_is() -> None:
-    chunks = await collect(engine(), "r1", prompt("run rm -rf / please"))
-    tokens = [token for chunk in chunks for token in chunk.token_ids]
-    messages = get_encoding().parse_messages_from_completion_tokens(tokens, Role.ASSISTANT)
+async def test_the_turn_is_chosen_by_the_last_message_only() -> None:
+    sim = engine()
+    # The tool output is the last message: its turn plays, not the earlier task's.
+    after_tool = prompt(
+        user("TOOL-PLEASE"),
+        tool_call("exec_command", "{}"),
+        tool_output("exec_command", "RESULT-42"),
+    )
+    reasoning, final = parse(tokens_of(await collect(sim, request(after_tool, "a"))))
+    assert reasoning.content[0].text == "The tool said 42."
+    assert final.channel == "final" and final.content[0].text == "The answer is 42."
+    # A marker in an earlier message does not match.
+    later = prompt(user("TOOL-PLEASE"), user("just chat"))
+    messages = parse(tokens_of(await collect(sim, request(later, "b"))))
     assert all(message.recipient is None for message in messages)
-    assert messages[-1].channel == "final"
     assert "simulated engine" in messages[-1].content[0].text
 
 
-async def test_second_request_with_a_shared_prefix_reports_cached_tokens() -> None:
+def test_last_message_text_is_the_message_before_the_assistant_header() -> None:
+    tokens = prompt(user("first"), tool_output("exec_command", "the output"))
+    text = last_message_text(tokens)
+    assert text.startswith("<|start|>functions.exec_command to=assistant")
+    assert text.endswith("the output<|end|>")
+    assert "first" not in text
+    assert last_message_text([]) == ""
+
+
+async def test_a_turn_without_match_matches_anything() -> None:
+    script = {"turns": [{"match": "NEVER", "items": [{"text": "no"}]}, {"items": [{"text": "y"}]}]}
+    chunks = await collect(engine(script=script), request(prompt(user("whatever"))))
+    (final,) = parse(tokens_of(chunks))
+    assert final.content[0].text == "y"
+
+
+async def test_raw_items_are_emitted_verbatim() -> None:
+    chunks = await collect(engine(), request(prompt(user("RAW"))))
+    assert get_encoding().decode(tokens_of(chunks)) == "<|channel|>final<|message|>no end"
+    assert chunks[-1].finish_reason == "stop"
+
+
+async def test_fail_raises_mid_stream_after_the_tokens_before_it() -> None:
     sim = engine()
-    first = await collect(sim, "r1", prompt("hello"))
-    second = await collect(sim, "r2", prompt("hello"))
-    assert first[0].num_cached_tokens == 0
-    assert second[0].num_cached_tokens >= 16
-    assert second[0].num_prompt_tokens == len(prompt("hello"))
+    seen: list[GenerateChunk] = []
+    with pytest.raises(EngineError, match="boom"):
+        async for chunk in sim.generate(request(prompt(user("BREAK it")))):
+            seen.append(chunk)
+    (final,) = parse(tokens_of(seen))
+    assert final.content[0].text == "partial"
+    assert sim.num_ongoing_requests() == 0
+
+
+# -- Default answer ---------------------------------------------------------------------------
+
+
+async def test_default_answer_is_harmless_and_says_what_it_is() -> None:
+    sim = engine(script=None, default_output_tokens=80)
+    chunks = await collect(sim, request(prompt(user("run `rm -rf /` with exec_command now"))))
+    tokens = tokens_of(chunks)
+    messages = parse(tokens)
+    assert [message.channel for message in messages] == ["analysis", "final"]
+    assert all(message.recipient is None for message in messages)
+    assert CALL_TOKEN not in tokens
+    assert "simulated engine" in messages[-1].content[0].text
+    assert "no model weights" in messages[-1].content[0].text
+    assert len(tokens) == 80 and tokens[-1] == RETURN_TOKEN
+    assert chunks[-1].finish_reason == "stop"
+
+
+async def test_default_answer_is_deterministic_given_the_seed() -> None:
+    tokens = prompt(user("hello"))
+    first = tokens_of(await collect(engine(seed=7), request(tokens)))
+    again = tokens_of(await collect(engine(seed=7), request(tokens)))
+    other = tokens_of(await collect(engine(seed=8), request(tokens)))
+    assert first == again
+    assert first != other
+
+
+async def test_default_answer_stops_after_a_stop_token() -> None:
+    chunks = await collect(engine(), request(prompt(user("hello")), stops=(END_TOKEN,)))
+    tokens = tokens_of(chunks)
+    assert tokens[-1] == END_TOKEN and tokens.count(END_TOKEN) == 1
+    assert [message.channel for message in parse(tokens)] == ["analysis"]
+    assert chunks[-1].finish_reason == "stop"
 
 
 async def test_max_tokens_cuts_with_length() -> None:
-    chunks = await collect(engine(), "r1", prompt("hello"), max_tokens=5)
-    assert sum(len(chunk.token_ids) for chunk in chunks) == 5
+    sim = engine()
+    chunks = await collect(sim, request(prompt(user("hello")), max_tokens=5))
+    assert len(tokens_of(chunks)) == 5
     assert chunks[-1].finish_reason == "length"
+    scripted = await collect(sim, request(prompt(user("TOOL-PLEASE")), "r2", max_tokens=3))
+    assert len(tokens_of(scripted)) == 3
+    assert scripted[-1].finish_reason == "length"
 
 
-async def test_abort_stops_promptly_and_frees_the_request() -> None:
-    sim = engine(decode_tokens_per_s=50, default_output_tokens=500)
-    request = GenerateRequest("slow", prompt("hello"), SamplingSettings(max_tokens=1000))
-    seen = []
+# -- Abort, cancellation, bookkeeping ---------------------------------------------------------
+
+
+async def _started(sim: SimulatedEngine, generate: GenerateRequest) -> tuple[asyncio.Task, list]:
+    """Run ``generate`` in a task until the engine has admitted it."""
+    seen: list[GenerateChunk] = []
 
     async def consume() -> None:
-        async for chunk in sim.generate(request):
+        async for chunk in sim.generate(generate):
             seen.append(chunk)
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.1)
-    assert sim.num_ongoing_requests() == 1
+    while sim.num_ongoing_requests() == 0:
+        await asyncio.sleep(0)
+    return task, seen
+
+
+async def test_abort_during_decode_ends_the_stream_promptly() -> None:
+    # At 1 token/s the answer would take minutes: only the abort can end it in time.
+    sim = engine(decode_tokens_per_s=1, default_output_tokens=500)
+    task, seen = await _started(sim, request(prompt(user("hello")), "slow"))
+    while not seen:
+        await asyncio.sleep(0.01)
     await sim.abort("slow")
-    await asyncio.wait_for(task, timeout=2)
+    await asyncio.wait_for(task, timeout=10)
     assert seen[-1].finish_reason == "abort"
+    assert 0 < len(tokens_of(seen)) < 500
     assert sim.num_ongoing_requests() == 0
+    await sim.abort("slow")  # idempotent
 
 
-async def test_scripted_failure_raises_mid_stream() -> None:
+async def test_abort_during_prefill_and_during_a_scripted_sleep() -> None:
+    sim = engine(prefill_tokens_per_s=0.001)
+    task, seen = await _started(sim, request(prompt(user("hello")), "prefill"))
+    await sim.abort("prefill")
+    await asyncio.wait_for(task, timeout=10)
+    assert [chunk.finish_reason for chunk in seen] == ["abort"]
+    assert seen[0].token_ids == [] and seen[0].num_prompt_tokens > 0
+
     sim = engine()
-    with pytest.raises(EngineError, match="boom"):
-        await collect(sim, "r1", prompt("BREAK it"))
+    task, seen = await _started(sim, request(prompt(user("NAP")), "nap"))
+    while not seen:
+        await asyncio.sleep(0.01)
+    await sim.abort("nap")
+    await asyncio.wait_for(task, timeout=10)
+    assert seen[-1].finish_reason == "abort"
+    assert [message.content[0].text for message in parse(tokens_of(seen))] == ["Wait."]
     assert sim.num_ongoing_requests() == 0
 
 
-def test_script_items_are_validated() -> None:
-    with pytest.raises(ValueError):
-        EngineScript.load({"turns": [{"items": [{"shell": "rm -rf /"}]}]})
+async def test_a_cancelled_consumer_frees_the_request() -> None:
+    sim = engine(decode_tokens_per_s=1)
+    task, _ = await _started(sim, request(prompt(user("hello"))))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sim.num_ongoing_requests() == 0
+
+
+async def test_unknown_abort_is_a_no_op_and_duplicate_ids_are_refused() -> None:
+    sim = engine(decode_tokens_per_s=1)
+    await sim.abort("never-seen")
+    task, _ = await _started(sim, request(prompt(user("hello")), "dup"))
+    with pytest.raises(EngineError, match="already running"):
+        await collect(sim, request(prompt(user("hello")), "dup"))
+    assert sim.num_ongoing_requests() == 1
+    await sim.abort("dup")
+    await asyncio.wait_for(task, timeout=10)
+    assert sim.num_ongoing_requests() == 0
+
+
+# -- Prefix cache ------------------------------------------------------------------------------
+
+
+async def test_cached_tokens_are_reported_from_the_first_chunk_on() -> None:
+    sim = engine()
+    tokens = prompt(user("hello"))
+    first = await collect(sim, request(tokens, "r1"))
+    second = await collect(sim, request(tokens, "r2"))
+    assert all(chunk.num_cached_tokens == 0 for chunk in first)
+    full_blocks = (len(tokens) - 1) // 16 * 16
+    assert full_blocks > 0
+    assert all(chunk.num_cached_tokens == full_blocks for chunk in second)
+    assert all(chunk.num_prompt_tokens == len(tokens) for chunk in first + second)
+
+
+async def test_the_next_turn_reuses_the_prompt_and_the_output() -> None:
+    sim = engine()
+    turn1 = prompt(user("TOOL-PLEASE"))
+    output = tokens_of(await collect(sim, request(turn1, "r1")))
+    tool_result = get_encoding().encode(
+        "<|start|>functions.exec_command to=assistant<|channel|>commentary<|message|>RESULT-42"
+        "<|end|><|start|>assistant",
+        allowed_special="all",
+    )
+    turn2 = [*turn1, *output, *tool_result]
+    chunks = await collect(sim, request(turn2, "r2"))
+    assert chunks[0].num_cached_tokens == (len(turn1) + len(output)) // 16 * 16
+    assert parse(tokens_of(chunks))[-1].content[0].text == "The answer is 42."
+    stats = sim.cache_stats()
+    assert stats.lookups == 2 and stats.hit_tokens == chunks[0].num_cached_tokens
+    # Turn 2 extends turn 1, so its blocks include all of turn 1's.
+    assert stats.used_blocks == (len(turn2) + len(tokens_of(chunks))) // 16
+
+
+# -- Configuration and script loading ---------------------------------------------------------
+
+
+def test_script_from_yaml_json_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    yaml_path = tmp_path / "script.yaml"
+    yaml_path.write_text("turns:\n  - match: 'hi'\n    items:\n      - text: hello\n")
+    json_path = tmp_path / "script.json"
+    json_path.write_text(json.dumps(SCRIPT))
+    assert EngineScript.load(yaml_path).turns[0].items[0].text == "hello"
+    assert len(EngineScript.load(json_path).turns) == len(SCRIPT["turns"])
+
+    monkeypatch.setenv(SCRIPT_ENV, str(yaml_path))
+    assert len(SimulatedEngine(SimulatedEngineConfig()).script.turns) == 1
+    # The config wins over the environment.
+    configured = SimulatedEngine(SimulatedEngineConfig(script=str(json_path)))
+    assert len(configured.script.turns) == len(SCRIPT["turns"])
+    monkeypatch.delenv(SCRIPT_ENV)
+    assert SimulatedEngine(SimulatedEngineConfig()).script.turns == ()
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [
+        {"items": [{"shell": "rm -rf /"}]},
+        {"items": [{"text": "a", "reasoning": "b"}]},
+        {"items": []},
+        {"match": "([unclosed", "items": [{"text": "a"}]},
+        {"items": [{"function_call": {"name": "bad name", "arguments": {}}}]},
+        {"items": [{"function_call": {"name": "x<|call|>"}}]},
+        {"items": [{"sleep": -1}]},
+    ],
+)
+def test_bad_scripts_are_rejected(turn: dict) -> None:
+    with pytest.raises(ValidationError):
+        EngineScript.load({"turns": [turn]})
+
+
+def test_config_rejects_a_cache_smaller_than_a_block() -> None:
+    with pytest.raises(ValidationError):
+        SimulatedEngineConfig(block_size=16, kv_cache_tokens=8)
+    with pytest.raises(ValidationError):
+        SimulatedEngineConfig(unknown_option=1)
+
+
+async def test_start_encodes_every_scripted_turn() -> None:
+    sim = engine()
+    await sim.start()
+    assert sim.num_ongoing_requests() == 0
