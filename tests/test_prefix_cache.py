@@ -124,3 +124,13 @@ def test_clear_drops_blocks() -> None:
     cache.clear()
     assert cache.used_blocks == 0
     assert cache.lookup(list(range(17))) == 0
+
+
+def test_lookup_blocks_returns_the_hit_keys_for_insert() -> None:
+    cache = PrefixKVCache(block_size=4, capacity_tokens=64)
+    cache.insert(list(range(8)))
+    prompt = [*range(8), 20, 21, 22, 23, 24]
+    hits = cache.lookup_blocks(prompt)
+    assert hits == cache.block_keys(prompt)[:2]
+    assert cache.insert(prompt, hits) == cache.block_keys(prompt)
+    assert cache.stats().hit_tokens == 8

@@ -243,8 +243,10 @@ async def test_max_tokens_cuts_with_length() -> None:
 # -- Abort, cancellation, bookkeeping ---------------------------------------------------------
 
 
-async def _started(sim: SimulatedEngine, generate: GenerateRequest) -> tuple[asyncio.Task, list]:
-    """Run ``generate`` in a task until the engine has admitted it."""
+async def _started(
+    sim: SimulatedEngine, generate: GenerateRequest, ongoing: int = 1
+) -> tuple[asyncio.Task, list]:
+    """Run ``generate`` in a task until the engine has ``ongoing`` requests admitted."""
     seen: list[GenerateChunk] = []
 
     async def consume() -> None:
@@ -252,7 +254,7 @@ async def _started(sim: SimulatedEngine, generate: GenerateRequest) -> tuple[asy
             seen.append(chunk)
 
     task = asyncio.create_task(consume())
-    while sim.num_ongoing_requests() == 0:
+    while sim.num_ongoing_requests() < ongoing:
         await asyncio.sleep(0)
     return task, seen
 
@@ -288,6 +290,32 @@ async def test_abort_during_prefill_and_during_a_scripted_sleep() -> None:
     assert seen[-1].finish_reason == "abort"
     assert [message.content[0].text for message in parse(tokens_of(seen))] == ["Wait."]
     assert sim.num_ongoing_requests() == 0
+
+
+async def test_prefills_queue_and_an_abort_hands_the_turn_on() -> None:
+    sim = engine(prefill_tokens_per_s=0.001)  # the first prefill would never end by itself
+    first, first_seen = await _started(sim, request(prompt(user("one")), "first"))
+    second, second_seen = await _started(sim, request(prompt(user("two")), "second"), 2)
+    third, third_seen = await _started(sim, request(prompt(user("three")), "third"), 3)
+    await sim.abort("second")  # aborted while queued behind "first"
+    await asyncio.wait_for(second, timeout=10)
+    assert [chunk.finish_reason for chunk in second_seen] == ["abort"]
+    sim.config.prefill_tokens_per_s = 1e8  # later prefills are fast again
+    await sim.abort("first")  # leaving the head of the queue wakes "third"
+    await asyncio.wait_for(asyncio.gather(first, third), timeout=10)
+    assert first_seen[-1].finish_reason == "abort"
+    assert third_seen[-1].finish_reason == "stop"
+    assert sim.num_ongoing_requests() == 0
+
+
+async def test_a_request_queued_behind_the_same_prefix_reuses_it() -> None:
+    sim = engine()
+    tokens = prompt(user("hello"))
+    first, second = await asyncio.gather(
+        collect(sim, request(tokens, "a")), collect(sim, request(tokens, "b"))
+    )
+    assert first[0].num_cached_tokens == 0
+    assert second[0].num_cached_tokens == (len(tokens) - 1) // 16 * 16
 
 
 async def test_a_cancelled_consumer_frees_the_request() -> None:

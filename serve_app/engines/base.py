@@ -46,6 +46,8 @@ class GenerateChunk:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    # The engine replica that served the request (set on the first chunk by the deployment).
+    replica: str | None = None
 
     def merge(self, later: GenerateChunk) -> GenerateChunk:
         """One chunk standing for ``self`` followed by ``later`` (used to coalesce a stream)."""
@@ -55,6 +57,7 @@ class GenerateChunk:
             num_prompt_tokens=later.num_prompt_tokens or self.num_prompt_tokens,
             num_cached_tokens=max(self.num_cached_tokens, later.num_cached_tokens),
             error=later.error or self.error,
+            replica=self.replica or later.replica,
         )
 
 

@@ -1,66 +1,173 @@
 """A model of vLLM's automatic prefix cache: full KV blocks keyed by chained hashes, LRU.
 
-A block's key is the hash of its tokens and its parent's key, so a block is reusable only
-after the same prefix. Only full blocks are cached, and (as in vLLM) the last prompt token is
-always computed, so a request never gets its whole prompt from cache.
+The simulated engine uses it so that routing and load tests see the cache behaviour a real
+vLLM replica would have: a prompt is served from cache only up to the first block that differs
+from what this replica has seen, and a replica that sees too many different prefixes evicts.
+
+What is modelled (after vLLM v1's ``KVCacheManager``/``BlockPool``):
+- Only *full* blocks of ``block_size`` tokens are cached; a trailing partial block never is.
+- A block's key is the hash of its parent block's key and its own token ids, so a block is
+  reusable only after exactly the same prefix (the chain stops at the first miss).
+- At most ``len(prompt) - 1`` prompt tokens are served from cache: the last prompt token is
+  always computed, because its logits give the first output token.
+- Eviction is least-recently-used, block by block. Within one sequence the deeper blocks are
+  made older than the head blocks (vLLM frees a request's blocks tail first), so eviction eats a
+  cold prefix from its end and never leaves an unreachable tail behind a missing head.
+
+What is not: KV held by running requests does not reduce the capacity here (vLLM's pool is
+shared between running requests and cached blocks), and hash collisions are ignored (Python's
+64-bit tuple hash; vLLM uses sha256 only as an option).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+# Parent key of a sequence's first block.
+_ROOT_KEY = hash("serve_app.prefix_cache.root")
 
-@dataclass
-class CacheStats:
-    queried_tokens: int = 0
-    hit_tokens: int = 0
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """A snapshot of the cache for metrics. Token counts are cumulative since creation."""
+
+    block_size: int
+    capacity_blocks: int
+    used_blocks: int
+    lookups: int
+    queried_tokens: int
+    hit_tokens: int
+    inserted_blocks: int
+    evicted_blocks: int
 
     @property
     def hit_rate(self) -> float:
+        """Prompt tokens served from cache over prompt tokens looked up (0 before any lookup)."""
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the capacity holding cached blocks."""
+        return self.used_blocks / self.capacity_blocks
 
 
 class PrefixKVCache:
+    """Block-level prefix cache of one engine replica (token ids only, no tensors)."""
+
     def __init__(self, block_size: int = 16, capacity_tokens: int = 262_144) -> None:
-        if block_size <= 0 or capacity_tokens < block_size:
-            raise ValueError("need block_size > 0 and capacity_tokens >= block_size")
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        if capacity_tokens < block_size:
+            raise ValueError(
+                f"capacity_tokens ({capacity_tokens}) must hold a block ({block_size} tokens)"
+            )
         self.block_size = block_size
         self.capacity_blocks = capacity_tokens // block_size
-        self._blocks: OrderedDict[int, None] = OrderedDict()  # key -> None, oldest first
-        self.stats = CacheStats()
+        # Block key -> None, least recently used first.
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._lookups = 0
+        self._queried_tokens = 0
+        self._hit_tokens = 0
+        self._inserted_blocks = 0
+        self._evicted_blocks = 0
 
     @property
     def used_blocks(self) -> int:
         return len(self._blocks)
 
-    def _block_keys(self, token_ids: Sequence[int]) -> list[int]:
-        keys, parent = [], 0
-        for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
-            parent = hash((parent, tuple(token_ids[start : start + self.block_size])))
-            keys.append(parent)
-        return keys
+    def _iter_keys(self, token_ids: Sequence[int], known: Sequence[int] = ()) -> Iterator[int]:
+        """Chained keys of the full blocks of ``token_ids``, computed lazily.
 
-    def lookup(self, prompt_token_ids: Sequence[int]) -> int:
-        """Prompt tokens served from cache (leading cached blocks), and count them in stats."""
-        # The last token is always recomputed: it produces the first output token's logits.
-        keys = self._block_keys(prompt_token_ids[: max(len(prompt_token_ids) - 1, 0)])
-        hit_blocks = 0
-        for key in keys:
+        Lazy so that a lookup that misses early hashes one block, not the whole prompt.
+        ``known`` are the keys of leading blocks already hashed (from `insert`): a sequence that
+        grew is hashed from where it was left.
+        """
+        yield from known
+        size = self.block_size
+        begin = len(known) * size
+        tokens = tuple(token_ids[begin:])  # tuple slices are tuples: one copy per block
+        parent = known[-1] if known else _ROOT_KEY
+        for start in range(0, len(tokens) - size + 1, size):
+            parent = hash((parent, tokens[start : start + size]))
+            yield parent
+
+    def block_keys(self, token_ids: Sequence[int]) -> list[int]:
+        """Keys of every full block of ``token_ids`` (for tests and routing experiments)."""
+        return list(self._iter_keys(token_ids))
+
+    def peek(self, token_ids: Sequence[int]) -> int:
+        """Like `lookup`, but changes neither the LRU order nor the stats."""
+        return len(self._hit_keys(token_ids)) * self.block_size
+
+    def lookup(self, token_ids: Sequence[int]) -> int:
+        """Prompt tokens that would be served from cache; counts in stats and refreshes LRU.
+
+        That is the leading full blocks present, within the first ``len(token_ids) - 1``
+        tokens (the last prompt token is always computed, as in vLLM).
+        """
+        return len(self.lookup_blocks(token_ids)) * self.block_size
+
+    def lookup_blocks(self, token_ids: Sequence[int]) -> list[int]:
+        """`lookup` returning the keys of the blocks hit, to pass to `insert` as known keys."""
+        hits = self._hit_keys(token_ids)
+        self._touch(hits)
+        self._lookups += 1
+        self._queried_tokens += len(token_ids)
+        self._hit_tokens += len(hits) * self.block_size
+        return hits
+
+    def _hit_keys(self, token_ids: Sequence[int]) -> list[int]:
+        hits: list[int] = []
+        for key in self._iter_keys(token_ids[: max(len(token_ids) - 1, 0)]):
             if key not in self._blocks:
                 break
-            self._blocks.move_to_end(key)
-            hit_blocks += 1
-        cached = hit_blocks * self.block_size
-        self.stats.queried_tokens += len(prompt_token_ids)
-        self.stats.hit_tokens += cached
-        return cached
+            hits.append(key)
+        return hits
 
-    def insert(self, token_ids: Sequence[int]) -> None:
-        """Cache the full blocks of a finished sequence (prompt + output), evicting LRU."""
-        for key in self._block_keys(token_ids):
-            self._blocks[key] = None
-            self._blocks.move_to_end(key)
+    def insert(self, token_ids: Sequence[int], known_keys: Sequence[int] = ()) -> list[int]:
+        """Cache the full blocks of a computed sequence (prompt + output), evicting LRU blocks.
+
+        Returns the sequence's block keys. ``known_keys`` are keys of its leading blocks already
+        computed (from `lookup_blocks`, or an earlier `insert` of a shorter version of the same
+        sequence), so a long prompt is hashed once per request rather than three times.
+        """
+        if len(known_keys) * self.block_size > len(token_ids):
+            raise ValueError("known_keys cover more blocks than token_ids has")
+        keys = list(self._iter_keys(token_ids, known_keys))
+        self._inserted_blocks += sum(1 for key in keys if key not in self._blocks)
+        self._touch(keys)
+        self._evict()
+        return keys
+
+    def _touch(self, keys: list[int]) -> None:
+        """Make ``keys`` (one sequence's blocks, head first) the most recently used.
+
+        The head block ends up newest, so eviction takes a sequence's deepest blocks first.
+        """
+        blocks = self._blocks
+        for key in reversed(keys):
+            blocks[key] = None
+            blocks.move_to_end(key)
+
+    def _evict(self) -> None:
         while len(self._blocks) > self.capacity_blocks:
             self._blocks.popitem(last=False)
+            self._evicted_blocks += 1
+
+    def clear(self) -> None:
+        """Drop every block (like vLLM's ``reset_prefix_cache``); stats are kept."""
+        self._blocks.clear()
+
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(
+            block_size=self.block_size,
+            capacity_blocks=self.capacity_blocks,
+            used_blocks=len(self._blocks),
+            lookups=self._lookups,
+            queried_tokens=self._queried_tokens,
+            hit_tokens=self._hit_tokens,
+            inserted_blocks=self._inserted_blocks,
+            evicted_blocks=self._evicted_blocks,
+        )

@@ -1,280 +1,618 @@
 """The simulated engine: a CPU stand-in for vLLM, honest about being one.
 
-It emits well-formed harmony completions made with the real encoding, models a block-level
-prefix KV cache (so routing and load tests measure real cache behaviour) and prefill/decode
-time. It has no model: by default it answers with a short placeholder that says so and never
-calls a tool. Tests script it with a file of assistant turns (see `EngineScript`).
+It has no model weights. It emits well-formed harmony completions made with the real
+encoding, models a block-level prefix KV cache (`PrefixKVCache`) so routing and load tests
+measure real cache behaviour, and models time: prefill of the *uncached* prompt tokens (one
+prefill at a time, first come first served, as prefills share one accelerator) and decode steps
+that slow down as more requests decode together.
+
+What it says:
+- By default, a short analysis message and a final answer that says it comes from the simulated
+  engine, padded with filler words to ``default_output_tokens``. It never calls a tool on its
+  own: an agent driven by it cannot be made to run anything.
+- With a script (tests), the first turn whose ``match`` regex is found (``re.search``) in the
+  decoded prompt's last message, header included, e.g. ``<|start|>user<|message|>…<|end|>``::
+
+      turns:
+        - match: "RESULT-42"            # optional: a turn without match matches anything
+          items:
+            - reasoning: "analysis channel text"
+            - preamble: "commentary text with no recipient"
+            - text: "final answer (ends with <|return|>)"
+            - function_call: {name: exec_command, arguments: {cmd: ls}, namespace: functions}
+            - custom_tool_call: {name: apply_patch, input: "raw text"}
+            - raw: "<|channel|>final<|message|>harmony text, specials included"
+            - sleep: 0.5                # seconds, cut short by abort
+            - fail: "EngineError message raised at this point"
+
+  The script comes from ``config.script`` (a YAML/JSON path or the mapping itself), else the
+  file ``$SERVE_APP_SIM_SCRIPT`` names. A turn plays out whole: stop tokens inside it (one
+  ``<|call|>`` per tool call) do not end it; its end gives finish reason "stop". ``max_tokens``
+  and abort cut it like any other output.
+
+The output depends only on the prompt, the script and ``seed``; only the timing is wall-clock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import random
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from serve_app.engines.base import Engine, EngineError, GenerateChunk, GenerateRequest
-from serve_app.engines.prefix_cache import PrefixKVCache
-from serve_app.harmony.encoding import get_encoding
+from serve_app.engines.base import (
+    Engine,
+    EngineError,
+    FinishReason,
+    GenerateChunk,
+    GenerateRequest,
+)
+from serve_app.engines.prefix_cache import PrefixCacheStats, PrefixKVCache
+from serve_app.harmony.encoding import CALL_TOKEN, END_TOKEN, RETURN_TOKEN, get_encoding
 
 logger = logging.getLogger(__name__)
 
 SCRIPT_ENV = "SERVE_APP_SIM_SCRIPT"
 START_TOKEN = 200006  # <|start|>
-_SPECIAL = re.compile(r"<\|[a-z_]+\|>")
-_FILLER = " The simulated engine streams placeholder words to model decode time."
+# Below this many seconds ahead of schedule the decode loop does not sleep (timer resolution):
+# at high decode rates several tokens then go out in one chunk, keeping the modelled rate.
+_MIN_SLEEP_S = 0.001
+# Tool names and namespaces go into a harmony header: no spaces, no special-token brackets.
+_HEADER_NAME = r"^[^\s<>|]+$"
+# Single-token words (checked at first use) the default answer is padded with.
+_FILLER_WORDS = (
+    *("placeholder", "simulated", "engine", "tokens", "stand", "in", "for", "a", "model"),
+    *("answer", "decode", "time", "routing", "cache", "block", "prefix", "latency"),
+    *("throughput", "replica", "request", "stream", "harmony", "words", "filler", "text"),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# The script: what a test wants the "model" to say.
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReasoningItem(_Item):
+    """An ``analysis`` message (chain of thought)."""
+
+    reasoning: str
+
+
+class PreambleItem(_Item):
+    """A ``commentary`` message with no recipient (a preamble shown to the user)."""
+
+    preamble: str
+
+
+class TextItem(_Item):
+    """A ``final`` message, ended with ``<|return|>``."""
+
+    text: str
+
+
+class FunctionCall(_Item):
+    name: str = Field(pattern=_HEADER_NAME)
+    # A dict is sent as compact JSON text; a string is sent as is (e.g. deliberately bad JSON).
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+    namespace: str | None = Field(default=None, pattern=_HEADER_NAME)
+
+
+class FunctionCallItem(_Item):
+    """``commentary to=functions.NAME <|constrain|>json``, ended with ``<|call|>``."""
+
+    function_call: FunctionCall
+
+
+class CustomToolCall(_Item):
+    name: str = Field(pattern=_HEADER_NAME)
+    input: str
+    namespace: str | None = Field(default=None, pattern=_HEADER_NAME)
+
+
+class CustomToolCallItem(_Item):
+    """``commentary to=functions.NAME`` with raw text input, ended with ``<|call|>``."""
+
+    custom_tool_call: CustomToolCall
+
+
+class RawItem(_Item):
+    """Harmony text encoded verbatim, special tokens included (for malformed-output tests)."""
+
+    raw: str
+
+
+class FailItem(_Item):
+    """The engine raises ``EngineError(fail)`` here, after streaming the items before it."""
+
+    fail: str
+
+
+class SleepItem(_Item):
+    """Pause the stream for this many seconds (abortable)."""
+
+    sleep: float = Field(ge=0)
+
+
+ScriptItem: TypeAlias = (
+    ReasoningItem
+    | PreambleItem
+    | TextItem
+    | FunctionCallItem
+    | CustomToolCallItem
+    | RawItem
+    | FailItem
+    | SleepItem
+)
+_ITEM_TYPES: dict[str, type[_Item]] = {
+    "reasoning": ReasoningItem,
+    "preamble": PreambleItem,
+    "text": TextItem,
+    "function_call": FunctionCallItem,
+    "custom_tool_call": CustomToolCallItem,
+    "raw": RawItem,
+    "fail": FailItem,
+    "sleep": SleepItem,
+}
 
 
 class ScriptTurn(BaseModel):
-    """One assistant turn to play when ``match`` is found in the prompt's last message.
+    """One assistant turn, played when ``match`` is found in the prompt's last message.
 
-    Items, in order: ``{reasoning: str}``, ``{preamble: str}`` (commentary text),
-    ``{text: str}`` (final answer), ``{function_call: {name, arguments, namespace?}}``,
-    ``{custom_tool_call: {name, input}}``, ``{raw: str}`` (harmony text as is, for malformed
-    output), ``{fail: str}`` (the engine fails there), ``{sleep: seconds}``.
+    A turn without ``match`` matches any prompt. Stop tokens are ignored inside a turn (several
+    tool calls each end with ``<|call|>`` and the stream goes on); the turn's end ends the
+    request with finish reason "stop".
     """
 
-    model_config = ConfigDict(extra="forbid")
-    match: str | None = None
-    items: list[dict[str, Any]] = Field(min_length=1)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    @model_validator(mode="after")
-    def _known_items(self) -> ScriptTurn:
-        known = {
-            "reasoning",
-            "preamble",
-            "text",
-            "function_call",
-            "custom_tool_call",
-            "raw",
-            "fail",
-            "sleep",
-        }
-        for item in self.items:
-            if len(item) != 1 or next(iter(item)) not in known:
-                raise ValueError(f"a script item is one of {sorted(known)}: got {item}")
-        return self
+    match: re.Pattern[str] | None = None
+    items: tuple[ScriptItem, ...] = Field(min_length=1)
+
+    @field_validator("items", mode="before")
+    @classmethod
+    def _parse_items(cls, items: Any) -> Any:
+        """Parse each item by its one key, so a typo gets a one-line error, not a union dump."""
+        if not isinstance(items, list | tuple):
+            return items
+        return [item if isinstance(item, _Item) else _parse_item(item) for item in items]
+
+
+def _parse_item(item: Any) -> _Item:
+    kind = next(iter(item)) if isinstance(item, Mapping) and len(item) == 1 else None
+    if kind not in _ITEM_TYPES:
+        raise ValueError(f"a script item is one key of {sorted(_ITEM_TYPES)}: got {item!r}")
+    return _ITEM_TYPES[kind].model_validate(item)
 
 
 class EngineScript(BaseModel):
-    turns: list[ScriptTurn] = Field(default_factory=list)
+    """``turns: [{match: REGEX?, items: [...]}]``, from YAML/JSON or a dict."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    turns: tuple[ScriptTurn, ...] = ()
 
     @classmethod
-    def load(cls, source: str | Path | dict[str, Any]) -> EngineScript:
-        if isinstance(source, dict):
+    def load(cls, source: str | Path | Mapping[str, Any]) -> EngineScript:
+        """From a mapping, or a YAML/JSON file path."""
+        if isinstance(source, Mapping):
             return cls.model_validate(source)
-        return cls.model_validate(yaml.safe_load(Path(source).read_text()))
+        path = Path(source)
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        return cls.model_validate(data or {})
 
-    def turn_for(self, last_message: str) -> ScriptTurn | None:
-        for turn in self.turns:
-            if turn.match is None or re.search(turn.match, last_message):
-                return turn
+    def turn_index(self, last_message: str) -> int | None:
+        """Index of the first turn whose ``match`` is found in ``last_message`` (re.search)."""
+        for index, turn in enumerate(self.turns):
+            if turn.match is None or turn.match.search(last_message):
+                return index
         return None
+
+
+def load_script(source: str | Path | Mapping[str, Any] | None) -> EngineScript:
+    """The configured script, else the file ``$SERVE_APP_SIM_SCRIPT`` names, else none."""
+    if source is None:
+        source = os.environ.get(SCRIPT_ENV) or None
+    return EngineScript.load(source) if source is not None else EngineScript()
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration.
 
 
 class SimulatedEngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    # Prefix cache model: block size and capacity (KV tokens the replica can keep cached).
     block_size: int = Field(default=16, gt=0)
     kv_cache_tokens: int = Field(default=262_144, gt=0)
-    # Prefill speed for uncached prompt tokens, and decode speed of one request alone.
+    # Prefill speed for uncached prompt tokens; one prefill runs at a time, in arrival order.
     prefill_tokens_per_s: float = Field(default=20_000, gt=0)
+    # Decode speed of one request decoding alone.
     decode_tokens_per_s: float = Field(default=200, gt=0)
-    # Each other request decoding at the same time slows a step by this fraction.
+    # Each other request decoding at the same time slows a decode step by this fraction.
     batch_slowdown: float = Field(default=0.02, ge=0)
-    # Length of the default placeholder answer, in tokens.
-    default_output_tokens: int = Field(default=64, ge=8)
-    # A script file (YAML/JSON) or the script itself; falls back to $SERVE_APP_SIM_SCRIPT.
+    # Length in tokens of the default answer (it is never shorter than its fixed sentences).
+    default_output_tokens: int = Field(default=64, ge=1)
+    # A script file (YAML/JSON) or the script itself; None falls back to $SERVE_APP_SIM_SCRIPT.
     script: str | dict[str, Any] | None = None
+    # Seeds the default answer's filler words (mixed with the prompt).
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _cache_holds_a_block(self) -> SimulatedEngineConfig:
+        if self.kv_cache_tokens < self.block_size:
+            raise ValueError("kv_cache_tokens must be at least block_size")
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Plans: what one request will stream, as steps.
+
+
+@dataclass(frozen=True)
+class _Emit:
+    tokens: tuple[int, ...]
+    # The default answer honours the request's stop tokens; a scripted turn plays out whole.
+    honour_stop: bool
+
+
+@dataclass(frozen=True)
+class _Fail:
+    message: str
+
+
+@dataclass(frozen=True)
+class _Sleep:
+    seconds: float
+
+
+_Step: TypeAlias = _Emit | _Fail | _Sleep
+
+
+class _Harmony:
+    """Harmony messages as completion tokens, built with the real encoding."""
+
+    def __init__(self) -> None:
+        self.encoding = get_encoding()
+        self.start_assistant = tuple(self.header("<|start|>assistant"))
+
+    def header(self, text: str) -> list[int]:
+        return self.encoding.encode(text, allowed_special="all")
+
+    def text(self, text: str) -> list[int]:
+        # Content is plain text: "<|call|>" in a reasoning string must not end the message.
+        return self.encoding.encode(text, disallowed_special=())
+
+    def message(self, header: str, content: str, end: int) -> list[int]:
+        """``HEADER<|message|>CONTENT`` + ``end``; the ``<|start|>assistant`` is the caller's."""
+        return [*self.header(f"{header}<|message|>"), *self.text(content), end]
+
+    def item_tokens(self, item: ScriptItem) -> list[int]:
+        match item:
+            case ReasoningItem(reasoning=text):
+                return self.message("<|channel|>analysis", text, END_TOKEN)
+            case PreambleItem(preamble=text):
+                return self.message("<|channel|>commentary", text, END_TOKEN)
+            case TextItem(text=text):
+                return self.message("<|channel|>final", text, RETURN_TOKEN)
+            case FunctionCallItem(function_call=call):
+                arguments = call.arguments
+                if not isinstance(arguments, str):
+                    arguments = json.dumps(arguments, ensure_ascii=False)
+                recipient = f"{call.namespace or 'functions'}.{call.name}"
+                header = f"<|channel|>commentary to={recipient} <|constrain|>json"
+                return self.message(header, arguments, CALL_TOKEN)
+            case CustomToolCallItem(custom_tool_call=call):
+                recipient = f"{call.namespace or 'functions'}.{call.name}"
+                return self.message(f"<|channel|>commentary to={recipient}", call.input, CALL_TOKEN)
+            case RawItem(raw=text):
+                return self.header(text)
+        raise TypeError(f"not a message item: {item!r}")
+
+    def turn_plan(self, turn: ScriptTurn) -> list[_Step]:
+        """A turn's steps; every message after the first gets its own ``<|start|>assistant``."""
+        steps: list[_Step] = []
+        emitted = False
+        for item in turn.items:
+            if isinstance(item, FailItem):
+                steps.append(_Fail(item.fail))
+            elif isinstance(item, SleepItem):
+                steps.append(_Sleep(item.sleep))
+            else:
+                tokens = self.item_tokens(item)
+                if emitted and not isinstance(item, RawItem):
+                    tokens = [*self.start_assistant, *tokens]
+                steps.append(_Emit(tuple(tokens), honour_stop=False))
+                emitted = True
+        return steps
+
+    @cached_property
+    def filler(self) -> list[int]:
+        """Token ids of the single-token filler words (with their leading space)."""
+        ids = [self.text(f" {word}") for word in _FILLER_WORDS]
+        return [tokens[0] for tokens in ids if len(tokens) == 1]
+
+    def default_answer(self, prompt_tokens: int, length: int, rng: random.Random) -> list[int]:
+        """The harmless answer: say what this is, pad with filler words to ``length`` tokens."""
+        analysis = self.message(
+            "<|channel|>analysis",
+            "Simulated engine, no model weights: answer with a placeholder, call no tools.",
+            END_TOKEN,
+        )
+        final_head = [
+            *self.start_assistant,
+            *self.header("<|channel|>final<|message|>"),
+            *self.text(
+                "Placeholder answer from serve_app's simulated engine (no model weights loaded; "
+                f"prompt: {prompt_tokens} tokens):"
+            ),
+        ]
+        tokens = [*analysis, *final_head]
+        padding = max(length - len(tokens) - 1, 0)
+        tokens.extend(rng.choice(self.filler) for _ in range(padding))
+        tokens.append(RETURN_TOKEN)
+        return tokens
+
+
+def last_message_text(prompt: Sequence[int]) -> str:
+    """Decoded text of the prompt's last message, header included.
+
+    That is the message before the trailing ``<|start|>assistant``: the user's task on a first
+    turn, the tool output after a tool call. Empty if the prompt has no message.
+    """
+    harmony = _harmony()
+    end = len(prompt)
+    trailer = harmony.start_assistant
+    if tuple(prompt[end - len(trailer) :]) == trailer:
+        end -= len(trailer)
+    start = end - 1
+    while start >= 0 and prompt[start] != START_TOKEN:
+        start -= 1
+    if start < 0:
+        return ""
+    return harmony.encoding.decode(list(prompt[start:end]))
+
+
+_HARMONY: _Harmony | None = None
+
+
+def _harmony() -> _Harmony:
+    global _HARMONY
+    if _HARMONY is None:
+        _HARMONY = _Harmony()
+    return _HARMONY
+
+
+# --------------------------------------------------------------------------------------------
+# The engine.
 
 
 @dataclass
-class _Segment:
-    tokens: list[int]
-    fail: str | None = None
-    sleep_s: float = 0.0
+class _Running:
+    """One admitted request."""
+
+    request: GenerateRequest
+    aborted: bool = False
+    decoding: bool = False
+    # The pending wait, resolved early by `abort` so the stream ends promptly.
+    wakeup: asyncio.Future[None] | None = None
+    # Block keys of the prompt once its KV exists (after prefill): the output extends them.
+    prompt_keys: list[int] | None = None
+    output: list[int] = field(default_factory=list)
+
+
+class _Aborted(Exception):
+    """Internal: the request was aborted while waiting."""
 
 
 class SimulatedEngine(Engine):
+    """Token ids in, harmony completion token ids out, with modelled cache and timing."""
+
     def __init__(self, config: SimulatedEngineConfig | None = None) -> None:
         self.config = config or SimulatedEngineConfig()
         self.cache = PrefixKVCache(self.config.block_size, self.config.kv_cache_tokens)
-        self._script = _load_script(self.config.script)
-        self._ongoing: set[str] = set()
-        self._aborted: set[str] = set()
+        self.script = load_script(self.config.script)
+        self._plans: dict[int, list[_Step]] = {}
+        self._running: dict[str, _Running] = {}
+        self._num_decoding = 0
+        # Requests waiting for prefill, the one prefilling first.
+        self._prefill_queue: deque[_Running] = deque()
+
+    # -- Engine contract ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        get_encoding()  # load the vocab before the first request
+        # Load the vocabulary and encode every scripted turn now, so a bad script fails the
+        # replica's start-up rather than a request.
+        for index in range(len(self.script.turns)):
+            self._turn_plan(index)
+        _harmony()
         logger.info(
             "simulated engine (no model weights): %d scripted turns, KV cache %d tokens",
-            len(self._script.turns),
+            len(self.script.turns),
             self.config.kv_cache_tokens,
         )
 
     def num_ongoing_requests(self) -> int:
-        return len(self._ongoing)
+        return len(self._running)
 
     async def abort(self, request_id: str) -> None:
-        if request_id in self._ongoing:
-            self._aborted.add(request_id)
+        running = self._running.get(request_id)
+        if running is None:
+            return  # finished, never seen or already aborted: idempotent
+        running.aborted = True
+        _resolve(running.wakeup)
+
+    async def shutdown(self) -> None:
+        for request_id in list(self._running):
+            await self.abort(request_id)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        if request.request_id in self._ongoing:
-            raise EngineError(f"request id {request.request_id} is already running")
-        self._ongoing.add(request.request_id)
-        output: list[int] = []
+        if request.request_id in self._running:
+            raise EngineError(f"request id {request.request_id!r} is already running")
+        running = _Running(request)
+        self._running[request.request_id] = running
+        prompt = request.prompt_token_ids
+        counts = {"num_prompt_tokens": len(prompt), "num_cached_tokens": 0}
         try:
-            prompt = request.prompt_token_ids
-            cached = self.cache.lookup(prompt)
-            await asyncio.sleep((len(prompt) - cached) / self.config.prefill_tokens_per_s)
-            head = GenerateChunk(num_prompt_tokens=len(prompt), num_cached_tokens=cached)
-            async for chunk in self._decode(request, self._plan(prompt), output):
-                chunk.num_prompt_tokens, chunk.num_cached_tokens = len(prompt), cached
-                if head is not None:
-                    chunk, head = head.merge(chunk), None
-                yield chunk
+            try:
+                counts["num_cached_tokens"] = await self._prefill(running)
+            except _Aborted:
+                yield GenerateChunk(finish_reason="abort", **counts)
+                return
+            async with contextlib.aclosing(self._decode(running, self._plan(prompt))) as steps:
+                async for token_ids, finish in steps:
+                    yield GenerateChunk(token_ids=token_ids, finish_reason=finish, **counts)
         finally:
-            self.cache.insert([*request.prompt_token_ids, *output])
-            self._ongoing.discard(request.request_id)
-            self._aborted.discard(request.request_id)
+            if running.prompt_keys is not None:  # aborted before prefill: nothing to cache
+                self.cache.insert([*prompt, *running.output], running.prompt_keys)
+            if running.decoding:
+                self._num_decoding -= 1
+            del self._running[request.request_id]
 
-    async def _decode(
-        self, request: GenerateRequest, plan: list[_Segment], output: list[int]
-    ) -> AsyncIterator[GenerateChunk]:
-        """Emit the plan's tokens at the modelled decode rate, as many per chunk as are due."""
-        max_tokens = request.sampling.max_tokens
-        due_at = time.monotonic()
-        for segment in plan:
-            if segment.sleep_s:
-                await asyncio.sleep(segment.sleep_s)
-                due_at = time.monotonic()
-            if segment.fail is not None:
-                raise EngineError(segment.fail)
-            pending: list[int] = []
-            for token in segment.tokens:
-                if request.request_id in self._aborted:
-                    yield GenerateChunk(token_ids=pending, finish_reason="abort")
-                    return
-                pending.append(token)
-                output.append(token)
-                if len(output) >= max_tokens:
-                    yield GenerateChunk(token_ids=pending, finish_reason="length")
-                    return
-                due_at += self._step_seconds()
-                wait = due_at - time.monotonic()
-                if wait > 0.001:  # sleep only when a step is due: fast rates emit chunks
-                    yield GenerateChunk(token_ids=pending)
-                    pending = []
-                    await asyncio.sleep(wait)
-            if pending:
-                yield GenerateChunk(token_ids=pending)
-        yield GenerateChunk(finish_reason="stop")
+    # -- Metrics ---------------------------------------------------------------------------
+
+    def cache_stats(self) -> PrefixCacheStats:
+        """The prefix-cache model's counters, for metrics."""
+        return self.cache.stats()
+
+    # -- Timing ----------------------------------------------------------------------------
+
+    async def _prefill(self, running: _Running) -> int:
+        """Prefill the prompt's uncached tokens; returns the prompt tokens served from cache.
+
+        Prefills run one at a time in arrival order because they share one accelerator: cache
+        misses cost the replica throughput, not only the request latency, which is what makes
+        cache-affine routing matter. The cache is looked up when the prefill starts, as vLLM's
+        scheduler does, so a request queued behind one with the same prefix reuses its blocks.
+        """
+        queue = self._prefill_queue
+        queue.append(running)
+        try:
+            while queue[0] is not running:
+                await self._sleep(running, None)  # woken when the request ahead leaves
+            prompt = running.request.prompt_token_ids
+            hit_keys = self.cache.lookup_blocks(prompt)
+            cached = len(hit_keys) * self.cache.block_size
+            await self._sleep(running, (len(prompt) - cached) / self.config.prefill_tokens_per_s)
+            # vLLM caches a prompt's full blocks once computed, before the request ends.
+            running.prompt_keys = self.cache.insert(prompt, hit_keys)
+            return cached
+        finally:
+            was_first = queue[0] is running
+            queue.remove(running)
+            if was_first and queue:
+                _resolve(queue[0].wakeup)
+
+    async def _sleep(self, running: _Running, seconds: float | None) -> None:
+        """Sleep (None: until woken) that `abort` cuts short; raises `_Aborted` once aborted."""
+        if running.aborted:
+            raise _Aborted
+        if seconds is None or seconds > 0:
+            loop = asyncio.get_running_loop()
+            wakeup: asyncio.Future[None] = loop.create_future()
+            timer = None if seconds is None else loop.call_later(seconds, _resolve, wakeup)
+            running.wakeup = wakeup
+            try:
+                await wakeup
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                running.wakeup = None
+        if running.aborted:
+            raise _Aborted
 
     def _step_seconds(self) -> float:
-        others = max(len(self._ongoing) - 1, 0)
+        others = max(self._num_decoding - 1, 0)
         return (1 + self.config.batch_slowdown * others) / self.config.decode_tokens_per_s
 
-    def _plan(self, prompt: Sequence[int]) -> list[_Segment]:
-        last_message = _last_message_text(prompt)
-        turn = self._script.turn_for(last_message)
-        if turn is None:
-            return [_Segment(self._default_answer(prompt, last_message))]
-        return _turn_segments(turn)
+    async def _decode(
+        self, running: _Running, plan: list[_Step]
+    ) -> AsyncIterator[tuple[list[int], FinishReason | None]]:
+        """Play ``plan`` one token per decode step; the last pair carries the finish reason.
 
-    def _default_answer(self, prompt: Sequence[int], last_message: str) -> list[int]:
-        """A harmless placeholder: short reasoning, then a final answer padded to length."""
-        encoding = get_encoding()
-        # The words only: special tokens in the snippet would end the message early.
-        content = _SPECIAL.sub(" ", last_message.split("<|message|>")[-1])
-        snippet = " ".join(content.split())[:80]
-        head = encoding.encode(
-            f"<|channel|>analysis<|message|>The last message reads: {snippet!r}. I am the "
-            "simulated engine and only say so.<|end|><|start|>assistant<|channel|>final"
-            "<|message|>This answer comes from serve_app's simulated engine (no model "
-            f"weights); it read {len(prompt)} prompt tokens.",
-            allowed_special="all",
-        )
-        filler = encoding.encode(_FILLER)
-        body = list(head)
-        while len(body) < self.config.default_output_tokens - 1:
-            body.extend(filler)
-        return [*body[: max(self.config.default_output_tokens - 1, len(head))], 200002]
+        Tokens that fall due within the timer resolution go out together, so a fast decode
+        rate costs few wake-ups and still keeps its rate.
+        """
+        running.decoding = True
+        self._num_decoding += 1
+        sampling = running.request.sampling
+        stop_ids = frozenset(sampling.stop_token_ids)
+        output = running.output
+        pending: list[int] = []
+        due = time.monotonic()
+        try:
+            if sampling.max_tokens <= len(output):
+                yield [], "length"
+                return
+            for step in plan:
+                if isinstance(step, _Fail):
+                    if pending:
+                        yield pending, None
+                        pending = []
+                    raise EngineError(step.message)
+                if isinstance(step, _Sleep):
+                    if pending:
+                        yield pending, None
+                        pending = []
+                    await self._sleep(running, step.seconds)
+                    due = time.monotonic()
+                    continue
+                for token in step.tokens:
+                    pending.append(token)
+                    output.append(token)
+                    if step.honour_stop and token in stop_ids:
+                        yield pending, "stop"
+                        return
+                    if len(output) >= sampling.max_tokens:
+                        yield pending, "length"
+                        return
+                    due += self._step_seconds()
+                    wait = due - time.monotonic()
+                    if wait > _MIN_SLEEP_S:
+                        yield pending, None
+                        pending = []
+                        await self._sleep(running, wait)
+                    elif running.aborted:
+                        raise _Aborted
+            yield pending, "stop"
+        except _Aborted:
+            yield pending, "abort"
 
+    # -- What to say ----------------------------------------------------------------------
 
-def _load_script(source: str | dict[str, Any] | None) -> EngineScript:
-    source = source or os.environ.get(SCRIPT_ENV)
-    return EngineScript.load(source) if source else EngineScript()
+    def _plan(self, prompt: Sequence[int]) -> list[_Step]:
+        index = self.script.turn_index(last_message_text(prompt)) if self.script.turns else None
+        if index is not None:
+            return self._turn_plan(index)
+        # Same prompt and seed, same answer; Random(int) is stable across processes.
+        rng = random.Random(hash((self.config.seed, tuple(prompt))))
+        tokens = _harmony().default_answer(len(prompt), self.config.default_output_tokens, rng)
+        return [_Emit(tuple(tokens), honour_stop=True)]
 
-
-def _last_message_text(prompt: Sequence[int]) -> str:
-    """The message before the trailing ``<|start|>assistant``: the user's task, a tool output."""
-    starts = [index for index, token in enumerate(prompt) if token == START_TOKEN]
-    if len(starts) < 2:
-        return ""
-    return get_encoding().decode(list(prompt[starts[-2] : starts[-1]]))
-
-
-def _turn_segments(turn: ScriptTurn) -> list[_Segment]:
-    encoding = get_encoding()
-    segments: list[_Segment] = []
-    texts: list[str] = []
-
-    def flush() -> None:
-        if texts:
-            text = "<|start|>assistant".join(texts)
-            segments.append(_Segment(encoding.encode(text, allowed_special="all")))
-            texts.clear()
-
-    for item in turn.items:
-        ((kind, value),) = item.items()
-        if kind in ("fail", "sleep"):
-            flush()
-            segments.append(
-                _Segment([], fail=str(value)) if kind == "fail" else _Segment([], sleep_s=value)
-            )
-            continue
-        texts.append(_harmony_message(kind, value))
-    flush()
-    return _join_messages(segments)
-
-
-def _join_messages(segments: list[_Segment]) -> list[_Segment]:
-    """Messages after the first need their own ``<|start|>assistant`` header."""
-    start = get_encoding().encode("<|start|>assistant", allowed_special="all")
-    seen_tokens = False
-    for segment in segments:
-        if segment.tokens:
-            if seen_tokens:
-                segment.tokens = [*start, *segment.tokens]
-            seen_tokens = True
-    return segments
+    def _turn_plan(self, index: int) -> list[_Step]:
+        plan = self._plans.get(index)
+        if plan is None:
+            plan = self._plans[index] = _harmony().turn_plan(self.script.turns[index])
+        return plan
 
 
-def _harmony_message(kind: str, value: Any) -> str:
-    if kind == "reasoning":
-        return f"<|channel|>analysis<|message|>{value}<|end|>"
-    if kind == "preamble":
-        return f"<|channel|>commentary<|message|>{value}<|end|>"
-    if kind == "text":
-        return f"<|channel|>final<|message|>{value}<|return|>"
-    if kind == "function_call":
-        arguments = value.get("arguments", {})
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments)
-        recipient = f"{value.get('namespace') or 'functions'}.{value['name']}"
-        return (
-            f"<|channel|>commentary to={recipient} <|constrain|>json<|message|>{arguments}<|call|>"
-        )
-    if kind == "custom_tool_call":
-        recipient = f"functions.{value['name']}"
-        return f"<|channel|>commentary to={recipient}<|message|>{value['input']}<|call|>"
-    return str(value)  # raw
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
