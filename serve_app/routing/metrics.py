@@ -1,0 +1,51 @@
+"""Routing metrics (prometheus-client). They live in the process that routes: the ingress
+replica holding the engine handle, so they appear on the ingress's ``/metrics``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import Counter, Gauge
+
+ROUTING_DECISIONS = Counter(
+    "serve_app:routing_decisions",
+    "Engine requests by routing decision: owner (ring owner took it), spilled (owner over the "
+    "load bound or full), no_key (no session id).",
+    ["decision"],
+)
+REPLICA_ONGOING = Gauge(
+    "serve_app:engine_replica_ongoing_requests",
+    "Ongoing requests per engine replica, as the router last saw them.",
+    ["replica"],
+)
+
+
+REPLICA_PROMPT_TOKENS = Counter(
+    "serve_app:engine_replica_prompt_tokens",
+    "Prompt tokens sent to each engine replica.",
+    ["replica"],
+)
+REPLICA_CACHED_TOKENS = Counter(
+    "serve_app:engine_replica_prefix_cache_hit_tokens",
+    "Prompt tokens each engine replica served from its prefix cache.",
+    ["replica"],
+)
+
+_seen_replicas: set[str] = set()
+
+
+def record_loads(loads: Mapping[str, int]) -> None:
+    for replica, load in loads.items():
+        REPLICA_ONGOING.labels(replica).set(load)
+    # Drop replicas that are gone (scaled down, restarted), so the gauge stays truthful.
+    for replica in _seen_replicas - loads.keys():
+        REPLICA_ONGOING.remove(replica)
+    _seen_replicas.clear()
+    _seen_replicas.update(loads)
+
+
+def record_prompt(replica: str | None, prompt_tokens: int, cached_tokens: int) -> None:
+    if replica is None:
+        return
+    REPLICA_PROMPT_TOKENS.labels(replica).inc(prompt_tokens)
+    REPLICA_CACHED_TOKENS.labels(replica).inc(cached_tokens)

@@ -1,0 +1,101 @@
+"""The engine deployment's request router: prompt_cache_key affinity with bounded load.
+
+Ray Serve calls `choose_replicas` for each request on the caller's side (inside the ingress
+replica that holds the engine handle). The routing key is the request's ``session_id``, which
+the ingress sets to the ``prompt_cache_key`` (or a hash of the prompt's start). The choice is
+pure computation over the router's own queue-length view: no remote call on the router's
+event loop. Configure it in the Serve config:
+
+    request_router_config:
+      request_router_class: serve_app.routing.router.PrefixAffinityRouter
+      request_router_kwargs: {load_factor: 1.25}
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray.serve._private.request_router.common import PendingRequest
+from ray.serve._private.request_router.replica_wrapper import RunningReplica
+from ray.serve._private.request_router.request_router import RequestRouter
+
+from serve_app.routing import metrics
+from serve_app.routing.ring import (
+    DEFAULT_LOAD_FACTOR,
+    DEFAULT_VIRTUAL_NODES,
+    HashRing,
+    choose_bounded,
+)
+
+logger = logging.getLogger(__name__)
+
+# Replicas tried after the chosen one when it turns the request away (it is full).
+MAX_FALLBACKS = 2
+
+
+class PrefixAffinityRouter(RequestRouter):
+    """Consistent hashing with bounded loads over ``session_id``."""
+
+    def initialize_state(
+        self,
+        load_factor: float = DEFAULT_LOAD_FACTOR,
+        virtual_nodes: int = DEFAULT_VIRTUAL_NODES,
+        **unknown: Any,
+    ) -> None:
+        if unknown:
+            raise ValueError(f"unknown PrefixAffinityRouter options: {sorted(unknown)}")
+        if load_factor < 1:
+            raise ValueError("load_factor must be at least 1")
+        self._load_factor = load_factor
+        self._ring = HashRing(virtual_nodes=virtual_nodes)
+        logger.info(
+            "PrefixAffinityRouter: load_factor=%s virtual_nodes=%s", load_factor, virtual_nodes
+        )
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        # The ring spans every running replica, not just those with room right now, so a
+        # momentarily full replica does not remap its keys.
+        self._ring.set_members(replica.replica_id.unique_id for replica in replicas)
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        if pending_request is not None:
+            pending_request.routing_context.should_backoff = True
+        by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
+        loads = self._loads()
+        metrics.record_loads(loads)
+        key = pending_request.metadata.session_id if pending_request is not None else None
+        if not key:
+            metrics.ROUTING_DECISIONS.labels("no_key").inc()
+            least_loaded = min(by_id, key=lambda unique_id: loads.get(unique_id, 0))
+            return [[by_id[least_loaded]]]
+        choice = choose_bounded(self._ring, key, loads, self._load_factor)
+        if choice is None or choice.replica not in by_id:
+            # The chosen replica is full or not yet known to the ring: walk on to one with room.
+            ranked = [unique_id for unique_id in self._ring.walk(key) if unique_id in by_id]
+            metrics.ROUTING_DECISIONS.labels("spilled").inc()
+            return [
+                [by_id[unique_id]] for unique_id in (ranked or list(by_id))[: 1 + MAX_FALLBACKS]
+            ]
+        metrics.ROUTING_DECISIONS.labels("spilled" if choice.spilled else "owner").inc()
+        fallbacks = [
+            unique_id
+            for unique_id in self._ring.walk(key)
+            if unique_id in by_id and unique_id != choice.replica
+        ][:MAX_FALLBACKS]
+        return [[by_id[choice.replica]], *[[by_id[unique_id]] for unique_id in fallbacks]]
+
+    def _loads(self) -> dict[str, int]:
+        """Ongoing requests per replica, as this router last saw them (missing counts as 0)."""
+        loads = {}
+        for replica_id in self._replicas:
+            queue_len = self._replica_queue_len_cache.get(replica_id)
+            loads[replica_id.unique_id] = queue_len or 0
+        return loads
