@@ -42,7 +42,7 @@ def _test_config(tmp: Path, port: int) -> Path:
 
 
 @pytest.fixture(scope="session")
-def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen]:
     tmp = tmp_path_factory.mktemp("serve")
     port = _free_port()
     config = _test_config(tmp, port)
@@ -61,12 +61,44 @@ def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    url = f"http://127.0.0.1:{port}"
+    process.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
     try:
-        _wait_healthy(url, process, log_path)
-        yield url
+        _wait_healthy(process.url, process, log_path)  # type: ignore[attr-defined]
+        yield process
     finally:
         _stop(process)
+
+
+@pytest.fixture(scope="session")
+def app_url(_serve_run: subprocess.Popen) -> str:
+    """Base URL of the app, started once per session by `serve run`."""
+    return _serve_run.url  # type: ignore[attr-defined]
+
+
+def _gcs_address(serve_run_pid: int) -> str:
+    """The address of the Ray cluster that this `serve run` started (not any other on the box).
+
+    Its raylet is a child process whose command line names the cluster's GCS address.
+    """
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == serve_run_pid and args and args[0].endswith(b"raylet/raylet"):
+            for arg in args:
+                if arg.startswith(b"--gcs-address="):
+                    return arg.split(b"=", 1)[1].decode()
+    raise RuntimeError("could not find the Ray cluster started by `serve run`")
+
+
+@pytest.fixture(scope="session")
+def ray_address(app_url: str, _serve_run: subprocess.Popen) -> str:
+    """The GCS address of the app's Ray cluster, to check a ``ray.init`` joined the right one."""
+    return _gcs_address(_serve_run.pid)
 
 
 def _wait_healthy(url: str, process: subprocess.Popen, log_path: Path) -> None:

@@ -11,9 +11,13 @@ from ray import serve
 
 
 @pytest.fixture(scope="module")
-def engine_handle(app_url: str):
+def engine_handle(ray_address: str):
     # Join the cluster `serve run` started, to ask the engine replica what it is running.
-    ray.init(address="auto", logging_level="ERROR", include_dashboard=False)
+    # "auto" is the newest cluster on this machine; make sure it is the app's.
+    ray.init(address="auto", logging_level="ERROR")
+    if ray.get_runtime_context().gcs_address != ray_address:
+        ray.shutdown()
+        pytest.fail(f"another Ray cluster was started after the test app's ({ray_address})")
     yield serve.get_deployment_handle("EngineDeployment", app_name="serve_app")
     ray.shutdown()
 

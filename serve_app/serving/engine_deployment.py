@@ -22,6 +22,8 @@ _END = object()
 class EngineDeployment:
     async def __init__(self, engine: EngineConfig) -> None:
         self._engine = make_engine(engine)
+        # Same id the request router puts on its ring: lets the ingress attribute cache hits.
+        self._replica_id = serve.get_replica_context().replica_id.unique_id
         await self._engine.start()
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
@@ -34,11 +36,14 @@ class EngineDeployment:
         queue: asyncio.Queue[object] = asyncio.Queue()
         producer = asyncio.create_task(self._produce(request, queue))
         finished = False
+        first = True
         try:
             while not finished:
                 chunk = await self._next_coalesced(queue)
                 if chunk is None:
                     break
+                if first:
+                    chunk.replica, first = self._replica_id, False
                 finished = chunk.finish_reason is not None
                 yield chunk
         finally:

@@ -22,6 +22,7 @@ from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.protocol.errors import InvalidRequest, NotFound, model_not_found
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id
+from serve_app.routing import metrics as routing_metrics
 from serve_app.routing.keys import routing_key
 from serve_app.serving import metrics
 from serve_app.serving.engine_client import EngineClient
@@ -117,8 +118,10 @@ class ResponsesService:
         terminal: list[ResponseStreamEvent] = []
         prompt_tokens = cached_tokens = 0
         first_token_seen = False
+        replica = None
         try:
             async for chunk in self._engine.stream(turn.generate):
+                replica = replica or chunk.replica
                 prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
                 cached_tokens = max(cached_tokens, chunk.num_cached_tokens)
                 if chunk.token_ids and not first_token_seen:
@@ -143,6 +146,7 @@ class ResponsesService:
             terminal = translator.fail(f"The engine failed: {type(exc).__name__}", "server_error")
         for event in terminal:
             yield event
+        routing_metrics.record_prompt(replica, prompt_tokens, cached_tokens)
         self._record(turn)
 
     async def run(self, turn: Turn) -> Response:
