@@ -1,7 +1,8 @@
 """Session fixtures: the app runs once per test session, exactly as users start it.
 
-`serve run` is given configs/local.yaml with two changes only: a free port, and the scripted
-engine turns in tests/fixtures/engine_script.yaml. One Ray start-up serves every app test.
+`serve run` is given configs/local.yaml with three changes only: a free port, the scripted
+engine turns in tests/fixtures/engine_script.yaml, and two engine replicas (so routing is
+tested). One Ray start-up serves every app test.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tests.helpers import REPO
 
 ENGINE_SCRIPT = REPO / "tests" / "fixtures" / "engine_script.yaml"
 STARTUP_TIMEOUT_S = 180
+ENGINE_REPLICAS = 2
 
 
 def _free_port() -> int:
@@ -36,6 +38,8 @@ def _test_config(tmp: Path, port: int) -> Path:
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
     app = config["applications"][0]
     app["args"]["engine"]["options"]["script"] = str(ENGINE_SCRIPT)
+    engine = next(d for d in app["deployments"] if d["name"] == "EngineDeployment")
+    engine["num_replicas"] = ENGINE_REPLICAS
     path = tmp / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

@@ -22,8 +22,12 @@ def engine_handle(ray_address: str):
     ray.shutdown()
 
 
+KEY = "disconnect-test-conversation"
+
+
 def ongoing(handle) -> int:
-    return handle.num_ongoing_requests.remote().result(timeout_s=30)
+    # Same routing key as the request: the router sends this call to the same replica.
+    return handle.options(session_id=KEY).num_ongoing_requests.remote().result(timeout_s=30)
 
 
 def wait_for(predicate, timeout_s: float = 20) -> bool:
@@ -37,7 +41,12 @@ def wait_for(predicate, timeout_s: float = 20) -> bool:
 
 def test_disconnect_mid_stream_aborts_the_engine_request(app_url: str, engine_handle) -> None:
     assert wait_for(lambda: ongoing(engine_handle) == 0)
-    body = {"model": "gpt-oss-120b", "input": "SDK-SLOW: take your time", "stream": True}
+    body = {
+        "model": "gpt-oss-120b",
+        "input": "SDK-SLOW: take your time",
+        "stream": True,
+        "prompt_cache_key": KEY,
+    }
     running_mid_stream = None
     with httpx.stream("POST", f"{app_url}/v1/responses", json=body, timeout=30) as response:
         for line in response.iter_lines():
