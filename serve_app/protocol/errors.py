@@ -70,23 +70,14 @@ def param_path(loc: tuple[int | str, ...]) -> str:
 
 # Pydantic names union branches in error locations ("str", "list[...]", an item's tag after
 # its index); OpenAI's `param` names only the fields the client wrote.
-_TAGS = {
-    "message",
-    "reasoning",
-    "function_call",
-    "function_call_output",
-    "custom_tool_call",
-    "custom_tool_call_output",
-    "item_reference",
-    "function",
-    "custom",
-    "namespace",
-    "hosted",
-}
 _TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
 def _client_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    # Imported here: the request models import this module for InvalidRequest.
+    from serve_app.protocol.requests import INPUT_ITEM_TYPES, TOOL_TAGS
+
+    tags = {*INPUT_ITEM_TYPES, *TOOL_TAGS}
     cleaned: list[int | str] = []
     for part in loc:
         if part == "body" and not cleaned:
@@ -94,7 +85,7 @@ def _client_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
         if isinstance(part, str):
             if part in _TYPE_LABELS or "[" in part or "(" in part:
                 continue
-            if part in _TAGS and cleaned and isinstance(cleaned[-1], int):
+            if part in tags and cleaned and isinstance(cleaned[-1], int):
                 continue
         cleaned.append(part)
     return tuple(cleaned)

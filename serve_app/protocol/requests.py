@@ -95,44 +95,39 @@ class ReasoningItem(_Lenient):
     encrypted_content: str | None = None
 
 
-class FunctionCallItem(_Lenient):
+class _ToolCall(_Lenient):
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    namespace: str | None = None
+    id: str | None = None
+
+
+class _ToolOutput(_Lenient):
+    call_id: str = Field(min_length=1)
+    output: str | list[ContentPart]
+    id: str | None = None
+
+    @property
+    def text(self) -> str:
+        return join_parts(self.output)
+
+
+class FunctionCallItem(_ToolCall):
     type: Literal["function_call"]
-    call_id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
     arguments: str
-    namespace: str | None = None
-    id: str | None = None
 
 
-class FunctionCallOutputItem(_Lenient):
+class FunctionCallOutputItem(_ToolOutput):
     type: Literal["function_call_output"]
-    call_id: str = Field(min_length=1)
-    output: str | list[ContentPart]
-    id: str | None = None
-
-    @property
-    def text(self) -> str:
-        return join_parts(self.output)
 
 
-class CustomToolCallItem(_Lenient):
+class CustomToolCallItem(_ToolCall):
     type: Literal["custom_tool_call"]
-    call_id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
     input: str
-    namespace: str | None = None
-    id: str | None = None
 
 
-class CustomToolCallOutputItem(_Lenient):
+class CustomToolCallOutputItem(_ToolOutput):
     type: Literal["custom_tool_call_output"]
-    call_id: str = Field(min_length=1)
-    output: str | list[ContentPart]
-    id: str | None = None
-
-    @property
-    def text(self) -> str:
-        return join_parts(self.output)
 
 
 class ItemReference(_Lenient):
@@ -229,6 +224,9 @@ class HostedTool(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     type: str
+
+
+TOOL_TAGS = ("function", "custom", "namespace", "hosted")
 
 
 def _tool_tag(value: Any) -> str:
