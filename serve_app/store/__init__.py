@@ -1,0 +1,1 @@
+"""Stored responses: what ``store: true`` keeps and ``previous_response_id`` continues."""

@@ -1,0 +1,60 @@
+"""The response store's interface: small, so SQLite and PostgreSQL (or anything) fit behind it."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    id: str
+    previous_response_id: str | None
+    # The Response as clients see it (wire JSON), including its output items.
+    response: dict[str, Any]
+    # The request's input items as given, each with an id (minted where the client sent none).
+    input_items: list[dict[str, Any]]
+
+    @property
+    def output_items(self) -> list[dict[str, Any]]:
+        return list(self.response.get("output") or [])
+
+
+class ResponseStore(abc.ABC):
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Connect and create the schema if needed."""
+
+    @abc.abstractmethod
+    async def put(self, stored: StoredResponse) -> None:
+        """Insert or replace a response (atomically: all of it or none)."""
+
+    @abc.abstractmethod
+    async def get(self, response_id: str) -> StoredResponse | None: ...
+
+    @abc.abstractmethod
+    async def delete(self, response_id: str) -> bool:
+        """Remove a response; True if it existed. Responses continuing it keep their own items."""
+
+    async def chain(self, response_id: str) -> list[StoredResponse] | None:
+        """The response and its ancestors, oldest first; None if ``response_id`` is unknown.
+
+        A response continued twice is the parent of both branches (a fork): each branch's chain
+        walks back through it, so both stay valid.
+        """
+        chain: list[StoredResponse] = []
+        next_id: str | None = response_id
+        while next_id is not None:
+            stored = await self.get(next_id)
+            if stored is None:
+                if not chain:
+                    return None
+                break  # an ancestor was deleted: the chain starts after it
+            chain.append(stored)
+            next_id = stored.previous_response_id
+        chain.reverse()
+        return chain
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""

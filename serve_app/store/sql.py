@@ -1,0 +1,104 @@
+"""The response store on SQLAlchemy 2 async: SQLite (embedded default) or PostgreSQL.
+
+SQLite runs in WAL mode so readers never block the writer and a crash loses no committed
+response; PostgreSQL lets many ingress replicas share one store. Each response is one row
+written in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from sqlalchemy import BigInteger, String, Text, delete, event, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from serve_app.store.base import ResponseStore, StoredResponse
+
+logger = logging.getLogger(__name__)
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class ResponseRow(_Base):
+    __tablename__ = "responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    previous_response_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    response_json: Mapped[str] = mapped_column(Text)
+    input_items_json: Mapped[str] = mapped_column(Text)
+
+
+class SqlResponseStore(ResponseStore):
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._engine: AsyncEngine | None = None
+        self._sessions: async_sessionmaker | None = None
+
+    async def start(self) -> None:
+        url = make_url(self.url)
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        self._engine = create_async_engine(url, pool_pre_ping=True)
+        if url.get_backend_name() == "sqlite":
+            event.listen(self._engine.sync_engine, "connect", _sqlite_pragmas)
+        async with self._engine.begin() as connection:
+            await connection.run_sync(_Base.metadata.create_all)
+        self._sessions = async_sessionmaker(self._engine, expire_on_commit=False)
+        logger.info("response store at %s", url.render_as_string(hide_password=True))
+
+    async def put(self, stored: StoredResponse) -> None:
+        row = ResponseRow(
+            id=stored.id,
+            previous_response_id=stored.previous_response_id,
+            created_at=int(stored.response.get("created_at") or time.time()),
+            response_json=json.dumps(stored.response),
+            input_items_json=json.dumps(stored.input_items),
+        )
+        async with self._session() as session, session.begin():
+            await session.merge(row)
+
+    async def get(self, response_id: str) -> StoredResponse | None:
+        async with self._session() as session:
+            row = await session.get(ResponseRow, response_id)
+        if row is None:
+            return None
+        return StoredResponse(
+            id=row.id,
+            previous_response_id=row.previous_response_id,
+            response=json.loads(row.response_json),
+            input_items=json.loads(row.input_items_json),
+        )
+
+    async def delete(self, response_id: str) -> bool:
+        async with self._session() as session, session.begin():
+            result = await session.execute(delete(ResponseRow).where(ResponseRow.id == response_id))
+        return result.rowcount > 0
+
+    async def ids(self) -> list[str]:
+        async with self._session() as session:
+            return list((await session.scalars(select(ResponseRow.id))).all())
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.dispose()
+
+    def _session(self):
+        if self._sessions is None:
+            raise RuntimeError("the response store is not started")
+        return self._sessions()
+
+
+def _sqlite_pragmas(connection, _record) -> None:
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")  # durable at each commit in WAL mode
+    cursor.execute("PRAGMA busy_timeout=5000")  # writers from other replicas wait, not fail
+    cursor.close()
