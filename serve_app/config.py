@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,6 +17,20 @@ class EngineConfig(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+def _default_store_url() -> str:
+    data_dir = Path(os.environ.get("SERVE_APP_DATA_DIR", "~/.local/share/serve_app")).expanduser()
+    return f"sqlite+aiosqlite:///{data_dir / 'responses.db'}"
+
+
+class StoreConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # SQLAlchemy async URL. The default is an SQLite file (WAL) under $SERVE_APP_DATA_DIR;
+    # several ingress replicas on several nodes share a PostgreSQL URL instead
+    # (postgresql+asyncpg://user:password@host/db).
+    url: str = Field(default_factory=_default_store_url)
+
+
 class AppArgs(BaseModel):
     """What ``serve_app.app:build_app`` takes (validated by Ray Serve from the YAML ``args``)."""
 
@@ -24,6 +40,7 @@ class AppArgs(BaseModel):
     model: str = "gpt-oss-120b"
     model_aliases: list[str] = Field(default_factory=list)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
     # Context window of the model: prompt + output tokens.
     max_context_tokens: int = Field(default=131072, gt=0)
     # Used when a request sets no max_output_tokens (bounded by what the context leaves).

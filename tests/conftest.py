@@ -1,8 +1,8 @@
 """Session fixtures: the app runs once per test session, exactly as users start it.
 
-`serve run` is given configs/local.yaml with three changes only: a free port, the scripted
-engine turns in tests/fixtures/engine_script.yaml, and two engine replicas (so routing is
-tested). One Ray start-up serves every app test.
+`serve run` is given configs/local.yaml with four changes only: a free port, the scripted
+engine turns in tests/fixtures/engine_script.yaml, two engine replicas (so routing is
+tested) and a response store in the session's temp folder. One Ray start-up serves every app test.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def _test_config(tmp: Path, port: int) -> Path:
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
     app = config["applications"][0]
     app["args"]["engine"]["options"]["script"] = str(ENGINE_SCRIPT)
+    app["args"]["store"] = {"url": f"sqlite+aiosqlite:///{tmp / 'responses.db'}"}
     engine = next(d for d in app["deployments"] if d["name"] == "EngineDeployment")
     engine["num_replicas"] = ENGINE_REPLICAS
     path = tmp / "serve_config.yaml"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Literal
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from openai.types.responses import ResponseStreamEvent
@@ -18,6 +19,8 @@ from serve_app.config import AppArgs
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.protocol.errors import (
     APIError,
+    InvalidRequest,
+    NotFound,
     error_body,
     from_validation_errors,
     model_not_found,
@@ -28,22 +31,26 @@ from serve_app.protocol.sse import encode_event
 from serve_app.serving import metrics
 from serve_app.serving.engine_client import EngineClient, HandleEngineClient
 from serve_app.serving.responses_service import ResponsesService
+from serve_app.store.base import ResponseStore, StoredResponse
+from serve_app.store.sql import SqlResponseStore
 
 logger = logging.getLogger(__name__)
 
 _HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
 
 
-def create_api(args: AppArgs, engine: EngineClient, vault: ReasoningVault) -> FastAPI:
+def create_api(
+    args: AppArgs, engine: EngineClient, vault: ReasoningVault, store: ResponseStore
+) -> FastAPI:
     """The HTTP API, usable with any `EngineClient` (the Serve ingress passes a handle)."""
     api = FastAPI(title="serve_app", description="OpenAI Responses API for gpt-oss")
-    service = ResponsesService(args, engine, vault)
+    service = ResponsesService(args, engine, vault, store)
     _install_error_handlers(api)
     created = int(time.time())
 
     @api.post("/v1/responses", response_model=None)
     async def create_response(body: ResponsesRequest) -> Response:
-        turn = service.prepare(body)
+        turn = await service.prepare(body)
         if body.stream:
             return StreamingResponse(
                 _sse(service.events(turn)),
@@ -58,6 +65,36 @@ def create_api(args: AppArgs, engine: EngineClient, vault: ReasoningVault) -> Fa
             )
             return JSONResponse(body_json, status_code=500)
         return JSONResponse(dump_response(response), status)
+
+    @api.post("/v1/responses/input_tokens")
+    async def count_input_tokens(body: ResponsesRequest) -> dict:
+        prompt = await service.render(body)
+        return {"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)}
+
+    @api.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str) -> dict:
+        return (await _stored(store, response_id)).response
+
+    @api.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict:
+        if not await store.delete(response_id):
+            raise _response_not_found(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    @api.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str) -> dict:
+        await _stored(store, response_id)
+        raise InvalidRequest("Only background responses can be cancelled.", param="response_id")
+
+    @api.get("/v1/responses/{response_id}/input_items")
+    async def list_input_items(
+        response_id: str,
+        after: str | None = None,
+        limit: int = Query(default=20, ge=1, le=100),
+        order: Literal["asc", "desc"] = "desc",
+    ) -> dict:
+        items = (await _stored(store, response_id)).input_items
+        return _page(items if order == "asc" else items[::-1], after, limit)
 
     @api.get("/v1/models")
     async def list_models() -> dict:
@@ -83,6 +120,35 @@ def create_api(args: AppArgs, engine: EngineClient, vault: ReasoningVault) -> Fa
 async def _sse(events: AsyncIterator[ResponseStreamEvent]) -> AsyncIterator[bytes]:
     async for event in events:
         yield encode_event(event)
+
+
+async def _stored(store: ResponseStore, response_id: str) -> StoredResponse:
+    stored = await store.get(response_id)
+    if stored is None:
+        raise _response_not_found(response_id)
+    return stored
+
+
+def _response_not_found(response_id: str) -> NotFound:
+    return NotFound(f"Response with id '{response_id}' not found.", param="response_id")
+
+
+def _page(items: list[dict], after: str | None, limit: int) -> dict:
+    """OpenAI's cursor pagination: items after the one with id ``after``, ``limit`` of them."""
+    start = 0
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise InvalidRequest(f"No item with id '{after}' in this list.", param="after")
+        start = ids.index(after) + 1
+    page = items[start : start + limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": start + limit < len(items),
+    }
 
 
 def _names(args: AppArgs) -> list[str]:
@@ -123,8 +189,15 @@ def _install_error_handlers(api: FastAPI) -> None:
 class ResponsesIngress:
     """Routes are built per replica: they need the engine handle and the app's args."""
 
-    def __init__(self, engine_handle, args: AppArgs) -> None:
-        self._api = create_api(args, HandleEngineClient(engine_handle), ReasoningVault.from_env())
+    async def __init__(self, engine_handle, args: AppArgs) -> None:
+        self._store = SqlResponseStore(args.store.url)
+        await self._store.start()
+        self._api = create_api(
+            args, HandleEngineClient(engine_handle), ReasoningVault.from_env(), self._store
+        )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return self._api
+
+    async def __del__(self) -> None:
+        await self._store.close()

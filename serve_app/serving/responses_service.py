@@ -10,22 +10,30 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from serve_app.config import AppArgs
 from serve_app.engines.base import GenerateRequest, SamplingSettings
 from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.harmony.render import render_request
+from serve_app.harmony.render import RenderedPrompt, render_request
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.protocol.errors import InvalidRequest, NotFound, model_not_found
-from serve_app.protocol.requests import ResponsesRequest
-from serve_app.protocol.responses import initial_response, new_response_id
+from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.protocol.responses import (
+    dump_response,
+    initial_response,
+    new_item_id,
+    new_response_id,
+)
 from serve_app.routing import metrics as routing_metrics
 from serve_app.routing.keys import routing_key
 from serve_app.serving import metrics
 from serve_app.serving.engine_client import EngineClient
+from serve_app.store.base import ResponseStore, StoredResponse
 
 logger = logging.getLogger(__name__)
 
@@ -47,29 +55,23 @@ class Turn:
 
 
 class ResponsesService:
-    def __init__(self, args: AppArgs, engine: EngineClient, vault: ReasoningVault) -> None:
+    def __init__(
+        self, args: AppArgs, engine: EngineClient, vault: ReasoningVault, store: ResponseStore
+    ) -> None:
         self._args = args
         self._engine = engine
         self._vault = vault
+        self._store = store
 
-    def prepare(self, request: ResponsesRequest) -> Turn:
+    async def prepare(self, request: ResponsesRequest) -> Turn:
         """Everything that can reject the request happens here, before any event is sent."""
-        if request.model not in self._args.served_names():
-            raise model_not_found(request.model)
-        if request.previous_response_id is not None:
-            # No response store yet: no id can be found (stored responses come with the store).
-            raise NotFound(
-                f"Previous response with id '{request.previous_response_id}' not found.",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
+        prompt = await self.render(request)
         if request.background:
             raise InvalidRequest(
                 "Background responses need the response store, which this server does not run.",
                 param="background",
                 code="unsupported_parameter",
             )
-        prompt = render_request(request, vault=self._vault)
         max_tokens = self._max_output_tokens(request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
         key = routing_key(request.prompt_cache_key, prompt.token_ids)
@@ -97,6 +99,27 @@ class ResponsesService:
             _short(key),
         )
         return Turn(request=request, generate=generate, translator=translator)
+
+    async def render(self, request: ResponsesRequest) -> RenderedPrompt:
+        """The prompt for a request: its stored history (if it continues one) and its input."""
+        if request.model not in self._args.served_names():
+            raise model_not_found(request.model)
+        history = await self._history(request.previous_response_id)
+        return render_request(request, history=history, vault=self._vault)
+
+    async def _history(self, previous_response_id: str | None) -> list[InputItem]:
+        """The stored conversation a request continues: each turn's input, then its output."""
+        if previous_response_id is None:
+            return []
+        chain = await self._store.chain(previous_response_id)
+        if chain is None:
+            raise NotFound(
+                f"Previous response with id '{previous_response_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        items = [item for stored in chain for item in [*stored.input_items, *stored.output_items]]
+        return _INPUT_ITEMS.validate_python(items)
 
     def _max_output_tokens(self, request: ResponsesRequest, prompt_tokens: int) -> int:
         room = self._args.max_context_tokens - prompt_tokens
@@ -144,6 +167,9 @@ class ResponsesService:
         except Exception as exc:  # a replica died or the handle failed: never hang the client
             logger.exception("response %s: engine call failed", turn.response.id)
             terminal = translator.fail(f"The engine failed: {type(exc).__name__}", "server_error")
+        if turn.request.store:
+            # Stored before the terminal event, so a client chaining right after it finds it.
+            await self._save(turn)
         for event in terminal:
             yield event
         routing_metrics.record_prompt(replica, prompt_tokens, cached_tokens)
@@ -155,6 +181,19 @@ class ResponsesService:
             pass
         return turn.response
 
+    async def _save(self, turn: Turn) -> None:
+        request = turn.request
+        stored = StoredResponse(
+            id=turn.response.id,
+            previous_response_id=request.previous_response_id,
+            response=dump_response(turn.response),
+            input_items=[_with_id(item) for item in request.input_items],
+        )
+        try:
+            await self._store.put(stored)
+        except Exception:  # the answer still reaches the client; only later chaining suffers
+            logger.exception("response %s: could not be stored", stored.id)
+
     def _record(self, turn: Turn) -> None:
         response = turn.response
         metrics.REQUESTS.labels(response.status or "unknown").inc()
@@ -165,6 +204,28 @@ class ResponsesService:
             metrics.CACHED_PROMPT_TOKENS.inc(usage.input_tokens_details.cached_tokens)
             metrics.GENERATION_TOKENS.inc(usage.output_tokens)
         logger.info("response %s: %s, usage %s", response.id, response.status, usage)
+
+
+_INPUT_ITEMS = TypeAdapter(list[InputItem])
+_ID_PREFIXES = {
+    "message": "msg",
+    "reasoning": "rs",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
+}
+
+
+def _with_id(item: InputItem) -> dict[str, Any]:
+    """An input item as stored: the client's fields, and an id (minted if it sent none)."""
+    data = item.model_dump(mode="json", exclude_none=True, by_alias=True)
+    data.setdefault("id", new_item_id(_ID_PREFIXES.get(data["type"], "item")))
+    if data["type"] == "message" and isinstance(data["content"], str):
+        # As OpenAI lists them: string content becomes one text part.
+        part_type = "output_text" if data["role"] == "assistant" else "input_text"
+        data["content"] = [{"type": part_type, "text": data["content"]}]
+    return data
 
 
 def _short(key: str) -> str:

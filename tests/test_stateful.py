@@ -1,0 +1,170 @@
+"""Stored responses through the openai SDK: chaining, forks, retrieval, deletion, paging."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+import ray
+from openai import OpenAI
+
+MODEL = "gpt-oss-120b"
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+@pytest.fixture(scope="module")
+def client(app_url: str) -> OpenAI:
+    return OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0, timeout=60)
+
+
+def test_three_chained_turns_with_a_tool_call_in_the_middle(client: OpenAI) -> None:
+    first = client.responses.create(
+        model=MODEL, input="SDK-TOOL: weather in Paris?", tools=[WEATHER_TOOL]
+    )
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    second = client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        tools=[WEATHER_TOOL],
+        input=[
+            {
+                "type": "function_call_output",
+                "call_id": call.call_id,
+                "output": "WEATHER-RESULT: sunny",
+            }
+        ],
+    )
+    assert second.output_text == "It is sunny in Paris."
+    assert second.previous_response_id == first.id
+    # Tools are per request (OpenAI semantics): a continuation sends them again.
+    third = client.responses.create(
+        model=MODEL, previous_response_id=second.id, input="SDK-TEXT: thanks", tools=[WEATHER_TOOL]
+    )
+    assert third.output_text == "Hello from the scripted engine."
+    # The server rebuilt the whole conversation (less the reasoning of the finished turn), and
+    # its start is served from the prefix cache.
+    assert third.usage.input_tokens > second.usage.input_tokens > first.usage.input_tokens
+    assert third.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens // 2
+
+
+def test_an_output_that_matches_no_call_in_the_chain_is_rejected(client: OpenAI) -> None:
+    first = client.responses.create(model=MODEL, input="SDK-TEXT: hi")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(
+            model=MODEL,
+            previous_response_id=first.id,
+            input=[{"type": "function_call_output", "call_id": "call_nowhere", "output": "x"}],
+        )
+    assert "call_nowhere" in caught.value.body["message"]
+
+
+def test_continuing_a_response_twice_forks_and_both_branches_stay_valid(client: OpenAI) -> None:
+    root = client.responses.create(model=MODEL, input="SDK-TEXT: start")
+    left = client.responses.create(model=MODEL, previous_response_id=root.id, input="SDK-REASON")
+    right = client.responses.create(model=MODEL, previous_response_id=root.id, input="SDK-TEXT")
+    assert (
+        left.output_text == "Hi there." and right.output_text == "Hello from the scripted engine."
+    )
+    for branch in (left, right):
+        after = client.responses.create(
+            model=MODEL, previous_response_id=branch.id, input="SDK-TEXT"
+        )
+        assert after.status == "completed"
+        assert after.usage.input_tokens > branch.usage.input_tokens
+
+
+def test_retrieve_returns_the_created_response(client: OpenAI) -> None:
+    created = client.responses.create(model=MODEL, input="SDK-REASON: hi", metadata={"k": "v"})
+    fetched = client.responses.retrieve(created.id)
+    assert fetched.id == created.id and fetched.status == "completed"
+    assert fetched.output_text == created.output_text == "Hi there."
+    assert [item.id for item in fetched.output] == [item.id for item in created.output]
+    assert fetched.metadata == {"k": "v"}
+
+
+def test_store_false_is_not_retrievable(client: OpenAI) -> None:
+    created = client.responses.create(model=MODEL, input="SDK-TEXT", store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+
+
+def test_delete_then_404_and_no_continuation(client: OpenAI) -> None:
+    created = client.responses.create(model=MODEL, input="SDK-TEXT: delete me")
+    deleted = client.responses.delete(created.id)
+    assert deleted is None or getattr(deleted, "deleted", True)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.responses.create(model=MODEL, previous_response_id=created.id, input="SDK-TEXT")
+    assert caught.value.body["code"] == "previous_response_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(created.id)
+
+
+def test_input_items_are_paged_with_cursors(client: OpenAI) -> None:
+    messages = [{"role": "user", "content": f"SDK-TEXT message {index}"} for index in range(5)]
+    created = client.responses.create(model=MODEL, input=messages)
+    page = client.responses.input_items.list(created.id, limit=2, order="asc")
+    assert [item.content[0].text for item in page.data] == [
+        "SDK-TEXT message 0",
+        "SDK-TEXT message 1",
+    ]
+    assert page.has_more
+    rest = client.responses.input_items.list(created.id, limit=10, order="asc", after=page.last_id)
+    assert [item.content[0].text for item in rest.data] == [
+        f"SDK-TEXT message {index}" for index in (2, 3, 4)
+    ]
+    assert not rest.has_more
+    newest = client.responses.input_items.list(created.id, limit=1)
+    assert newest.data[0].content[0].text == "SDK-TEXT message 4"
+
+
+def test_input_tokens_counts_the_rendered_prompt(app_url: str, client: OpenAI) -> None:
+    created = client.responses.create(model=MODEL, input="SDK-TEXT: count me")
+    body = {"model": MODEL, "input": "SDK-TEXT: count me"}
+    counted = httpx.post(f"{app_url}/v1/responses/input_tokens", json=body, timeout=30).json()
+    assert counted == {
+        "object": "response.input_tokens",
+        "input_tokens": created.usage.input_tokens,
+    }
+
+
+def test_cancel_of_a_foreground_response_is_rejected(app_url: str, client: OpenAI) -> None:
+    created = client.responses.create(model=MODEL, input="SDK-TEXT")
+    response = httpx.post(f"{app_url}/v1/responses/{created.id}/cancel", timeout=30)
+    assert response.status_code == 400
+    assert httpx.post(f"{app_url}/v1/responses/resp_nope/cancel", timeout=30).status_code == 404
+
+
+def test_stored_responses_survive_an_ingress_restart(ray_address: str, client: OpenAI) -> None:
+    created = client.responses.create(model=MODEL, input="SDK-TEXT: remember me")
+    ray.init(address="auto", logging_level="ERROR")
+    try:
+        assert ray.get_runtime_context().gcs_address == ray_address
+        names = [
+            actor
+            for actor in ray.util.list_named_actors(all_namespaces=True)
+            if "ResponsesIngress" in actor["name"]
+        ]
+        assert names, "no ingress replica found"
+        for actor in names:
+            ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+    finally:
+        ray.shutdown()
+    deadline = time.monotonic() + 60
+    while True:  # Serve replaces the killed replica; the store is the SQLite file on disk
+        try:
+            fetched = client.responses.retrieve(created.id)
+            break
+        except (openai.APIConnectionError, openai.InternalServerError, openai.NotFoundError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+    assert fetched.output_text == "Hello from the scripted engine."
