@@ -168,3 +168,58 @@ def test_stored_responses_survive_an_ingress_restart(ray_address: str, client: O
                 raise
             time.sleep(1)
     assert fetched.output_text == "Hello from the scripted engine."
+
+
+def wait_status(client: OpenAI, response_id: str, timeout_s: float = 30):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = client.responses.retrieve(response_id)
+        if response.status not in ("queued", "in_progress") or time.monotonic() > deadline:
+            return response
+        time.sleep(0.2)
+
+
+def test_background_response_runs_detached_and_can_be_polled(client: OpenAI) -> None:
+    created = client.responses.create(model=MODEL, input="SDK-REASON: hi", background=True)
+    assert created.background is True
+    assert created.status in ("queued", "in_progress")
+    done = wait_status(client, created.id)
+    assert done.status == "completed" and done.output_text == "Hi there."
+
+
+def test_background_response_can_be_cancelled(client: OpenAI) -> None:
+    created = client.responses.create(model=MODEL, input="SDK-SLOW: forever", background=True)
+    time.sleep(0.5)  # it is now paused mid-turn in the engine
+    cancelled = client.responses.cancel(created.id)
+    assert cancelled.status == "cancelled"
+    assert client.responses.retrieve(created.id).status == "cancelled"
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(created.id)  # already settled
+
+
+def test_background_stream_resumes_after_a_sequence_number(client: OpenAI) -> None:
+    stream = client.responses.create(
+        model=MODEL, input="SDK-LONG: count", background=True, stream=True
+    )
+    seen = []
+    for event in stream:
+        seen.append(event)
+        if event.type == "response.output_text.delta":
+            break  # the connection drops mid-answer
+    stream.close()
+    response_id, last = seen[0].response.id, seen[-1].sequence_number
+    resumed = list(client.responses.retrieve(response_id, stream=True, starting_after=last))
+    numbers = [event.sequence_number for event in seen + resumed]
+    assert numbers == list(range(len(numbers)))
+    assert resumed[-1].type == "response.completed"
+    text = "".join(e.delta for e in seen + resumed if e.type == "response.output_text.delta")
+    assert text == resumed[-1].response.output_text
+    assert text.startswith("one two three")
+
+
+def test_only_background_responses_stream_after_creation(app_url: str, client: OpenAI) -> None:
+    created = client.responses.create(model=MODEL, input="SDK-TEXT")
+    response = httpx.get(f"{app_url}/v1/responses/{created.id}?stream=true", timeout=30)
+    assert response.status_code == 400
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, input="SDK-TEXT", background=True, store=False)

@@ -107,6 +107,7 @@ def initial_response(request: ResponsesRequest, *, response_id: str, model: str)
         "tool_choice": _tool_choice(request),
         "tools": _tools(request),
         "previous_response_id": request.previous_response_id,
+        "background": request.background,
         "prompt_cache_key": request.prompt_cache_key,
         "reasoning": _reasoning(request),
         "text": _text(request),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -29,6 +30,7 @@ from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import dump_response
 from serve_app.protocol.sse import encode_event
 from serve_app.serving import metrics
+from serve_app.serving.background import BackgroundRunner
 from serve_app.serving.engine_client import EngineClient, HandleEngineClient
 from serve_app.serving.responses_service import ResponsesService
 from serve_app.store.base import ResponseStore, StoredResponse
@@ -45,18 +47,20 @@ def create_api(
     """The HTTP API, usable with any `EngineClient` (the Serve ingress passes a handle)."""
     api = FastAPI(title="serve_app", description="OpenAI Responses API for gpt-oss")
     service = ResponsesService(args, engine, vault, store)
+    background = BackgroundRunner(service, store)
     _install_error_handlers(api)
     created = int(time.time())
 
     @api.post("/v1/responses", response_model=None)
     async def create_response(body: ResponsesRequest) -> Response:
         turn = await service.prepare(body)
+        if body.background:
+            await background.start(turn)
+            if body.stream:
+                return _event_stream(background.stream(turn.response.id))
+            return JSONResponse(dump_response(turn.response))
         if body.stream:
-            return StreamingResponse(
-                _sse(service.events(turn)),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
+            return _event_stream(_sse(service.events(turn)))
         response = await service.run(turn)
         status = 500 if response.status == "failed" else 200
         if status == 500 and response.error is not None:
@@ -71,9 +75,19 @@ def create_api(
         prompt = await service.render(body)
         return {"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)}
 
-    @api.get("/v1/responses/{response_id}")
-    async def retrieve_response(response_id: str) -> dict:
-        return (await _stored(store, response_id)).response
+    @api.get("/v1/responses/{response_id}", response_model=None)
+    async def retrieve_response(
+        response_id: str, stream: bool = False, starting_after: int = -1
+    ) -> dict | Response:
+        stored = await _stored(store, response_id)
+        if not stream:
+            return stored.response
+        if not stored.response.get("background"):
+            raise InvalidRequest(
+                "Only background responses can be streamed after they were created.",
+                param="stream",
+            )
+        return _event_stream(background.stream(response_id, starting_after))
 
     @api.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> dict:
@@ -83,8 +97,16 @@ def create_api(
 
     @api.post("/v1/responses/{response_id}/cancel")
     async def cancel_response(response_id: str) -> dict:
-        await _stored(store, response_id)
-        raise InvalidRequest("Only background responses can be cancelled.", param="response_id")
+        stored = await _stored(store, response_id)
+        if not stored.response.get("background"):
+            raise InvalidRequest("Only background responses can be cancelled.", param="response_id")
+        if stored.response.get("status") not in ("queued", "in_progress"):
+            raise InvalidRequest(
+                f"Cannot cancel a response with status '{stored.response.get('status')}'.",
+                param="response_id",
+            )
+        await store.request_cancel(response_id)
+        return await _wait_until_settled(store, response_id)
 
     @api.get("/v1/responses/{response_id}/input_items")
     async def list_input_items(
@@ -120,6 +142,28 @@ def create_api(
 async def _sse(events: AsyncIterator[ResponseStreamEvent]) -> AsyncIterator[bytes]:
     async for event in events:
         yield encode_event(event)
+
+
+def _event_stream(chunks: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(
+        chunks,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _wait_until_settled(
+    store: ResponseStore, response_id: str, timeout_s: float = 10
+) -> dict:
+    """The response once its runner has stopped it (or as it is when the wait runs out)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stored = await _stored(store, response_id)
+        if stored.response.get("status") not in ("queued", "in_progress"):
+            return stored.response
+        if time.monotonic() > deadline:
+            return stored.response
+        await asyncio.sleep(0.1)
 
 
 async def _stored(store: ResponseStore, response_id: str) -> StoredResponse:

@@ -66,11 +66,9 @@ class ResponsesService:
     async def prepare(self, request: ResponsesRequest) -> Turn:
         """Everything that can reject the request happens here, before any event is sent."""
         prompt = await self.render(request)
-        if request.background:
+        if request.background and not request.store:
             raise InvalidRequest(
-                "Background responses need the response store, which this server does not run.",
-                param="background",
-                code="unsupported_parameter",
+                "Background responses are stored: they need `store` true.", param="store"
             )
         max_tokens = self._max_output_tokens(request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
@@ -169,7 +167,7 @@ class ResponsesService:
             terminal = translator.fail(f"The engine failed: {type(exc).__name__}", "server_error")
         if turn.request.store:
             # Stored before the terminal event, so a client chaining right after it finds it.
-            await self._save(turn)
+            await self.save(turn)
         for event in terminal:
             yield event
         routing_metrics.record_prompt(replica, prompt_tokens, cached_tokens)
@@ -181,7 +179,8 @@ class ResponsesService:
             pass
         return turn.response
 
-    async def _save(self, turn: Turn) -> None:
+    async def save(self, turn: Turn) -> None:
+        """Store the turn's response as it is now (final, or a background one in progress)."""
         request = turn.request
         stored = StoredResponse(
             id=turn.response.id,

@@ -56,5 +56,22 @@ class ResponseStore(abc.ABC):
         chain.reverse()
         return chain
 
+    # --- background responses: their events, persisted as they happen ---------------------
+
+    @abc.abstractmethod
+    async def append_events(self, response_id: str, events: list[tuple[int, str]]) -> None:
+        """Persist (sequence_number, event JSON) pairs of a background response."""
+
+    @abc.abstractmethod
+    async def events_after(self, response_id: str, after: int) -> list[tuple[int, str]]:
+        """Persisted events with a sequence number above ``after``, in order."""
+
+    @abc.abstractmethod
+    async def request_cancel(self, response_id: str) -> None:
+        """Flag a background response for cancellation (whichever replica runs it stops it)."""
+
+    @abc.abstractmethod
+    async def cancel_requested(self, response_id: str) -> bool: ...
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

@@ -12,7 +12,7 @@ import logging
 import time
 from pathlib import Path
 
-from sqlalchemy import BigInteger, String, Text, delete, event, select
+from sqlalchemy import BigInteger, Boolean, Integer, String, Text, delete, event, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -34,6 +34,17 @@ class ResponseRow(_Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
     response_json: Mapped[str] = mapped_column(Text)
     input_items_json: Mapped[str] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class EventRow(_Base):
+    """One streamed event of a background response, for polling and resuming streams."""
+
+    __tablename__ = "response_events"
+
+    response_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    sequence_number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    event_json: Mapped[str] = mapped_column(Text)
 
 
 class SqlResponseStore(ResponseStore):
@@ -63,6 +74,9 @@ class SqlResponseStore(ResponseStore):
             input_items_json=json.dumps(stored.input_items),
         )
         async with self._session() as session, session.begin():
+            existing = await session.get(ResponseRow, stored.id)
+            if existing is not None:  # a background response's later snapshot: keep its flag
+                row.cancel_requested = existing.cancel_requested
             await session.merge(row)
 
     async def get(self, response_id: str) -> StoredResponse | None:
@@ -80,7 +94,40 @@ class SqlResponseStore(ResponseStore):
     async def delete(self, response_id: str) -> bool:
         async with self._session() as session, session.begin():
             result = await session.execute(delete(ResponseRow).where(ResponseRow.id == response_id))
+            await session.execute(delete(EventRow).where(EventRow.response_id == response_id))
         return result.rowcount > 0
+
+    async def append_events(self, response_id: str, events: list[tuple[int, str]]) -> None:
+        if not events:
+            return
+        rows = [
+            EventRow(response_id=response_id, sequence_number=number, event_json=data)
+            for number, data in events
+        ]
+        async with self._session() as session, session.begin():
+            session.add_all(rows)
+
+    async def events_after(self, response_id: str, after: int) -> list[tuple[int, str]]:
+        query = (
+            select(EventRow.sequence_number, EventRow.event_json)
+            .where(EventRow.response_id == response_id, EventRow.sequence_number > after)
+            .order_by(EventRow.sequence_number)
+        )
+        async with self._session() as session:
+            return [(number, data) for number, data in (await session.execute(query)).all()]
+
+    async def request_cancel(self, response_id: str) -> None:
+        async with self._session() as session, session.begin():
+            await session.execute(
+                update(ResponseRow)
+                .where(ResponseRow.id == response_id)
+                .values(cancel_requested=True)
+            )
+
+    async def cancel_requested(self, response_id: str) -> bool:
+        async with self._session() as session:
+            row = await session.get(ResponseRow, response_id)
+        return bool(row and row.cancel_requested)
 
     async def ids(self) -> list[str]:
         async with self._session() as session:
