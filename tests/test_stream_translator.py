@@ -796,7 +796,8 @@ def test_sse_encoding_keeps_required_nulls_and_drops_unset_fields() -> None:
     response = decode_sse(raw)["response"]
     for key in ("error", "incomplete_details", "usage", "instructions"):
         assert key in response and response[key] is None
-    for key in ("background", "service_tier", "truncation", "user", "conversation"):
+    assert response["background"] is False  # echoed, as OpenAI does
+    for key in ("service_tier", "truncation", "user", "conversation"):
         assert key not in response
     assert isinstance(response["created_at"], int)
     assert response["tools"][1] == {
