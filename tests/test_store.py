@@ -1,0 +1,121 @@
+"""The response store's contract, on SQLite and on PostgreSQL (when a server can be started)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from serve_app.store.base import StoredResponse
+from serve_app.store.sql import SqlResponseStore
+from tests import postgres
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    try:
+        url, data = postgres.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+        detail = getattr(error, "stderr", "") or error
+        pytest.skip(f"PostgreSQL not available, its store tests are skipped: {detail}")
+    yield url
+    postgres.stop(data)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'responses.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[SqlResponseStore]:
+    store = SqlResponseStore(store_url)
+    await store.start()
+    for response_id in await store.ids():  # the PostgreSQL server is shared by the session
+        await store.delete(response_id)
+    yield store
+    await store.close()
+
+
+def response(response_id: str, previous: str | None = None, text: str = "x") -> StoredResponse:
+    body = {
+        "id": response_id,
+        "status": "completed",
+        "created_at": 1,
+        "output": [
+            {
+                "type": "message",
+                "id": f"msg_{response_id}",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text}],
+            }
+        ],
+    }
+    return StoredResponse(
+        response_id,
+        previous,
+        body,
+        [{"id": f"in_{response_id}", "type": "message", "role": "user", "content": text}],
+    )
+
+
+async def test_put_get_round_trip(store: SqlResponseStore) -> None:
+    await store.put(response("resp_a", text="hello ünïcode"))
+    stored = await store.get("resp_a")
+    assert stored == response("resp_a", text="hello ünïcode")
+    assert await store.get("resp_missing") is None
+
+
+async def test_chain_walks_to_the_root_and_forks_keep_both_branches(store) -> None:
+    for item in (
+        response("r1"),
+        response("r2", "r1"),
+        response("r3a", "r2"),
+        response("r3b", "r2"),
+    ):
+        await store.put(item)
+    assert [s.id for s in await store.chain("r3a")] == ["r1", "r2", "r3a"]
+    assert [s.id for s in await store.chain("r3b")] == ["r1", "r2", "r3b"]
+    assert await store.chain("nope") is None
+
+
+async def test_delete_removes_only_that_response(store: SqlResponseStore) -> None:
+    await store.put(response("r1"))
+    await store.put(response("r2", "r1"))
+    assert await store.delete("r1") is True
+    assert await store.delete("r1") is False
+    assert [s.id for s in await store.chain("r2")] == ["r2"]
+
+
+async def test_events_come_back_in_order_after_a_sequence_number(store) -> None:
+    await store.put(response("bg"))
+    await store.append_events("bg", [(0, '{"type":"a"}'), (1, '{"type":"b"}')])
+    await store.append_events("bg", [(2, '{"type":"c"}')])
+    assert [n for n, _ in await store.events_after("bg", -1)] == [0, 1, 2]
+    assert await store.events_after("bg", 1) == [(2, '{"type":"c"}')]
+
+
+async def test_cancel_flag_survives_later_snapshots(store: SqlResponseStore) -> None:
+    await store.put(response("bg"))
+    assert not await store.cancel_requested("bg")
+    await store.request_cancel("bg")
+    await store.put(response("bg", text="later snapshot"))
+    assert await store.cancel_requested("bg")
+
+
+async def test_concurrent_writes_lose_nothing(store: SqlResponseStore) -> None:
+    await asyncio.gather(*(store.put(response(f"resp_{index}")) for index in range(60)))
+    assert sorted(await store.ids()) == sorted(f"resp_{index}" for index in range(60))
+
+
+async def test_a_new_store_on_the_same_database_sees_everything(store_url: str, store) -> None:
+    await store.put(response("durable"))
+    await store.close()
+    reopened = SqlResponseStore(store_url)
+    await reopened.start()
+    assert (await reopened.get("durable")) == response("durable")
+    await reopened.close()
