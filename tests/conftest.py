@@ -1,8 +1,9 @@
 """Session fixtures: the app runs once per test session, exactly as users start it.
 
 `serve run` is given configs/local.yaml with four changes only: a free port, the scripted
-engine turns in tests/fixtures/engine_script.yaml, two engine replicas (so routing is
-tested) and a response store in the session's temp folder. One Ray start-up serves every app test.
+engine turns in tests/fixtures/engine_script.yaml, two replicas of each deployment (so
+routing and the shared store are tested) and a response store in the session's temp
+folder. One Ray start-up serves every app test.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tests.helpers import REPO
 
 ENGINE_SCRIPT = REPO / "tests" / "fixtures" / "engine_script.yaml"
 STARTUP_TIMEOUT_S = 180
-ENGINE_REPLICAS = 2
+REPLICAS = 2  # of the ingress and of the engine
 
 
 def _free_port() -> int:
@@ -39,8 +40,8 @@ def _test_config(tmp: Path, port: int) -> Path:
     app = config["applications"][0]
     app["args"]["engine"]["options"]["script"] = str(ENGINE_SCRIPT)
     app["args"]["store"] = {"url": f"sqlite+aiosqlite:///{tmp / 'responses.db'}"}
-    engine = next(d for d in app["deployments"] if d["name"] == "EngineDeployment")
-    engine["num_replicas"] = ENGINE_REPLICAS
+    for deployment in app["deployments"]:
+        deployment["num_replicas"] = REPLICAS
     path = tmp / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

@@ -21,3 +21,16 @@ def capture_body(name: str) -> dict[str, Any]:
 
 def decode(token_ids: list[int]) -> str:
     return get_encoding().decode_utf8(token_ids)
+
+
+def scrape_metrics(app_url: str, replicas: int = 2, tries: int = 40) -> dict[str, str]:
+    """/metrics of every ingress replica (each keeps its own counters), by replica id."""
+    import httpx
+
+    pages: dict[str, str] = {}
+    for _ in range(tries):
+        response = httpx.get(f"{app_url}/metrics", timeout=30)
+        pages[response.headers["x-serve-app-replica"]] = response.text
+        if len(pages) == replicas:
+            break
+    return pages

@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests.helpers import scrape_metrics
+
 MODEL = "gpt-oss-120b"
 
 
@@ -89,6 +91,6 @@ def test_hosted_tools_are_accepted_not_rejected(app_url: str) -> None:
 
 
 def test_metrics_count_requests(app_url: str) -> None:
-    post(app_url, {"model": MODEL, "input": "SDK-TEXT"})
-    text = httpx.get(f"{app_url}/metrics", timeout=30).text
+    served_by = post(app_url, {"model": MODEL, "input": "SDK-TEXT"}).headers["x-serve-app-replica"]
+    text = scrape_metrics(app_url)[served_by]
     assert 'serve_app:requests_total{status="completed"}' in text

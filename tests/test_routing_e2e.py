@@ -5,16 +5,21 @@ from __future__ import annotations
 import re
 import uuid
 
-import httpx
 from openai import OpenAI
+
+from tests.helpers import scrape_metrics
 
 MODEL = "gpt-oss-120b"
 
 
 def routing_decisions(app_url: str) -> dict[str, float]:
-    text = httpx.get(f"{app_url}/metrics", timeout=30).text
+    """Decisions summed over the ingress replicas (each routes its own requests)."""
     pattern = r'serve_app:routing_decisions_total\{decision="(\w+)"\} ([0-9.e+]+)'
-    return {name: float(value) for name, value in re.findall(pattern, text)}
+    totals: dict[str, float] = {}
+    for text in scrape_metrics(app_url).values():
+        for name, value in re.findall(pattern, text):
+            totals[name] = totals.get(name, 0) + float(value)
+    return totals
 
 
 def test_every_conversation_hits_its_prefix_cache_on_the_next_turn(app_url: str) -> None:

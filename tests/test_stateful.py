@@ -223,3 +223,19 @@ def test_only_background_responses_stream_after_creation(app_url: str, client: O
     assert response.status_code == 400
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=MODEL, input="SDK-TEXT", background=True, store=False)
+
+
+def test_a_chain_started_on_one_ingress_replica_continues_on_the_other(client: OpenAI) -> None:
+    """Both ingress replicas read and write the one store."""
+    raw = client.responses.with_raw_response
+    first = raw.create(model=MODEL, input="SDK-TEXT: start here")
+    previous, replicas = first.parse(), {first.headers["x-serve-app-replica"]}
+    for _ in range(30):  # the proxy spreads requests over the replicas
+        turn = raw.create(model=MODEL, previous_response_id=previous.id, input="SDK-TEXT")
+        replicas.add(turn.headers["x-serve-app-replica"])
+        previous = turn.parse()
+        assert previous.status == "completed"
+        if len(replicas) == 2:
+            break
+    assert len(replicas) == 2, "every turn landed on one ingress replica"
+    assert client.responses.retrieve(first.parse().id).id == first.parse().id

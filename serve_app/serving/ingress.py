@@ -42,10 +42,22 @@ _HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
 
 
 def create_api(
-    args: AppArgs, engine: EngineClient, vault: ReasoningVault, store: ResponseStore
+    args: AppArgs,
+    engine: EngineClient,
+    vault: ReasoningVault,
+    store: ResponseStore,
+    replica_id: str = "local",
 ) -> FastAPI:
     """The HTTP API, usable with any `EngineClient` (the Serve ingress passes a handle)."""
     api = FastAPI(title="serve_app", description="OpenAI Responses API for gpt-oss")
+
+    @api.middleware("http")
+    async def name_the_replica(request: Request, call_next):
+        # Which ingress replica answered: for logs and debugging, and tests of shared state.
+        response = await call_next(request)
+        response.headers["x-serve-app-replica"] = replica_id
+        return response
+
     service = ResponsesService(args, engine, vault, store)
     background = BackgroundRunner(service, store)
     _install_error_handlers(api)
@@ -237,7 +249,11 @@ class ResponsesIngress:
         self._store = SqlResponseStore(args.store.url)
         await self._store.start()
         self._api = create_api(
-            args, HandleEngineClient(engine_handle), ReasoningVault.from_env(), self._store
+            args,
+            HandleEngineClient(engine_handle),
+            ReasoningVault.from_env(),
+            self._store,
+            replica_id=serve.get_replica_context().replica_id.unique_id,
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
