@@ -29,3 +29,7 @@ fi
 
 ruff check serve_app tests loadtests
 python -m pytest "$@"
+if [ $# -eq 0 ]; then
+  # The stored-response suites again, with the app's store on PostgreSQL.
+  SERVE_APP_TEST_STORE=postgresql python -m pytest -rs tests/test_stateful.py tests/test_agents_sdk.py
+fi

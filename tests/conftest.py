@@ -21,11 +21,14 @@ import httpx
 import pytest
 import yaml
 
+from tests import postgres
 from tests.helpers import REPO
 
 ENGINE_SCRIPT = REPO / "tests" / "fixtures" / "engine_script.yaml"
 STARTUP_TIMEOUT_S = 180
 REPLICAS = 2  # of the ingress and of the engine
+# The app's response store: "sqlite" (a file) or "postgresql" (a throwaway local server).
+STORE_BACKEND = os.environ.get("SERVE_APP_TEST_STORE", "sqlite")
 
 
 def _free_port() -> int:
@@ -34,12 +37,12 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _test_config(tmp: Path, port: int) -> Path:
+def _test_config(tmp: Path, port: int, store_url: str) -> Path:
     config = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
     app = config["applications"][0]
     app["args"]["engine"]["options"]["script"] = str(ENGINE_SCRIPT)
-    app["args"]["store"] = {"url": f"sqlite+aiosqlite:///{tmp / 'responses.db'}"}
+    app["args"]["store"] = {"url": store_url}
     for deployment in app["deployments"]:
         deployment["num_replicas"] = REPLICAS
     path = tmp / "serve_config.yaml"
@@ -51,7 +54,15 @@ def _test_config(tmp: Path, port: int) -> Path:
 def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen]:
     tmp = tmp_path_factory.mktemp("serve")
     port = _free_port()
-    config = _test_config(tmp, port)
+    postgres_data = None
+    if STORE_BACKEND == "postgresql":
+        try:
+            store_url, postgres_data = postgres.start()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+            pytest.skip(f"PostgreSQL not available, app tests on it skipped: {error}")
+    else:
+        store_url = f"sqlite+aiosqlite:///{tmp / 'responses.db'}"
+    config = _test_config(tmp, port, store_url)
     log_path = tmp / "serve.log"
     env = {
         **os.environ,
@@ -73,6 +84,8 @@ def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.
         yield process
     finally:
         _stop(process)
+        if postgres_data is not None:
+            postgres.stop(postgres_data)
 
 
 @pytest.fixture(scope="session")
