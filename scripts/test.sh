@@ -27,7 +27,7 @@ if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev
   fi
 fi
 
-ruff check serve_app tests loadtests
+ruff check serve_app tests loadtests k8s
 python -m pytest "$@"
 if [ $# -eq 0 ]; then
   # The stored-response suites again, with the app's store on PostgreSQL.

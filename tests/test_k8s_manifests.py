@@ -1,0 +1,92 @@
+"""The KubeRay manifests validate offline: CRD schema (unknown fields rejected), Ray's own Serve
+config schema, and the embedded Serve config is configs/gpt-oss.yaml."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ray.serve.schema import ServeDeploySchema
+
+from tests.helpers import REPO
+
+SCHEMA = REPO.parent / "shared" / "k8s-schemas" / "rayservice_v1.schema.json"
+RAYSERVICE = REPO / "k8s" / "rayservice.yaml"
+CHECK_JSONSCHEMA = str(Path(sys.executable).parent / "check-jsonschema")
+
+
+def strict(schema: Any) -> Any:
+    """The CRD schema with unknown fields rejected wherever Kubernetes would prune them."""
+    if isinstance(schema, dict):
+        schema = {key: strict(value) for key, value in schema.items()}
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def strict_schema(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("schema") / "rayservice.strict.json"
+    path.write_text(json.dumps(strict(json.loads(SCHEMA.read_text()))))
+    return path
+
+
+def check(schema: Path, document: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CHECK_JSONSCHEMA, "--schemafile", str(schema), str(document)],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_rayservice_matches_the_crd_schema(strict_schema: Path) -> None:
+    result = check(strict_schema, RAYSERVICE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_strict_schema_rejects_an_unknown_field(strict_schema: Path, tmp_path: Path) -> None:
+    manifest = yaml.safe_load(RAYSERVICE.read_text())
+    broken = copy.deepcopy(manifest)
+    broken["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParamz"] = {}
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(broken))
+    assert check(strict_schema, path).returncode != 0
+
+
+def test_embedded_serve_config_is_valid_and_is_configs_gpt_oss() -> None:
+    manifest = yaml.safe_load(RAYSERVICE.read_text())
+    serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(serve_config)  # Ray's own schema for `serve deploy`
+    assert serve_config == yaml.safe_load((REPO / "configs" / "gpt-oss.yaml").read_text())
+
+
+def test_rayservice_yaml_is_rendered_from_the_current_config() -> None:
+    sys.path.insert(0, str(REPO / "k8s"))
+    try:
+        from render import render
+    finally:
+        sys.path.pop(0)
+    assert RAYSERVICE.read_text() == render(), "run: python k8s/render.py"
+
+
+def test_gpu_workers_and_a_gpu_free_head() -> None:
+    spec = yaml.safe_load(RAYSERVICE.read_text())["spec"]["rayClusterConfig"]
+    assert spec["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+    (worker,) = spec["workerGroupSpecs"]
+    limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert int(limits["nvidia.com/gpu"]) >= 2
+    services = list(yaml.safe_load_all((REPO / "k8s" / "service.yaml").read_text()))
+    assert {doc["kind"] for doc in services} == {"Service", "Ingress"}
