@@ -90,3 +90,29 @@ def test_gpu_workers_and_a_gpu_free_head() -> None:
     assert int(limits["nvidia.com/gpu"]) >= 2
     services = list(yaml.safe_load_all((REPO / "k8s" / "service.yaml").read_text()))
     assert {doc["kind"] for doc in services} == {"Service", "Ingress"}
+
+
+def test_dashboard_queries_only_metrics_the_app_exports() -> None:
+    import re
+
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from serve_app.routing import metrics as routing_metrics
+    from serve_app.serving import metrics as serving_metrics
+
+    suffix = {"counter": "_total", "histogram": "_bucket", "gauge": ""}
+    exported = {
+        family.name + suffix[family.type]
+        for module in (routing_metrics, serving_metrics)
+        for value in vars(module).values()
+        if isinstance(value, MetricWrapperBase)
+        for family in value.describe()
+    }
+    dashboard = json.loads((REPO / "k8s" / "grafana-dashboard.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"serve_app:[a-z0-9_:]+", target["expr"])
+    }
+    assert len(queried) >= 8 and queried <= exported, queried - exported

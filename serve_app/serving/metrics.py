@@ -20,6 +20,11 @@ TIME_TO_FIRST_TOKEN = Histogram(
     "From request arrival to the first completion token from the engine.",
     buckets=_LATENCY_BUCKETS,
 )
+TIME_PER_OUTPUT_TOKEN = Histogram(
+    "serve_app:time_per_output_token_seconds",
+    "Mean time between output tokens of a request, after the first.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1),
+)
 E2E_LATENCY = Histogram(
     "serve_app:e2e_request_latency_seconds",
     "From request arrival to the terminal event.",

@@ -6,6 +6,7 @@ through an `EngineClient`, so the whole protocol path runs in tests without a cl
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -48,6 +49,7 @@ class Turn:
     generate: GenerateRequest
     translator: ResponseStreamTranslator
     arrived_at: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
 
     @property
     def response(self) -> Response:
@@ -90,11 +92,12 @@ class ResponsesService:
         )
         translator = ResponseStreamTranslator(response, prompt.tools, seal_reasoning=seal)
         logger.info(
-            "response %s: %d prompt tokens, max %d output tokens, key %s",
+            "response %s: %d prompt tokens, max %d output tokens, conversation %s",
             response.id,
             len(prompt.token_ids),
             max_tokens,
-            _short(key),
+            _key_digest(key),
+            extra={"response_id": response.id, "conversation": _key_digest(key)},
         )
         return Turn(request=request, generate=generate, translator=translator)
 
@@ -147,7 +150,8 @@ class ResponsesService:
                 cached_tokens = max(cached_tokens, chunk.num_cached_tokens)
                 if chunk.token_ids and not first_token_seen:
                     first_token_seen = True
-                    metrics.TIME_TO_FIRST_TOKEN.observe(time.monotonic() - turn.arrived_at)
+                    turn.first_token_at = time.monotonic()
+                    metrics.TIME_TO_FIRST_TOKEN.observe(turn.first_token_at - turn.arrived_at)
                 for event in translator.feed(chunk.token_ids):
                     yield event
                 if chunk.finish_reason == "error":
@@ -202,7 +206,16 @@ class ResponsesService:
             metrics.PROMPT_TOKENS.inc(usage.input_tokens)
             metrics.CACHED_PROMPT_TOKENS.inc(usage.input_tokens_details.cached_tokens)
             metrics.GENERATION_TOKENS.inc(usage.output_tokens)
-        logger.info("response %s: %s, usage %s", response.id, response.status, usage)
+            if turn.first_token_at is not None and usage.output_tokens > 1:
+                decode_s = time.monotonic() - turn.first_token_at
+                metrics.TIME_PER_OUTPUT_TOKEN.observe(decode_s / (usage.output_tokens - 1))
+        logger.info(
+            "response %s: %s, usage %s",
+            response.id,
+            response.status,
+            usage,
+            extra={"response_id": response.id, "status": response.status},
+        )
 
 
 _INPUT_ITEMS = TypeAdapter(list[InputItem])
@@ -227,6 +240,6 @@ def _with_id(item: InputItem) -> dict[str, Any]:
     return data
 
 
-def _short(key: str) -> str:
-    # Conversation ids are not secrets, but logs need only enough to correlate.
-    return key if len(key) <= 16 else key[:16] + "…"
+def _key_digest(key: str) -> str:
+    # Logs correlate a conversation's turns by this digest without recording the client's id.
+    return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
