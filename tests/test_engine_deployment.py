@@ -1,0 +1,38 @@
+"""The engine deployment's stream: coalesces what a slow reader has not taken, adds no delay."""
+
+from __future__ import annotations
+
+import asyncio
+
+from serve_app.engines.base import GenerateChunk
+from serve_app.serving.engine_deployment import _END, EngineDeployment
+
+Replica = EngineDeployment.func_or_class  # the plain class behind the Serve deployment
+
+
+async def test_queued_chunks_go_out_as_one() -> None:
+    queue: asyncio.Queue = asyncio.Queue()
+    for tokens in ([1], [2, 3], [4]):
+        queue.put_nowait(GenerateChunk(token_ids=tokens, num_prompt_tokens=9, num_cached_tokens=4))
+    chunk = await Replica._next_coalesced(queue)
+    assert chunk.token_ids == [1, 2, 3, 4]
+    assert (chunk.num_prompt_tokens, chunk.num_cached_tokens) == (9, 4)
+
+
+async def test_a_finished_chunk_is_not_merged_past_and_the_end_is_kept() -> None:
+    queue: asyncio.Queue = asyncio.Queue()
+    queue.put_nowait(GenerateChunk(token_ids=[1]))
+    queue.put_nowait(GenerateChunk(token_ids=[2], finish_reason="stop"))
+    queue.put_nowait(_END)
+    chunk = await Replica._next_coalesced(queue)
+    assert chunk.token_ids == [1, 2] and chunk.finish_reason == "stop"
+    assert await Replica._next_coalesced(queue) is None
+
+
+async def test_a_reader_that_keeps_up_gets_each_chunk_without_waiting() -> None:
+    queue: asyncio.Queue = asyncio.Queue()
+    reader = asyncio.create_task(Replica._next_coalesced(queue))
+    await asyncio.sleep(0)
+    queue.put_nowait(GenerateChunk(token_ids=[7]))
+    chunk = await asyncio.wait_for(reader, timeout=1)
+    assert chunk.token_ids == [7]  # sent as soon as it exists, alone
