@@ -239,3 +239,37 @@ def test_a_chain_started_on_one_ingress_replica_continues_on_the_other(client: O
             break
     assert len(replicas) == 2, "every turn landed on one ingress replica"
     assert client.responses.retrieve(first.parse().id).id == first.parse().id
+
+
+def test_conversation_items_and_responses_that_extend_it(client: OpenAI) -> None:
+    conversation = client.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "SDK-TEXT: my name is Ada"}],
+        metadata={"topic": "names"},
+    )
+    assert conversation.id.startswith("conv_") and conversation.metadata == {"topic": "names"}
+    first = client.responses.create(model=MODEL, conversation=conversation.id, input="SDK-REASON")
+    assert first.output_text == "Hi there."
+    second = client.responses.create(
+        model=MODEL, conversation={"id": conversation.id}, input="SDK-TEXT: and now?"
+    )
+    # The conversation held the earlier turn: the prompt grew and its start was cached.
+    assert second.usage.input_tokens > first.usage.input_tokens
+    items = client.conversations.items.list(conversation.id, order="asc").data
+    texts = [item.content[0].text for item in items if item.type == "message"]
+    assert texts == [
+        "SDK-TEXT: my name is Ada",
+        "SDK-REASON",
+        "Hi there.",
+        "SDK-TEXT: and now?",
+        "Hello from the scripted engine.",
+    ]
+    assert client.conversations.items.retrieve(items[0].id, conversation_id=conversation.id)
+    client.conversations.items.delete(items[0].id, conversation_id=conversation.id)
+    assert len(client.conversations.items.list(conversation.id).data) == len(items) - 1
+    updated = client.conversations.update(conversation.id, metadata={"topic": "other"})
+    assert client.conversations.retrieve(conversation.id).metadata == updated.metadata
+    client.conversations.delete(conversation.id)
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.retrieve(conversation.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=MODEL, conversation=conversation.id, input="SDK-TEXT")

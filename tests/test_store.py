@@ -119,3 +119,19 @@ async def test_a_new_store_on_the_same_database_sees_everything(store_url: str, 
     await reopened.start()
     assert (await reopened.get("durable")) == response("durable")
     await reopened.close()
+
+
+async def test_conversation_items_keep_their_order_across_appends(store) -> None:
+    from serve_app.store.base import StoredConversation
+
+    await store.put_conversation(StoredConversation("conv_1", 5, {"a": "b"}))
+    await store.append_items("conv_1", [{"id": "i1"}, {"id": "i2"}])
+    await store.append_items("conv_1", [{"id": "i3"}])
+    assert [item["id"] for item in await store.conversation_items("conv_1")] == ["i1", "i2", "i3"]
+    assert await store.delete_item("conv_1", "i2") is True
+    await store.append_items("conv_1", [{"id": "i4"}])
+    assert [item["id"] for item in await store.conversation_items("conv_1")] == ["i1", "i3", "i4"]
+    assert (await store.get_conversation("conv_1")).metadata == {"a": "b"}
+    assert await store.delete_conversation("conv_1") is True
+    assert await store.get_conversation("conv_1") is None
+    assert await store.conversation_items("conv_1") == []

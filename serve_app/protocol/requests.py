@@ -290,6 +290,10 @@ class TextOptions(_Lenient):
     verbosity: str | None = None
 
 
+class ConversationRef(_Lenient):
+    id: str = Field(min_length=1)
+
+
 class ResponsesRequest(_Lenient):
     model: str = Field(min_length=1)
     input: str | list[InputItem] = Field(default_factory=list)
@@ -305,6 +309,8 @@ class ResponsesRequest(_Lenient):
     prompt_cache_key: str | None = Field(default=None, max_length=1024)
     store: bool = True
     previous_response_id: str | None = Field(default=None, min_length=1)
+    # A conversation whose items come before `input`, and that this response's items extend.
+    conversation: str | ConversationRef | None = None
     include: list[str] = Field(default_factory=list)
     metadata: dict[str, str] | None = None
     stream: bool = False
@@ -336,6 +342,12 @@ class ResponsesRequest(_Lenient):
         if effort in ("none", "minimal"):
             return "low"
         return "high" if effort == "xhigh" else effort
+
+    @property
+    def conversation_id(self) -> str | None:
+        if isinstance(self.conversation, ConversationRef):
+            return self.conversation.id
+        return self.conversation or None
 
     def hosted_tool_types(self) -> list[str]:
         return [tool.type for tool in self.tools if isinstance(tool, HostedTool)]

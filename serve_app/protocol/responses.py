@@ -114,6 +114,8 @@ def initial_response(request: ResponsesRequest, *, response_id: str, model: str)
         # `store` is not a field of the SDK's Response (it allows extras); OpenAI sends it.
         "store": request.store,
     }
+    if request.conversation_id is not None:  # only then: OpenAI leaves it out otherwise
+        fields["conversation"] = {"id": request.conversation_id}
     return Response(**fields)
 
 

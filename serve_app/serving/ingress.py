@@ -31,7 +31,9 @@ from serve_app.protocol.responses import dump_response
 from serve_app.protocol.sse import encode_event
 from serve_app.serving import metrics
 from serve_app.serving.background import BackgroundRunner
+from serve_app.serving.conversations import conversations_router
 from serve_app.serving.engine_client import EngineClient, HandleEngineClient
+from serve_app.serving.pagination import page as _page
 from serve_app.serving.responses_service import ResponsesService
 from serve_app.store.base import ResponseStore, StoredResponse
 from serve_app.store.sql import SqlResponseStore
@@ -60,6 +62,7 @@ def create_api(
 
     service = ResponsesService(args, engine, vault, store)
     background = BackgroundRunner(service, store)
+    api.include_router(conversations_router(store))
     _install_error_handlers(api)
     created = int(time.time())
 
@@ -187,24 +190,6 @@ async def _stored(store: ResponseStore, response_id: str) -> StoredResponse:
 
 def _response_not_found(response_id: str) -> NotFound:
     return NotFound(f"Response with id '{response_id}' not found.", param="response_id")
-
-
-def _page(items: list[dict], after: str | None, limit: int) -> dict:
-    """OpenAI's cursor pagination: items after the one with id ``after``, ``limit`` of them."""
-    start = 0
-    if after is not None:
-        ids = [item.get("id") for item in items]
-        if after not in ids:
-            raise InvalidRequest(f"No item with id '{after}' in this list.", param="after")
-        start = ids.index(after) + 1
-    page = items[start : start + limit]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": start + limit < len(items),
-    }
 
 
 def _names(args: AppArgs) -> list[str]:

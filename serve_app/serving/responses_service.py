@@ -105,8 +105,23 @@ class ResponsesService:
         """The prompt for a request: its stored history (if it continues one) and its input."""
         if request.model not in self._args.served_names():
             raise model_not_found(request.model)
-        history = await self._history(request.previous_response_id)
+        if request.conversation_id is not None:
+            if request.previous_response_id is not None:
+                raise InvalidRequest(
+                    "Use `conversation` or `previous_response_id`, not both.",
+                    param="conversation",
+                )
+            history = await self._conversation_history(request.conversation_id)
+        else:
+            history = await self._history(request.previous_response_id)
         return render_request(request, history=history, vault=self._vault)
+
+    async def _conversation_history(self, conversation_id: str) -> list[InputItem]:
+        if await self._store.get_conversation(conversation_id) is None:
+            raise NotFound(
+                f"Conversation with id '{conversation_id}' not found.", param="conversation"
+            )
+        return _INPUT_ITEMS.validate_python(await self._store.conversation_items(conversation_id))
 
     async def _history(self, previous_response_id: str | None) -> list[InputItem]:
         """The stored conversation a request continues: each turn's input, then its output."""
@@ -172,6 +187,8 @@ class ResponsesService:
         if turn.request.store:
             # Stored before the terminal event, so a client chaining right after it finds it.
             await self.save(turn)
+        if turn.request.conversation_id is not None:
+            await self._extend_conversation(turn)
         for event in terminal:
             yield event
         routing_metrics.record_prompt(replica, prompt_tokens, cached_tokens)
@@ -190,12 +207,20 @@ class ResponsesService:
             id=turn.response.id,
             previous_response_id=request.previous_response_id,
             response=dump_response(turn.response),
-            input_items=[_with_id(item) for item in request.input_items],
+            input_items=[stored_item(item) for item in request.input_items],
         )
         try:
             await self._store.put(stored)
         except Exception:  # the answer still reaches the client; only later chaining suffers
             logger.exception("response %s: could not be stored", stored.id)
+
+    async def _extend_conversation(self, turn: Turn) -> None:
+        items = [stored_item(item) for item in turn.request.input_items]
+        items += dump_response(turn.response)["output"]
+        try:
+            await self._store.append_items(turn.request.conversation_id, items)
+        except Exception:
+            logger.exception("response %s: conversation not extended", turn.response.id)
 
     def _record(self, turn: Turn) -> None:
         response = turn.response
@@ -229,7 +254,7 @@ _ID_PREFIXES = {
 }
 
 
-def _with_id(item: InputItem) -> dict[str, Any]:
+def stored_item(item: InputItem) -> dict[str, Any]:
     """An input item as stored: the client's fields, and an id (minted if it sent none)."""
     data = item.model_dump(mode="json", exclude_none=True, by_alias=True)
     data.setdefault("id", new_item_id(_ID_PREFIXES.get(data["type"], "item")))

@@ -21,6 +21,21 @@ class StoredResponse:
         return list(self.response.get("output") or [])
 
 
+@dataclass(frozen=True)
+class StoredConversation:
+    id: str
+    created_at: int
+    metadata: dict[str, str]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "conversation",
+            "created_at": self.created_at,
+            "metadata": self.metadata,
+        }
+
+
 class ResponseStore(abc.ABC):
     @abc.abstractmethod
     async def start(self) -> None:
@@ -72,6 +87,29 @@ class ResponseStore(abc.ABC):
 
     @abc.abstractmethod
     async def cancel_requested(self, response_id: str) -> bool: ...
+
+    # --- conversations: a durable list of items that responses read and extend ------------
+
+    @abc.abstractmethod
+    async def put_conversation(self, conversation: StoredConversation) -> None:
+        """Create a conversation, or replace its metadata."""
+
+    @abc.abstractmethod
+    async def get_conversation(self, conversation_id: str) -> StoredConversation | None: ...
+
+    @abc.abstractmethod
+    async def delete_conversation(self, conversation_id: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def append_items(self, conversation_id: str, items: list[dict[str, Any]]) -> None:
+        """Add items at the end of a conversation (one transaction)."""
+
+    @abc.abstractmethod
+    async def conversation_items(self, conversation_id: str) -> list[dict[str, Any]]:
+        """The conversation's items, oldest first."""
+
+    @abc.abstractmethod
+    async def delete_item(self, conversation_id: str, item_id: str) -> bool: ...
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

@@ -12,12 +12,23 @@ import logging
 import time
 from pathlib import Path
 
-from sqlalchemy import BigInteger, Boolean, Integer, String, Text, delete, event, select, update
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Integer,
+    String,
+    Text,
+    delete,
+    event,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from serve_app.store.base import ResponseStore, StoredResponse
+from serve_app.store.base import ResponseStore, StoredConversation, StoredResponse
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +56,23 @@ class EventRow(_Base):
     response_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     sequence_number: Mapped[int] = mapped_column(Integer, primary_key=True)
     event_json: Mapped[str] = mapped_column(Text)
+
+
+class ConversationRow(_Base):
+    __tablename__ = "conversations"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    metadata_json: Mapped[str] = mapped_column(Text)
+
+
+class ConversationItemRow(_Base):
+    __tablename__ = "conversation_items"
+
+    conversation_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    item_id: Mapped[str] = mapped_column(String(64), index=True)
+    item_json: Mapped[str] = mapped_column(Text)
 
 
 class SqlResponseStore(ResponseStore):
@@ -128,6 +156,71 @@ class SqlResponseStore(ResponseStore):
         async with self._session() as session:
             row = await session.get(ResponseRow, response_id)
         return bool(row and row.cancel_requested)
+
+    async def put_conversation(self, conversation: StoredConversation) -> None:
+        row = ConversationRow(
+            id=conversation.id,
+            created_at=conversation.created_at,
+            metadata_json=json.dumps(conversation.metadata),
+        )
+        async with self._session() as session, session.begin():
+            await session.merge(row)
+
+    async def get_conversation(self, conversation_id: str) -> StoredConversation | None:
+        async with self._session() as session:
+            row = await session.get(ConversationRow, conversation_id)
+        if row is None:
+            return None
+        return StoredConversation(row.id, row.created_at, json.loads(row.metadata_json))
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        async with self._session() as session, session.begin():
+            result = await session.execute(
+                delete(ConversationRow).where(ConversationRow.id == conversation_id)
+            )
+            await session.execute(
+                delete(ConversationItemRow).where(
+                    ConversationItemRow.conversation_id == conversation_id
+                )
+            )
+        return result.rowcount > 0
+
+    async def append_items(self, conversation_id: str, items: list[dict]) -> None:
+        async with self._session() as session, session.begin():
+            last = await session.scalar(
+                select(func.max(ConversationItemRow.position)).where(
+                    ConversationItemRow.conversation_id == conversation_id
+                )
+            )
+            start = -1 if last is None else last
+            session.add_all(
+                ConversationItemRow(
+                    conversation_id=conversation_id,
+                    position=start + offset,
+                    item_id=item["id"],
+                    item_json=json.dumps(item),
+                )
+                for offset, item in enumerate(items, start=1)
+            )
+
+    async def conversation_items(self, conversation_id: str) -> list[dict]:
+        query = (
+            select(ConversationItemRow.item_json)
+            .where(ConversationItemRow.conversation_id == conversation_id)
+            .order_by(ConversationItemRow.position)
+        )
+        async with self._session() as session:
+            return [json.loads(data) for data in (await session.scalars(query)).all()]
+
+    async def delete_item(self, conversation_id: str, item_id: str) -> bool:
+        async with self._session() as session, session.begin():
+            result = await session.execute(
+                delete(ConversationItemRow).where(
+                    ConversationItemRow.conversation_id == conversation_id,
+                    ConversationItemRow.item_id == item_id,
+                )
+            )
+        return result.rowcount > 0
 
     async def ids(self) -> list[str]:
         async with self._session() as session:

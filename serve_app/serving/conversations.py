@@ -1,0 +1,114 @@
+"""``/v1/conversations``: durable item lists that responses read (``conversation``) and extend."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from serve_app.protocol.errors import NotFound
+from serve_app.protocol.requests import InputItem
+from serve_app.serving.pagination import page
+from serve_app.serving.responses_service import stored_item
+from serve_app.store.base import ResponseStore, StoredConversation
+
+_ITEMS = TypeAdapter(list[InputItem])
+MAX_ITEMS_PER_CALL = 20  # OpenAI's limit for items added in one call
+
+
+class ConversationCreate(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    items: list[InputItem] = Field(default_factory=list, max_length=MAX_ITEMS_PER_CALL)
+    metadata: dict[str, str] | None = None
+
+
+class ConversationUpdate(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    metadata: dict[str, str]
+
+
+class ItemsCreate(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    items: list[InputItem] = Field(min_length=1, max_length=MAX_ITEMS_PER_CALL)
+
+
+def conversations_router(store: ResponseStore) -> APIRouter:
+    router = APIRouter(prefix="/v1/conversations")
+
+    async def existing(conversation_id: str) -> StoredConversation:
+        conversation = await store.get_conversation(conversation_id)
+        if conversation is None:
+            raise NotFound(
+                f"Conversation with id '{conversation_id}' not found.", param="conversation_id"
+            )
+        return conversation
+
+    @router.post("")
+    async def create_conversation(body: ConversationCreate) -> dict:
+        conversation = StoredConversation(
+            id=f"conv_{uuid.uuid4().hex}", created_at=int(time.time()), metadata=body.metadata or {}
+        )
+        await store.put_conversation(conversation)
+        await store.append_items(conversation.id, [stored_item(item) for item in body.items])
+        return conversation.as_json()
+
+    @router.get("/{conversation_id}")
+    async def retrieve_conversation(conversation_id: str) -> dict:
+        return (await existing(conversation_id)).as_json()
+
+    @router.post("/{conversation_id}")
+    async def update_conversation(conversation_id: str, body: ConversationUpdate) -> dict:
+        conversation = await existing(conversation_id)
+        updated = StoredConversation(conversation.id, conversation.created_at, body.metadata)
+        await store.put_conversation(updated)
+        return updated.as_json()
+
+    @router.delete("/{conversation_id}")
+    async def delete_conversation(conversation_id: str) -> dict:
+        await existing(conversation_id)
+        await store.delete_conversation(conversation_id)
+        return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+
+    @router.get("/{conversation_id}/items")
+    async def list_items(
+        conversation_id: str,
+        after: str | None = None,
+        limit: int = Query(default=20, ge=1, le=100),
+        order: Literal["asc", "desc"] = "desc",
+    ) -> dict:
+        await existing(conversation_id)
+        items = await store.conversation_items(conversation_id)
+        return page(items if order == "asc" else items[::-1], after, limit)
+
+    @router.post("/{conversation_id}/items")
+    async def add_items(conversation_id: str, body: ItemsCreate) -> dict:
+        await existing(conversation_id)
+        added = [stored_item(item) for item in body.items]
+        await store.append_items(conversation_id, added)
+        return {
+            "object": "list",
+            "data": added,
+            "first_id": added[0]["id"],
+            "last_id": added[-1]["id"],
+            "has_more": False,
+        }
+
+    @router.get("/{conversation_id}/items/{item_id}")
+    async def retrieve_item(conversation_id: str, item_id: str) -> dict:
+        await existing(conversation_id)
+        for item in await store.conversation_items(conversation_id):
+            if item.get("id") == item_id:
+                return item
+        raise NotFound(f"Item with id '{item_id}' not found.", param="item_id")
+
+    @router.delete("/{conversation_id}/items/{item_id}")
+    async def delete_item(conversation_id: str, item_id: str) -> dict:
+        conversation = await existing(conversation_id)
+        if not await store.delete_item(conversation_id, item_id):
+            raise NotFound(f"Item with id '{item_id}' not found.", param="item_id")
+        return conversation.as_json()
+
+    return router
