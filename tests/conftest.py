@@ -145,3 +145,8 @@ def _stop(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Fault tests kill replicas of the shared app: run them after everything else."""
+    items.sort(key=lambda item: item.get_closest_marker("faults") is not None)

@@ -85,6 +85,9 @@ class EngineDeployment:
             chunk = chunk.merge(following)
         return chunk
 
+    def replica_id(self) -> str:
+        return self._replica_id
+
     def num_ongoing_requests(self) -> int:
         return self._engine.num_ongoing_requests()
 
