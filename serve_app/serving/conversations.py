@@ -7,15 +7,15 @@ import uuid
 from typing import Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field
 
 from serve_app.protocol.errors import NotFound
 from serve_app.protocol.requests import InputItem
+from serve_app.serving.auth import Owner
 from serve_app.serving.pagination import page
 from serve_app.serving.responses_service import stored_item
 from serve_app.store.base import ResponseStore, StoredConversation
 
-_ITEMS = TypeAdapter(list[InputItem])
 MAX_ITEMS_PER_CALL = 20  # OpenAI's limit for items added in one call
 
 
@@ -38,54 +38,62 @@ class ItemsCreate(BaseModel):
 def conversations_router(store: ResponseStore) -> APIRouter:
     router = APIRouter(prefix="/v1/conversations")
 
-    async def existing(conversation_id: str) -> StoredConversation:
+    async def existing(conversation_id: str, owner: str | None) -> StoredConversation:
         conversation = await store.get_conversation(conversation_id)
-        if conversation is None:
+        if conversation is None or conversation.owner != owner:
             raise NotFound(
                 f"Conversation with id '{conversation_id}' not found.", param="conversation_id"
             )
         return conversation
 
     @router.post("")
-    async def create_conversation(body: ConversationCreate) -> dict:
+    async def create_conversation(body: ConversationCreate, owner: Owner) -> dict:
         conversation = StoredConversation(
-            id=f"conv_{uuid.uuid4().hex}", created_at=int(time.time()), metadata=body.metadata or {}
+            id=f"conv_{uuid.uuid4().hex}",
+            created_at=int(time.time()),
+            metadata=body.metadata or {},
+            owner=owner,
         )
         await store.put_conversation(conversation)
         await store.append_items(conversation.id, [stored_item(item) for item in body.items])
         return conversation.as_json()
 
     @router.get("/{conversation_id}")
-    async def retrieve_conversation(conversation_id: str) -> dict:
-        return (await existing(conversation_id)).as_json()
+    async def retrieve_conversation(conversation_id: str, owner: Owner) -> dict:
+        return (await existing(conversation_id, owner)).as_json()
 
     @router.post("/{conversation_id}")
-    async def update_conversation(conversation_id: str, body: ConversationUpdate) -> dict:
-        conversation = await existing(conversation_id)
-        updated = StoredConversation(conversation.id, conversation.created_at, body.metadata)
+    async def update_conversation(
+        conversation_id: str, body: ConversationUpdate, owner: Owner
+    ) -> dict:
+        conversation = await existing(conversation_id, owner)
+        updated = StoredConversation(
+            conversation.id, conversation.created_at, body.metadata, owner=owner
+        )
         await store.put_conversation(updated)
         return updated.as_json()
 
     @router.delete("/{conversation_id}")
-    async def delete_conversation(conversation_id: str) -> dict:
-        await existing(conversation_id)
+    async def delete_conversation(conversation_id: str, owner: Owner) -> dict:
+        await existing(conversation_id, owner)
         await store.delete_conversation(conversation_id)
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
     @router.get("/{conversation_id}/items")
     async def list_items(
         conversation_id: str,
+        owner: Owner,
         after: str | None = None,
         limit: int = Query(default=20, ge=1, le=100),
         order: Literal["asc", "desc"] = "desc",
     ) -> dict:
-        await existing(conversation_id)
+        await existing(conversation_id, owner)
         items = await store.conversation_items(conversation_id)
         return page(items if order == "asc" else items[::-1], after, limit)
 
     @router.post("/{conversation_id}/items")
-    async def add_items(conversation_id: str, body: ItemsCreate) -> dict:
-        await existing(conversation_id)
+    async def add_items(conversation_id: str, body: ItemsCreate, owner: Owner) -> dict:
+        await existing(conversation_id, owner)
         added = [stored_item(item) for item in body.items]
         await store.append_items(conversation_id, added)
         return {
@@ -97,16 +105,16 @@ def conversations_router(store: ResponseStore) -> APIRouter:
         }
 
     @router.get("/{conversation_id}/items/{item_id}")
-    async def retrieve_item(conversation_id: str, item_id: str) -> dict:
-        await existing(conversation_id)
+    async def retrieve_item(conversation_id: str, item_id: str, owner: Owner) -> dict:
+        await existing(conversation_id, owner)
         for item in await store.conversation_items(conversation_id):
             if item.get("id") == item_id:
                 return item
         raise NotFound(f"Item with id '{item_id}' not found.", param="item_id")
 
     @router.delete("/{conversation_id}/items/{item_id}")
-    async def delete_item(conversation_id: str, item_id: str) -> dict:
-        conversation = await existing(conversation_id)
+    async def delete_item(conversation_id: str, item_id: str, owner: Owner) -> dict:
+        conversation = await existing(conversation_id, owner)
         if not await store.delete_item(conversation_id, item_id):
             raise NotFound(f"Item with id '{item_id}' not found.", param="item_id")
         return conversation.as_json()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from serve_app.engines.base import GenerateChunk, GenerateRequest
+from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest
 
 
 class EngineClient(Protocol):
@@ -36,3 +36,20 @@ class HandleEngineClient:
                 # The client went away (or the ingress failed): cancel the engine call, which
                 # makes the engine replica abort the request and free its KV blocks.
                 response.cancel()
+
+
+class InProcessEngineClient:
+    """Runs an engine in the caller's process: the ingress app without Ray (tests, debugging)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        finished = False
+        try:
+            async for chunk in self._engine.generate(request):
+                yield chunk
+                finished = chunk.finish_reason is not None
+        finally:
+            if not finished:
+                await self._engine.abort(request.request_id)

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Literal
 
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from openai.types.responses import ResponseStreamEvent
@@ -30,6 +30,7 @@ from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import dump_response
 from serve_app.protocol.sse import encode_event
 from serve_app.serving import metrics
+from serve_app.serving.auth import ApiKeys, Owner, caller
 from serve_app.serving.background import BackgroundRunner
 from serve_app.serving.conversations import conversations_router
 from serve_app.serving.engine_client import EngineClient, HandleEngineClient
@@ -49,9 +50,11 @@ def create_api(
     vault: ReasoningVault,
     store: ResponseStore,
     replica_id: str = "local",
+    api_keys: ApiKeys | None = None,
 ) -> FastAPI:
     """The HTTP API, usable with any `EngineClient` (the Serve ingress passes a handle)."""
     api = FastAPI(title="serve_app", description="OpenAI Responses API for gpt-oss")
+    api.state.api_keys = api_keys or ApiKeys([])
 
     @api.middleware("http")
     async def name_the_replica(request: Request, call_next):
@@ -67,8 +70,8 @@ def create_api(
     created = int(time.time())
 
     @api.post("/v1/responses", response_model=None)
-    async def create_response(body: ResponsesRequest) -> Response:
-        turn = await service.prepare(body)
+    async def create_response(body: ResponsesRequest, owner: Owner) -> Response:
+        turn = await service.prepare(body, owner)
         if body.background:
             await background.start(turn)
             if body.stream:
@@ -86,15 +89,15 @@ def create_api(
         return JSONResponse(dump_response(response), status)
 
     @api.post("/v1/responses/input_tokens")
-    async def count_input_tokens(body: ResponsesRequest) -> dict:
-        prompt = await service.render(body)
+    async def count_input_tokens(body: ResponsesRequest, owner: Owner) -> dict:
+        prompt = await service.render(body, owner)
         return {"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)}
 
     @api.get("/v1/responses/{response_id}", response_model=None)
     async def retrieve_response(
-        response_id: str, stream: bool = False, starting_after: int = -1
+        response_id: str, owner: Owner, stream: bool = False, starting_after: int = -1
     ) -> dict | Response:
-        stored = await _stored(store, response_id)
+        stored = await _stored(store, response_id, owner)
         if not stream:
             return stored.response
         if not stored.response.get("background"):
@@ -105,14 +108,15 @@ def create_api(
         return _event_stream(background.stream(response_id, starting_after))
 
     @api.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str) -> dict:
+    async def delete_response(response_id: str, owner: Owner) -> dict:
+        await _stored(store, response_id, owner)
         if not await store.delete(response_id):
             raise _response_not_found(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     @api.post("/v1/responses/{response_id}/cancel")
-    async def cancel_response(response_id: str) -> dict:
-        stored = await _stored(store, response_id)
+    async def cancel_response(response_id: str, owner: Owner) -> dict:
+        stored = await _stored(store, response_id, owner)
         if not stored.response.get("background"):
             raise InvalidRequest("Only background responses can be cancelled.", param="response_id")
         if stored.response.get("status") not in ("queued", "in_progress"):
@@ -121,23 +125,24 @@ def create_api(
                 param="response_id",
             )
         await store.request_cancel(response_id)
-        return await _wait_until_settled(store, response_id)
+        return await _wait_until_settled(store, response_id, owner)
 
     @api.get("/v1/responses/{response_id}/input_items")
     async def list_input_items(
         response_id: str,
+        owner: Owner,
         after: str | None = None,
         limit: int = Query(default=20, ge=1, le=100),
         order: Literal["asc", "desc"] = "desc",
     ) -> dict:
-        items = (await _stored(store, response_id)).input_items
+        items = (await _stored(store, response_id, owner)).input_items
         return _page(items if order == "asc" else items[::-1], after, limit)
 
-    @api.get("/v1/models")
+    @api.get("/v1/models", dependencies=[Depends(caller)])
     async def list_models() -> dict:
         return {"object": "list", "data": [_model_card(name, created) for name in _names(args)]}
 
-    @api.get("/v1/models/{model:path}")
+    @api.get("/v1/models/{model:path}", dependencies=[Depends(caller)])
     async def get_model(model: str) -> dict:
         if model not in args.served_names():
             raise model_not_found(model)
@@ -168,12 +173,12 @@ def _event_stream(chunks: AsyncIterator[bytes]) -> StreamingResponse:
 
 
 async def _wait_until_settled(
-    store: ResponseStore, response_id: str, timeout_s: float = 10
+    store: ResponseStore, response_id: str, owner: str | None, timeout_s: float = 10
 ) -> dict:
     """The response once its runner has stopped it (or as it is when the wait runs out)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        stored = await _stored(store, response_id)
+        stored = await _stored(store, response_id, owner)
         if stored.response.get("status") not in ("queued", "in_progress"):
             return stored.response
         if time.monotonic() > deadline:
@@ -181,9 +186,9 @@ async def _wait_until_settled(
         await asyncio.sleep(0.1)
 
 
-async def _stored(store: ResponseStore, response_id: str) -> StoredResponse:
+async def _stored(store: ResponseStore, response_id: str, owner: str | None) -> StoredResponse:
     stored = await store.get(response_id)
-    if stored is None:
+    if stored is None or stored.owner != owner:  # another key's response is not found
         raise _response_not_found(response_id)
     return stored
 
@@ -239,6 +244,7 @@ class ResponsesIngress:
             ReasoningVault.from_env(),
             self._store,
             replica_id=serve.get_replica_context().replica_id.unique_id,
+            api_keys=ApiKeys.from_env(),
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:

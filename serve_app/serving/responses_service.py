@@ -48,6 +48,8 @@ class Turn:
     request: ResponsesRequest
     generate: GenerateRequest
     translator: ResponseStreamTranslator
+    # Who made the request (a digest of their API key; None when the API is open).
+    owner: str | None = None
     arrived_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
 
@@ -65,9 +67,9 @@ class ResponsesService:
         self._vault = vault
         self._store = store
 
-    async def prepare(self, request: ResponsesRequest) -> Turn:
+    async def prepare(self, request: ResponsesRequest, owner: str | None = None) -> Turn:
         """Everything that can reject the request happens here, before any event is sent."""
-        prompt = await self.render(request)
+        prompt = await self.render(request, owner)
         if request.background and not request.store:
             raise InvalidRequest(
                 "Background responses are stored: they need `store` true.", param="store"
@@ -99,9 +101,9 @@ class ResponsesService:
             _key_digest(key),
             extra={"response_id": response.id, "conversation": _key_digest(key)},
         )
-        return Turn(request=request, generate=generate, translator=translator)
+        return Turn(request=request, generate=generate, translator=translator, owner=owner)
 
-    async def render(self, request: ResponsesRequest) -> RenderedPrompt:
+    async def render(self, request: ResponsesRequest, owner: str | None = None) -> RenderedPrompt:
         """The prompt for a request: its stored history (if it continues one) and its input."""
         if request.model not in self._args.served_names():
             raise model_not_found(request.model)
@@ -111,24 +113,30 @@ class ResponsesService:
                     "Use `conversation` or `previous_response_id`, not both.",
                     param="conversation",
                 )
-            history = await self._conversation_history(request.conversation_id)
+            history = await self._conversation_history(request.conversation_id, owner)
         else:
-            history = await self._history(request.previous_response_id)
+            history = await self._history(request.previous_response_id, owner)
         return render_request(request, history=history, vault=self._vault)
 
-    async def _conversation_history(self, conversation_id: str) -> list[InputItem]:
-        if await self._store.get_conversation(conversation_id) is None:
+    async def _conversation_history(
+        self, conversation_id: str, owner: str | None
+    ) -> list[InputItem]:
+        conversation = await self._store.get_conversation(conversation_id)
+        if conversation is None or conversation.owner != owner:
             raise NotFound(
                 f"Conversation with id '{conversation_id}' not found.", param="conversation"
             )
         return _INPUT_ITEMS.validate_python(await self._store.conversation_items(conversation_id))
 
-    async def _history(self, previous_response_id: str | None) -> list[InputItem]:
+    async def _history(
+        self, previous_response_id: str | None, owner: str | None
+    ) -> list[InputItem]:
         """The stored conversation a request continues: each turn's input, then its output."""
         if previous_response_id is None:
             return []
         chain = await self._store.chain(previous_response_id)
-        if chain is None:
+        # Another key's responses are not found, as if they did not exist.
+        if chain is None or any(stored.owner != owner for stored in chain):
             raise NotFound(
                 f"Previous response with id '{previous_response_id}' not found.",
                 param="previous_response_id",
@@ -208,6 +216,7 @@ class ResponsesService:
             previous_response_id=request.previous_response_id,
             response=dump_response(turn.response),
             input_items=[stored_item(item) for item in request.input_items],
+            owner=turn.owner,
         )
         try:
             await self._store.put(stored)

@@ -15,6 +15,8 @@ class StoredResponse:
     response: dict[str, Any]
     # The request's input items as given, each with an id (minted where the client sent none).
     input_items: list[dict[str, Any]]
+    # A digest of the API key that created it (None when the API is open).
+    owner: str | None = None
 
     @property
     def output_items(self) -> list[dict[str, Any]]:
@@ -26,6 +28,7 @@ class StoredConversation:
     id: str
     created_at: int
     metadata: dict[str, str]
+    owner: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {

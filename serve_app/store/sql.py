@@ -45,6 +45,7 @@ class ResponseRow(_Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
     response_json: Mapped[str] = mapped_column(Text)
     input_items_json: Mapped[str] = mapped_column(Text)
+    owner: Mapped[str | None] = mapped_column(String(64))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
@@ -64,6 +65,7 @@ class ConversationRow(_Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
     metadata_json: Mapped[str] = mapped_column(Text)
+    owner: Mapped[str | None] = mapped_column(String(64))
 
 
 class ConversationItemRow(_Base):
@@ -100,6 +102,7 @@ class SqlResponseStore(ResponseStore):
             created_at=int(stored.response.get("created_at") or time.time()),
             response_json=json.dumps(stored.response),
             input_items_json=json.dumps(stored.input_items),
+            owner=stored.owner,
         )
         async with self._session() as session, session.begin():
             existing = await session.get(ResponseRow, stored.id)
@@ -117,6 +120,7 @@ class SqlResponseStore(ResponseStore):
             previous_response_id=row.previous_response_id,
             response=json.loads(row.response_json),
             input_items=json.loads(row.input_items_json),
+            owner=row.owner,
         )
 
     async def delete(self, response_id: str) -> bool:
@@ -162,6 +166,7 @@ class SqlResponseStore(ResponseStore):
             id=conversation.id,
             created_at=conversation.created_at,
             metadata_json=json.dumps(conversation.metadata),
+            owner=conversation.owner,
         )
         async with self._session() as session, session.begin():
             await session.merge(row)
@@ -171,7 +176,9 @@ class SqlResponseStore(ResponseStore):
             row = await session.get(ConversationRow, conversation_id)
         if row is None:
             return None
-        return StoredConversation(row.id, row.created_at, json.loads(row.metadata_json))
+        return StoredConversation(
+            row.id, row.created_at, json.loads(row.metadata_json), owner=row.owner
+        )
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         async with self._session() as session, session.begin():
