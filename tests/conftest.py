@@ -1,9 +1,9 @@
 """Session fixtures: the app runs once per test session, exactly as users start it.
 
-`serve run` is given configs/local.yaml with four changes only: a free port, the scripted
+`serve run` is given configs/local.yaml with five changes only: a free port, the scripted
 engine turns in tests/fixtures/engine_script.yaml, two replicas of each deployment (so
-routing and the shared store are tested) and a response store in the session's temp
-folder. One Ray start-up serves every app test.
+routing and the shared store are tested), small engine limits (so overload is reachable) and
+a response store in the session's temp folder. One Ray start-up serves every app test.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from tests.helpers import REPO
 ENGINE_SCRIPT = REPO / "tests" / "fixtures" / "engine_script.yaml"
 STARTUP_TIMEOUT_S = 180
 REPLICAS = 2  # of the ingress and of the engine
+ENGINE_MAX_ONGOING = 8
+ENGINE_MAX_QUEUED = 4  # per ingress replica (each holds its own handle)
 # The app's response store: "sqlite" (a file) or "postgresql" (a throwaway local server).
 STORE_BACKEND = os.environ.get("SERVE_APP_TEST_STORE", "sqlite")
 
@@ -45,6 +47,9 @@ def _test_config(tmp: Path, port: int, store_url: str) -> Path:
     app["args"]["store"] = {"url": store_url}
     for deployment in app["deployments"]:
         deployment["num_replicas"] = REPLICAS
+        if deployment["name"] == "EngineDeployment":  # small, so overload is reachable
+            deployment["max_ongoing_requests"] = ENGINE_MAX_ONGOING
+            deployment["max_queued_requests"] = ENGINE_MAX_QUEUED
     path = tmp / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

@@ -35,7 +35,7 @@ from serve_app.serving.background import BackgroundRunner
 from serve_app.serving.conversations import conversations_router
 from serve_app.serving.engine_client import EngineClient, HandleEngineClient
 from serve_app.serving.pagination import page as _page
-from serve_app.serving.responses_service import ResponsesService
+from serve_app.serving.responses_service import RATE_LIMITED, RETRY_AFTER_S, ResponsesService
 from serve_app.store.base import ResponseStore, StoredResponse
 from serve_app.store.sql import SqlResponseStore
 
@@ -80,13 +80,9 @@ def create_api(
         if body.stream:
             return _event_stream(_sse(service.events(turn)))
         response = await service.run(turn)
-        status = 500 if response.status == "failed" else 200
-        if status == 500 and response.error is not None:
-            body_json = error_body(
-                response.error.message, "server_error", None, response.error.code
-            )
-            return JSONResponse(body_json, status_code=500)
-        return JSONResponse(dump_response(response), status)
+        if response.status == "failed" and response.error is not None:
+            return _failure(response.error.message, response.error.code)
+        return JSONResponse(dump_response(response))
 
     @api.post("/v1/responses/input_tokens")
     async def count_input_tokens(body: ResponsesRequest, owner: Owner) -> dict:
@@ -162,6 +158,17 @@ def create_api(
 async def _sse(events: AsyncIterator[ResponseStreamEvent]) -> AsyncIterator[bytes]:
     async for event in events:
         yield encode_event(event)
+
+
+def _failure(message: str, code: str) -> JSONResponse:
+    """A non-streaming response that failed, as the HTTP error a client can act on."""
+    if code == RATE_LIMITED:
+        return JSONResponse(
+            error_body(message, "rate_limit_error", None, code),
+            status_code=429,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    return JSONResponse(error_body(message, "server_error", None, code), status_code=500)
 
 
 def _event_stream(chunks: AsyncIterator[bytes]) -> StreamingResponse:

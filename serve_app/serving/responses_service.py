@@ -15,6 +15,7 @@ from typing import Any
 
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
+from ray.serve.exceptions import BackPressureError
 
 from serve_app.config import AppArgs
 from serve_app.engines.base import GenerateRequest, SamplingSettings
@@ -39,6 +40,8 @@ from serve_app.store.base import ResponseStore, StoredResponse
 logger = logging.getLogger(__name__)
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
+RATE_LIMITED = "rate_limit_exceeded"
+RETRY_AFTER_S = 1
 
 
 @dataclass
@@ -189,6 +192,14 @@ class ResponsesService:
                     break
             if not terminal:
                 terminal = translator.fail("The engine stream ended early.", "server_error")
+        except BackPressureError:
+            # Every engine replica is full and the queue too. Codex retries this code after
+            # the delay the message names; non-streaming callers get 429 with Retry-After.
+            logger.warning("response %s: engines at capacity", turn.response.id)
+            terminal = translator.fail(
+                f"The engines are at capacity. Please try again in {RETRY_AFTER_S}s.",
+                RATE_LIMITED,
+            )
         except Exception as exc:  # a replica died or the handle failed: never hang the client
             logger.exception("response %s: engine call failed", turn.response.id)
             terminal = translator.fail(f"The engine failed: {type(exc).__name__}", "server_error")
