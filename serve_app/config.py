@@ -31,6 +31,16 @@ class StoreConfig(BaseModel):
     url: str = Field(default_factory=_default_store_url)
 
 
+class Limits(BaseModel):
+    """What one request may carry; beyond it the answer is a 4xx, never a crash or a hang."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    max_input_items: int = Field(default=4096, gt=0)
+    max_tools: int = Field(default=512, gt=0)
+
+
 class AppArgs(BaseModel):
     """What ``serve_app.app:build_app`` takes (validated by Ray Serve from the YAML ``args``)."""
 
@@ -41,6 +51,7 @@ class AppArgs(BaseModel):
     model_aliases: list[str] = Field(default_factory=list)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    limits: Limits = Field(default_factory=Limits)
     # Context window of the model: prompt + output tokens.
     max_context_tokens: int = Field(default=131072, gt=0)
     # Used when a request sets no max_output_tokens (bounded by what the context leaves).

@@ -268,3 +268,17 @@ def test_validation_errors_name_the_offending_param(body, param) -> None:
     assert error.param == param
     assert error.status_code == 400
     assert error.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_tool_schema_too_deep_for_harmony_is_a_400() -> None:
+    nested: object = {"type": "string"}
+    for _ in range(80):
+        nested = {"type": "object", "properties": {"a": nested}}
+    body = {
+        "model": "m",
+        "input": "hi",
+        "tools": [{"type": "function", "name": "deep", "parameters": nested}],
+    }
+    with pytest.raises(InvalidRequest) as caught:
+        render_text(body)
+    assert caught.value.status_code == 400

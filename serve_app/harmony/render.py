@@ -26,6 +26,7 @@ from openai_harmony import (
     Author,
     Conversation,
     DeveloperContent,
+    HarmonyError,
     Message,
     ReasoningEffort,
     RenderConversationConfig,
@@ -89,11 +90,16 @@ def render_request(
         *_developer_message(request, leading, tools),
         *_history_messages(rest, tools, vault),
     ]
-    token_ids = get_encoding().render_conversation_for_completion(
-        Conversation.from_messages(messages),
-        Role.ASSISTANT,
-        RenderConversationConfig(auto_drop_analysis=False),
-    )
+    try:
+        token_ids = get_encoding().render_conversation_for_completion(
+            Conversation.from_messages(messages),
+            Role.ASSISTANT,
+            RenderConversationConfig(auto_drop_analysis=False),
+        )
+    except (ValueError, HarmonyError) as error:
+        # Only client content can make rendering fail (e.g. a tool schema nested deeper than
+        # harmony's JSON parser goes): the request is at fault, not the server.
+        raise InvalidRequest(f"The request cannot be rendered for the model: {error}") from error
     return RenderedPrompt(token_ids=token_ids, tools=tools)
 
 

@@ -57,6 +57,15 @@ def create_api(
     api.state.api_keys = api_keys or ApiKeys([])
 
     @api.middleware("http")
+    async def limit_body_size(request: Request, call_next):
+        # Refuse oversize bodies before reading them (Content-Length), as OpenAI does.
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > args.limits.max_body_bytes:
+            message = f"Request body too large: at most {args.limits.max_body_bytes} bytes."
+            return JSONResponse(error_body(message, "invalid_request_error"), status_code=413)
+        return await call_next(request)
+
+    @api.middleware("http")
     async def name_the_replica(request: Request, call_next):
         # Which ingress replica answered: for logs and debugging, and tests of shared state.
         response = await call_next(request)

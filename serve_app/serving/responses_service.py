@@ -110,6 +110,7 @@ class ResponsesService:
         """The prompt for a request: its stored history (if it continues one) and its input."""
         if request.model not in self._args.served_names():
             raise model_not_found(request.model)
+        self._check_limits(request)
         if request.conversation_id is not None:
             if request.previous_response_id is not None:
                 raise InvalidRequest(
@@ -120,6 +121,15 @@ class ResponsesService:
         else:
             history = await self._history(request.previous_response_id, owner)
         return render_request(request, history=history, vault=self._vault)
+
+    def _check_limits(self, request: ResponsesRequest) -> None:
+        limits = self._args.limits
+        if len(request.input_items) > limits.max_input_items:
+            raise InvalidRequest(
+                f"Too many input items: at most {limits.max_input_items}.", param="input"
+            )
+        if len(request.tools) > limits.max_tools:
+            raise InvalidRequest(f"Too many tools: at most {limits.max_tools}.", param="tools")
 
     async def _conversation_history(
         self, conversation_id: str, owner: str | None
