@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import httpx
@@ -168,6 +169,19 @@ def test_stored_responses_survive_an_ingress_restart(ray_address: str, client: O
                 raise
             time.sleep(1)
     assert fetched.output_text == "Hello from the scripted engine."
+    wait_for_ingress_replicas(client, 2)
+
+
+def wait_for_ingress_replicas(client: OpenAI, count: int, timeout_s: float = 120) -> None:
+    """Leave the app as found: every ingress replica back and answering."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < count:
+        assert time.monotonic() < deadline, f"only {len(seen)} ingress replicas came back"
+        # A replica still starting may refuse the connection or answer 503.
+        with contextlib.suppress(openai.APIConnectionError, openai.InternalServerError):
+            seen.add(client.models.with_raw_response.list().headers["x-serve-app-replica"])
+        time.sleep(0.2)
 
 
 def wait_status(client: OpenAI, response_id: str, timeout_s: float = 30):
