@@ -120,9 +120,25 @@ def _gcs_address(serve_run_pid: int) -> str:
 
 
 @pytest.fixture(scope="session")
-def ray_address(app_url: str, _serve_run: subprocess.Popen) -> str:
-    """The GCS address of the app's Ray cluster, to check a ``ray.init`` joined the right one."""
-    return _gcs_address(_serve_run.pid)
+def app_cluster(app_url: str, _serve_run: subprocess.Popen) -> Iterator[None]:
+    """This test process joined to the app's Ray cluster, to look inside or break replicas."""
+    import ray
+
+    # "auto" is the newest cluster on this machine: make sure it is the app's.
+    ray.init(address="auto", logging_level="ERROR")
+    expected = _gcs_address(_serve_run.pid)
+    if ray.get_runtime_context().gcs_address != expected:
+        ray.shutdown()
+        pytest.fail(f"another Ray cluster was started after the test app's ({expected})")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engine_handle(app_cluster: None):
+    from ray import serve
+
+    return serve.get_deployment_handle("EngineDeployment", app_name="serve_app")
 
 
 def _wait_healthy(url: str, process: subprocess.Popen, log_path: Path) -> None:

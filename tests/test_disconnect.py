@@ -5,22 +5,6 @@ from __future__ import annotations
 import time
 
 import httpx
-import pytest
-import ray
-from ray import serve
-
-
-@pytest.fixture(scope="module")
-def engine_handle(ray_address: str):
-    # Join the cluster `serve run` started, to ask the engine replica what it is running.
-    # "auto" is the newest cluster on this machine; make sure it is the app's.
-    ray.init(address="auto", logging_level="ERROR")
-    if ray.get_runtime_context().gcs_address != ray_address:
-        ray.shutdown()
-        pytest.fail(f"another Ray cluster was started after the test app's ({ray_address})")
-    yield serve.get_deployment_handle("EngineDeployment", app_name="serve_app")
-    ray.shutdown()
-
 
 KEY = "disconnect-test-conversation"
 

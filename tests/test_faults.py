@@ -9,21 +9,10 @@ import time
 import httpx
 import pytest
 import ray
-from ray import serve
 
 pytestmark = pytest.mark.faults
 KEY = "fault-test-conversation"
 MODEL = "gpt-oss-120b"
-
-
-@pytest.fixture(scope="module")
-def engine_handle(ray_address: str):
-    ray.init(address="auto", logging_level="ERROR")
-    if ray.get_runtime_context().gcs_address != ray_address:
-        ray.shutdown()
-        pytest.fail(f"another Ray cluster was started after the test app's ({ray_address})")
-    yield serve.get_deployment_handle("EngineDeployment", app_name="serve_app")
-    ray.shutdown()
 
 
 def engine_replica_actors() -> list[dict]:

@@ -144,21 +144,16 @@ def test_cancel_of_a_foreground_response_is_rejected(app_url: str, client: OpenA
     assert httpx.post(f"{app_url}/v1/responses/resp_nope/cancel", timeout=30).status_code == 404
 
 
-def test_stored_responses_survive_an_ingress_restart(ray_address: str, client: OpenAI) -> None:
+def test_stored_responses_survive_an_ingress_restart(app_cluster: None, client: OpenAI) -> None:
     created = client.responses.create(model=MODEL, input="SDK-TEXT: remember me")
-    ray.init(address="auto", logging_level="ERROR")
-    try:
-        assert ray.get_runtime_context().gcs_address == ray_address
-        names = [
-            actor
-            for actor in ray.util.list_named_actors(all_namespaces=True)
-            if "ResponsesIngress" in actor["name"]
-        ]
-        assert names, "no ingress replica found"
-        for actor in names:
-            ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
-    finally:
-        ray.shutdown()
+    names = [
+        actor
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if "ResponsesIngress" in actor["name"]
+    ]
+    assert names, "no ingress replica found"
+    for actor in names:
+        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
     deadline = time.monotonic() + 60
     while True:  # Serve replaces the killed replica; the store is the SQLite file on disk
         try:
