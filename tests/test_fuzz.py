@@ -19,6 +19,7 @@ from openai.types.responses import Response
 from serve_app.config import AppArgs, Limits
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.protocol.requests import INPUT_ITEM_TYPES
 from serve_app.serving.engine_client import InProcessEngineClient
 from serve_app.serving.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
@@ -88,19 +89,7 @@ json_values = st.recursive(
     ),
     max_leaves=40,
 )
-ITEM_TYPES = [
-    "message",
-    "reasoning",
-    "function_call",
-    "function_call_output",
-    "custom_tool_call",
-    "custom_tool_call_output",
-    "item_reference",
-    "web_search_call",
-    "compaction",
-    "nonsense",
-    "",
-]
+ITEM_TYPES = [*INPUT_ITEM_TYPES, "web_search_call", "compaction", "nonsense", ""]
 items = st.fixed_dictionaries(
     {"type": st.sampled_from(ITEM_TYPES)},
     optional={
