@@ -7,8 +7,11 @@ message), so a hash of that prefix keeps a conversation on one replica too.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
+
+from serve_app.harmony.encoding import get_encoding
 
 START_TOKEN = 200006  # <|start|>
 END_TOKEN = 200007  # <|end|>
@@ -30,11 +33,14 @@ def prefix_digest(prompt_token_ids: Sequence[int]) -> str:
     return digest.hexdigest()
 
 
+@functools.cache
+def _user_tokens() -> list[int]:
+    return get_encoding().encode("user", allowed_special="all")
+
+
 def _end_of_first_user_message(token_ids: Sequence[int]) -> int:
     """Index just past the first user message's ``<|end|>`` (or the whole prompt)."""
-    from serve_app.harmony.encoding import get_encoding
-
-    user_tokens = get_encoding().encode("user", allowed_special="all")
+    user_tokens = _user_tokens()
     for index, token in enumerate(token_ids):
         if token == START_TOKEN and list(token_ids[index + 1 : index + 1 + len(user_tokens)]) == (
             user_tokens
