@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, SHARED_CODEX
+from tests.helpers import REPO
 
 CODEX_DIR = REPO / "tests" / "codex"
-CATALOG = SHARED_CODEX / "gpt_oss_catalog.json"
+CATALOG = REPO / "configs" / "codex" / "gpt_oss_catalog.json"  # the copy users are told to use
 pytestmark = pytest.mark.codex
 
 
