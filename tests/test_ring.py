@@ -63,6 +63,20 @@ def test_an_overloaded_owner_spills_to_the_next_replica_on_the_ring() -> None:
     assert choice.spilled and choice.replica == walk[1]
 
 
+def test_at_low_load_the_owner_keeps_its_keys_up_to_the_floor() -> None:
+    """A few requests in flight: c x mean is tiny, the floor keeps the conversation home."""
+    ring = HashRing(REPLICAS)
+    key = KEYS[0]
+    owner = ring.owner(key)
+    loads = {owner: 3}  # 3 in flight over 8 replicas: c x mean alone would allow 1
+    assert load_bound(loads, REPLICAS, 1.25, min_bound=0) == 1
+    assert choose_bounded(ring, key, loads, min_bound=0).spilled
+    choice = choose_bounded(ring, key, loads, min_bound=4)
+    assert choice.replica == owner and not choice.spilled
+    loads[owner] = 4  # the floor is reached: the next one spills
+    assert choose_bounded(ring, key, loads, min_bound=4).spilled
+
+
 def test_the_bound_holds_for_hot_keys() -> None:
     """Many requests of a few conversations at once never push a replica past c x mean."""
     ring = HashRing(REPLICAS)
@@ -84,4 +98,6 @@ def test_invalid_settings_are_rejected() -> None:
         HashRing(REPLICAS, virtual_nodes=0)
     with pytest.raises(ValueError):
         choose_bounded(HashRing(REPLICAS), "k", {}, load_factor=0.9)
+    with pytest.raises(ValueError):
+        choose_bounded(HashRing(REPLICAS), "k", {}, min_bound=-1)
     assert choose_bounded(HashRing(), "k", {}) is None

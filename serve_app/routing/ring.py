@@ -2,9 +2,12 @@
 
 A key goes to the first replica clockwise from its hash on the ring (its owner), unless that
 replica already carries more than ``load_factor`` times the mean load; then to the next
-replica on the ring that is under the bound. Affinity holds while load is even, no replica
-is overloaded by hot keys, and adding or removing one of N replicas moves about 1/N of the
-keys (only those whose owner changed).
+replica on the ring that is under the bound. The bound never drops below ``min_bound``
+ongoing requests: a batching engine is barely slowed by a few more sequences, while a spill
+costs a whole prefill on a replica that holds none of the conversation, so at low load
+affinity wins (the same idea as SGLang's ``balance_abs_threshold``). Affinity holds while
+load is even, no replica is overloaded by hot keys, and adding or removing one of N replicas
+moves about 1/N of the keys (only those whose owner changed).
 
 Pure Python, no Ray: the request router wraps it, tests and the routing benchmark use it as is.
 """
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 
 DEFAULT_VIRTUAL_NODES = 160
 DEFAULT_LOAD_FACTOR = 1.25
+DEFAULT_MIN_BOUND = 4
 
 
 def _position(text: str) -> int:
@@ -72,17 +76,29 @@ class HashRing:
         return next(self.walk(key), None)
 
 
+def validate_bounds(load_factor: float, min_bound: int) -> None:
+    if load_factor < 1:
+        raise ValueError("load_factor must be at least 1")
+    if min_bound < 0:
+        raise ValueError("min_bound must not be negative")
+
+
 @dataclass(frozen=True)
 class Choice:
     replica: str
     spilled: bool  # False when the ring owner took it
 
 
-def load_bound(loads: Mapping[str, int], members: Iterable[str], load_factor: float) -> int:
+def load_bound(
+    loads: Mapping[str, int],
+    members: Iterable[str],
+    load_factor: float,
+    min_bound: int = DEFAULT_MIN_BOUND,
+) -> int:
     """Most requests a replica may hold, counting the one being placed."""
     members = list(members)
     total = sum(loads.get(member, 0) for member in members) + 1
-    return max(1, math.ceil(load_factor * total / len(members)))
+    return max(1, min_bound, math.ceil(load_factor * total / len(members)))
 
 
 def choose_bounded(
@@ -90,13 +106,13 @@ def choose_bounded(
     key: str,
     loads: Mapping[str, int],
     load_factor: float = DEFAULT_LOAD_FACTOR,
+    min_bound: int = DEFAULT_MIN_BOUND,
 ) -> Choice | None:
     """The replica for ``key``: its owner, or the next one on the ring under the load bound."""
-    if load_factor < 1:
-        raise ValueError("load_factor must be at least 1")
+    validate_bounds(load_factor, min_bound)
     if not ring.members:
         return None
-    bound = load_bound(loads, ring.members, load_factor)
+    bound = load_bound(loads, ring.members, load_factor, min_bound)
     owner = None
     for replica in ring.walk(key):
         owner = owner or replica

@@ -8,7 +8,7 @@ event loop. Configure it in the Serve config:
 
     request_router_config:
       request_router_class: serve_app.routing.router.PrefixAffinityRouter
-      request_router_kwargs: {load_factor: 1.25}
+      request_router_kwargs: {load_factor: 1.25, min_bound: 4}
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from ray.serve._private.request_router.request_router import RequestRouter
 from serve_app.routing import metrics
 from serve_app.routing.ring import (
     DEFAULT_LOAD_FACTOR,
+    DEFAULT_MIN_BOUND,
     DEFAULT_VIRTUAL_NODES,
     HashRing,
     choose_bounded,
+    validate_bounds,
 )
 
 logger = logging.getLogger(__name__)
@@ -40,17 +42,21 @@ class PrefixAffinityRouter(RequestRouter):
     def initialize_state(
         self,
         load_factor: float = DEFAULT_LOAD_FACTOR,
+        min_bound: int = DEFAULT_MIN_BOUND,
         virtual_nodes: int = DEFAULT_VIRTUAL_NODES,
         **unknown: Any,
     ) -> None:
         if unknown:
             raise ValueError(f"unknown PrefixAffinityRouter options: {sorted(unknown)}")
-        if load_factor < 1:
-            raise ValueError("load_factor must be at least 1")
+        validate_bounds(load_factor, min_bound)
         self._load_factor = load_factor
+        self._min_bound = min_bound
         self._ring = HashRing(virtual_nodes=virtual_nodes)
         logger.info(
-            "PrefixAffinityRouter: load_factor=%s virtual_nodes=%s", load_factor, virtual_nodes
+            "PrefixAffinityRouter: load_factor=%s min_bound=%s virtual_nodes=%s",
+            load_factor,
+            min_bound,
+            virtual_nodes,
         )
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
@@ -76,7 +82,7 @@ class PrefixAffinityRouter(RequestRouter):
             metrics.ROUTING_DECISIONS.labels("no_key").inc()
             least_loaded = min(by_id, key=lambda unique_id: loads.get(unique_id, 0))
             return [[by_id[least_loaded]]]
-        choice = choose_bounded(self._ring, key, loads, self._load_factor)
+        choice = choose_bounded(self._ring, key, loads, self._load_factor, self._min_bound)
         if choice is None or choice.replica not in by_id:
             # The chosen replica is full or not yet known to the ring: walk on to one with room.
             ranked = [unique_id for unique_id in self._ring.walk(key) if unique_id in by_id]
