@@ -63,6 +63,12 @@ def test_an_overloaded_owner_spills_to_the_next_replica_on_the_ring() -> None:
     assert choice.spilled and choice.replica == walk[1]
 
 
+def test_the_bound_is_c_times_the_mean_not_rounded_up() -> None:
+    loads = {replica: 3 for replica in REPLICAS[:5]}  # 15 in flight, 16 with the new one
+    assert load_bound(loads, REPLICAS, 1.25, min_bound=0) == 2.5  # a replica may hold 2
+    assert load_bound({}, REPLICAS, 1.25, min_bound=0) == 1  # the mean rounded up: room
+
+
 def test_at_low_load_the_owner_keeps_its_keys_up_to_the_floor() -> None:
     """A few requests in flight: c x mean is tiny, the floor keeps the conversation home."""
     ring = HashRing(REPLICAS)

@@ -94,11 +94,14 @@ def load_bound(
     members: Iterable[str],
     load_factor: float,
     min_bound: int = DEFAULT_MIN_BOUND,
-) -> int:
-    """Most requests a replica may hold, counting the one being placed."""
+) -> float:
+    """Most requests a replica may hold, counting the one being placed: ``load_factor`` times
+    the mean, but never under the mean rounded up (so some replica always has room) nor under
+    ``min_bound``. Not rounded up itself: at a mean of 2.6 and c = 1.25 a replica may hold 3,
+    not ceil(3.25) = 4, which would let one replica carry 1.5 times the mean."""
     members = list(members)
-    total = sum(loads.get(member, 0) for member in members) + 1
-    return max(1, min_bound, math.ceil(load_factor * total / len(members)))
+    mean = (sum(loads.get(member, 0) for member in members) + 1) / len(members)
+    return max(min_bound, math.ceil(mean), load_factor * mean)
 
 
 def choose_bounded(
@@ -118,6 +121,6 @@ def choose_bounded(
         owner = owner or replica
         if loads.get(replica, 0) + 1 <= bound:
             return Choice(replica, spilled=replica != owner)
-    # Unreachable for load_factor >= 1 (some replica is at or under the mean); kept total.
+    # Unreachable: the least loaded replica is under the mean rounded up. Kept total.
     assert owner is not None
     return Choice(owner, spilled=False)
