@@ -1,0 +1,444 @@
+"""Routing benchmark: which engine replica each Codex turn lands on, and what that costs.
+
+Replays one multi-turn Codex-like trace (loadtests/traces.py) against the engine deployment
+with the simulated engine, once per request router, on the same replica count:
+
+- ``ray-pow2``: Ray Serve's default router (power of two choices on queue length);
+- ``ray-consistent-hash``: Ray's experimental ``ConsistentHashRouter`` on ``session_id``;
+- ``ray-prefix-aware``: Ray Serve LLM's ``PrefixCacheAffinityRouter``, made to see the prompt
+  (it matches text; here each prompt token id becomes one character, so it matches tokens);
+- ``serve_app-mbN``: ours (``serve_app.routing.router.PrefixAffinityRouter``, bounded load,
+  ``min_bound`` N; several with ``--min-bound 4 0``);
+- ``oracle``: one infinite prefix cache and no queueing (an upper bound, computed, not run).
+
+The trace is replayed through the deployment's handle, exactly as the ingress calls it (same
+prompts rendered with harmony, same routing key), so the numbers are the router's and the
+simulated engine's, not HTTP's. Mid-run one replica is added and later one removed, to count
+the sessions whose replica changes. Printed per router:
+
+- hit rate: prompt tokens served from the prefix cache / prompt tokens (token-weighted);
+- TTFT p50/p90: first token as the caller sees it, from the simulated engine's time model
+  (serialized prefill of uncached tokens, then decode) plus Ray's handle overhead;
+- max/mean load: request-seconds per replica while the replica count is steady;
+- moved: share of consecutive turns of a session on different replicas, away from scaling;
+- remap +1 / -1: share of sessions active across a scale event whose replica changed.
+
+    python loadtests/bench_routing.py --min-bound 4 0  # ~13 minutes on 2 cores
+    python loadtests/bench_routing.py --sessions 40  # a quick look
+
+This is a benchmark, not a test: it prints numbers and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import serve
+from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import (
+    PrefixCacheAffinityRouter,
+)
+from ray.serve._private.request_router.common import PendingRequest
+from ray.serve.config import RequestRouterConfig
+
+from serve_app.config import EngineConfig
+from serve_app.engines.base import GenerateRequest, SamplingSettings
+from serve_app.engines.prefix_cache import PrefixKVCache
+from serve_app.engines.simulated import SimulatedEngineConfig
+from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
+from serve_app.harmony.render import render_request
+from serve_app.protocol.requests import ResponsesRequest
+from serve_app.routing.keys import routing_key
+from serve_app.routing.ring import DEFAULT_LOAD_FACTOR, DEFAULT_MIN_BOUND
+from serve_app.serving.engine_client import HandleEngineClient
+from serve_app.serving.engine_deployment import EngineDeployment
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import itertools
+
+from traces import Session, generate
+
+MODEL = "gpt-oss-120b"
+RENDER_TIME = datetime(2026, 1, 1, tzinfo=UTC)  # the same system message on every replay
+# Prompt token ids as characters for Ray's text-matching router: private-use plane and up,
+# clear of the surrogates, one character per token.
+TOKEN_CHAR_BASE = 0xE000
+
+
+class TokenPrefixCacheAffinityRouter(PrefixCacheAffinityRouter):
+    """Ray Serve LLM's prefix-aware router, shown our requests' token ids as text."""
+
+    def _extract_text_from_request(self, pending_request: PendingRequest) -> str:
+        request = pending_request.args[0]
+        return "".join(chr(TOKEN_CHAR_BASE + token) for token in request.prompt_token_ids)
+
+
+ROUTERS: dict[str, RequestRouterConfig | None] = {
+    "ray-pow2": None,
+    "ray-consistent-hash": RequestRouterConfig(
+        request_router_class="ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"
+    ),
+    "ray-prefix-aware": RequestRouterConfig(request_router_class=TokenPrefixCacheAffinityRouter),
+    "serve_app": None,  # one run per --min-bound value, named serve_app-mbN
+}
+
+
+@dataclass(frozen=True)
+class Turn:
+    session_id: str
+    index: int
+    token_ids: list[int]
+    max_output_tokens: int
+    routing_key: str
+
+
+@dataclass
+class Served:
+    turn: Turn
+    started: float
+    first_token: float
+    ended: float
+    replica: str
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class ScaleEvent:
+    name: str  # "+1" or "-1"
+    began: float
+    done: float
+
+
+def render_turns(session: Session) -> list[Turn]:
+    turns = []
+    for index, turn in enumerate(session.turns):
+        body = {
+            "model": MODEL,
+            "input": session.turn_input(index),
+            "tools": session.tools,
+            "prompt_cache_key": session.session_id,
+        }
+        request = ResponsesRequest.model_validate(body)
+        token_ids = render_request(request, now=RENDER_TIME).token_ids
+        key = routing_key(request.prompt_cache_key, token_ids)
+        turns.append(Turn(session.session_id, index, token_ids, turn["max_output_tokens"], key))
+    return turns
+
+
+def app_name(router_name: str) -> str:
+    # One app name per router: a process keeps one router per deployment, so reusing a name
+    # would route a later replay with the first replay's router.
+    return f"routing-bench-{router_name}"
+
+
+def deploy(name: str, replicas: int, engine: EngineConfig):
+    options: dict[str, Any] = {
+        "num_replicas": replicas,
+        "max_ongoing_requests": 64,
+        "ray_actor_options": {"num_cpus": 0.01},
+    }
+    if ROUTERS[name] is not None:
+        options["request_router_config"] = ROUTERS[name]
+    deployment = EngineDeployment.options(**options)
+    # A fixed code version, so a later call changing only num_replicas is a light update that
+    # keeps the running replicas, as a config deploy is. serve.run otherwise draws a random
+    # version each call and replaces them all. (Private attribute: Serve has no public one.)
+    deployment._version = "routing-bench"
+    return serve.run(deployment.bind(engine), name=app_name(name), route_prefix=None)
+
+
+async def serve_turn(client: HandleEngineClient, turn: Turn) -> Served:
+    request = GenerateRequest(
+        request_id=f"bench-{uuid.uuid4().hex}",
+        prompt_token_ids=turn.token_ids,
+        sampling=SamplingSettings(
+            max_tokens=turn.max_output_tokens, stop_token_ids=(RETURN_TOKEN, CALL_TOKEN)
+        ),
+        session_id=turn.routing_key,
+    )
+    started = time.monotonic()
+    first_token = 0.0
+    replica, prompt_tokens, cached_tokens = "", 0, 0
+    async for chunk in client.stream(request):
+        replica = replica or chunk.replica or ""
+        prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
+        cached_tokens = max(cached_tokens, chunk.num_cached_tokens)
+        if chunk.token_ids and not first_token:
+            first_token = time.monotonic()
+        if chunk.error:
+            raise RuntimeError(chunk.error)
+    return Served(
+        turn, started, first_token, time.monotonic(), replica, prompt_tokens, cached_tokens
+    )
+
+
+async def play_session(
+    client: HandleEngineClient,
+    session: Session,
+    turns: list[Turn],
+    t0: float,
+    time_scale: float,
+    served: list[Served],
+) -> None:
+    await asyncio.sleep(max(0.0, t0 + session.start_s * time_scale - time.monotonic()))
+    for trace_turn, turn in zip(session.turns, turns, strict=True):
+        await asyncio.sleep(trace_turn["think_s"] * time_scale)
+        served.append(await serve_turn(client, turn))
+
+
+async def scale_mid_run(
+    name: str,
+    replicas: int,
+    engine: EngineConfig,
+    t0: float,
+    at_s: tuple[float, float],
+    events: list[ScaleEvent],
+) -> None:
+    """One replica added at ``at_s[0]`` seconds into the run, one removed at ``at_s[1]``."""
+    for event_name, when, count in (("+1", at_s[0], replicas + 1), ("-1", at_s[1], replicas)):
+        await asyncio.sleep(max(0.0, t0 + when - time.monotonic()))
+        began = time.monotonic()
+        # serve.run with only num_replicas changed is a light update: other replicas stay.
+        await asyncio.to_thread(deploy, name, count, engine)
+        events.append(ScaleEvent(event_name, began, time.monotonic()))
+
+
+async def replay(
+    name: str,
+    sessions: list[Session],
+    rendered: dict[str, list[Turn]],
+    args: argparse.Namespace,
+    engine: EngineConfig,
+) -> tuple[list[Served], list[ScaleEvent]]:
+    handle = deploy(name, args.replicas, engine)
+    client = HandleEngineClient(handle)
+    served: list[Served] = []
+    events: list[ScaleEvent] = []
+    arrivals_s = sessions[-1].start_s * args.time_scale
+    t0 = time.monotonic()
+    scaling = asyncio.create_task(
+        scale_mid_run(name, args.replicas, engine, t0, (0.4 * arrivals_s, 0.7 * arrivals_s), events)
+    )
+    await asyncio.gather(
+        *(
+            play_session(client, s, rendered[s.session_id], t0, args.time_scale, served)
+            for s in sessions
+        )
+    )
+    await scaling
+    serve.delete(app_name(name))
+    return served, events
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def hit_rate(served: list[Served]) -> float:
+    return sum(s.cached_tokens for s in served) / sum(s.prompt_tokens for s in served)
+
+
+def load_imbalance(served: list[Served], until: float) -> float:
+    """Max over mean of request-seconds per replica, for turns begun before ``until``."""
+    busy: Counter[str] = Counter()
+    for s in served:
+        if s.started < until:
+            busy[s.replica] += s.ended - s.started
+    return max(busy.values()) / statistics.mean(busy.values())
+
+
+def by_session(served: list[Served]) -> dict[str, list[Served]]:
+    sessions: dict[str, list[Served]] = defaultdict(list)
+    for s in sorted(served, key=lambda s: s.started):
+        sessions[s.turn.session_id].append(s)
+    return sessions
+
+
+def moved_share(served: list[Served], events: list[ScaleEvent], settle_s: float) -> float:
+    """Consecutive turns of a session on different replicas, neither near a scale event."""
+
+    def near_event(s: Served) -> bool:
+        return any(e.began - settle_s <= s.started <= e.done + settle_s for e in events)
+
+    pairs = moved = 0
+    for turns in by_session(served).values():
+        for before, after in itertools.pairwise(turns):
+            if near_event(before) or near_event(after):
+                continue
+            pairs += 1
+            moved += before.replica != after.replica
+    return moved / pairs if pairs else float("nan")
+
+
+def remap_share(served: list[Served], event: ScaleEvent, settle_s: float) -> float:
+    """Sessions with a turn before the event and one after it settled: replica changed?"""
+    changed = total = 0
+    for turns in by_session(served).values():
+        before = [s for s in turns if s.started < event.began]
+        after = [s for s in turns if s.started > event.done + settle_s]
+        if before and after:
+            total += 1
+            changed += before[-1].replica != after[0].replica
+    return changed / total if total else float("nan")
+
+
+def oracle(
+    sessions: list[Session], rendered: dict[str, list[Turn]], engine: SimulatedEngineConfig
+) -> tuple[float, list[float]]:
+    """Hit rate and TTFTs with one infinite prefix cache and no queueing (an upper bound)."""
+    schedule = []
+    for session in sessions:
+        clock = session.start_s
+        for trace_turn, turn in zip(session.turns, rendered[session.session_id], strict=True):
+            clock += trace_turn["think_s"]
+            schedule.append((clock, turn))
+    cache = PrefixKVCache(engine.block_size, capacity_tokens=10**12)
+    prompt = cached = 0
+    ttfts = []
+    for _, turn in sorted(schedule, key=lambda entry: entry[0]):
+        hit = cache.lookup(turn.token_ids)
+        cache.insert(turn.token_ids)
+        prompt += len(turn.token_ids)
+        cached += hit
+        uncached_s = (len(turn.token_ids) - hit) / engine.prefill_tokens_per_s
+        ttfts.append(uncached_s + 1 / engine.decode_tokens_per_s)
+    return cached / prompt, ttfts
+
+
+def row(name: str, values: list[str]) -> str:
+    return f"| {name} | " + " | ".join(values) + " |"
+
+
+def report(
+    results: dict[str, tuple[list[Served], list[ScaleEvent]]],
+    sessions: list[Session],
+    rendered: dict[str, list[Turn]],
+    engine: SimulatedEngineConfig,
+    args: argparse.Namespace,
+) -> None:
+    columns = [
+        "hit rate",
+        "TTFT p50 (ms)",
+        "TTFT p90 (ms)",
+        "max/mean load",
+        "moved",
+        "remap +1",
+        "remap -1",
+    ]
+    print()
+    print(row("router", columns))
+    print(row("---", ["---:"] * len(columns)))
+    settle = args.settle_s
+    for name, (served, events) in results.items():
+        ttfts = [(s.first_token - s.started) * 1000 for s in served]
+        added, removed = events
+        print(
+            row(
+                name,
+                [
+                    f"{hit_rate(served):.3f}",
+                    f"{statistics.median(ttfts):.0f}",
+                    f"{percentile(ttfts, 0.9):.0f}",
+                    f"{load_imbalance(served, until=added.began):.2f}",
+                    f"{moved_share(served, events, settle):.2f}",
+                    f"{remap_share(served, added, settle):.2f}",
+                    f"{remap_share(served, removed, settle):.2f}",
+                ],
+            )
+        )
+    best_hit, best_ttfts = oracle(sessions, rendered, engine)
+    ttfts = [t * 1000 for t in best_ttfts]
+    print(
+        row(
+            "oracle",
+            [
+                f"{best_hit:.3f}",
+                f"{statistics.median(ttfts):.0f}",
+                f"{percentile(ttfts, 0.9):.0f}",
+                "1.00",
+                "0.00",
+                "-",
+                "-",
+            ],
+        )
+    )
+    turns = sum(len(session.turns) for session in sessions)
+    tokens = sum(len(turn.token_ids) for turns_ in rendered.values() for turn in turns_)
+    print(
+        f"\n{len(sessions)} sessions, {turns} turns, {tokens / turns:.0f} prompt tokens per turn "
+        f"on average; {args.replicas} replicas (+1 at 40% of arrivals, -1 at 70%); simulated "
+        f"engine: prefill {engine.prefill_tokens_per_s:.0f} tokens/s (serialized), decode "
+        f"{engine.decode_tokens_per_s:.0f} tokens/s, prefix cache {engine.kv_cache_tokens} "
+        f"tokens in blocks of {engine.block_size}, LRU; time scale {args.time_scale}; "
+        f"serve_app-mbN: load_factor {args.load_factor}, min_bound N"
+    )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=5.0, help="sessions started per second")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--time-scale", type=float, default=1.0, help="on arrivals and thinks")
+    parser.add_argument("--settle-s", type=float, default=2.0, help="after a scale event")
+    parser.add_argument("--routers", nargs="+", choices=list(ROUTERS), default=list(ROUTERS))
+    parser.add_argument("--prefill-tokens-per-s", type=float, default=20_000)
+    parser.add_argument("--decode-tokens-per-s", type=float, default=200)
+    parser.add_argument("--kv-cache-tokens", type=int, default=262_144)
+    parser.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR, help="ours")
+    parser.add_argument(
+        "--min-bound", type=int, nargs="+", default=[DEFAULT_MIN_BOUND], help="ours, each"
+    )
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    routers = [name for name in args.routers if name != "serve_app"]
+    if "serve_app" in args.routers:
+        for min_bound in args.min_bound:
+            routers.append(f"serve_app-mb{min_bound}")
+            ROUTERS[routers[-1]] = RequestRouterConfig(
+                request_router_class="serve_app.routing.router.PrefixAffinityRouter",
+                request_router_kwargs={"load_factor": args.load_factor, "min_bound": min_bound},
+            )
+    simulated = SimulatedEngineConfig(
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        decode_tokens_per_s=args.decode_tokens_per_s,
+        kv_cache_tokens=args.kv_cache_tokens,
+    )
+    engine = EngineConfig(kind="simulated", options=simulated.model_dump(exclude={"script"}))
+    sessions = generate(args.sessions, args.rate, args.seed)
+    rendered = {session.session_id: render_turns(session) for session in sessions}
+    ray.init(include_dashboard=False, logging_level="ERROR")
+    serve.start()
+    results = {}
+    try:
+        for name in routers:
+            print(f"replaying with {name} ...", flush=True)
+            results[name] = asyncio.run(replay(name, sessions, rendered, args, engine))
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    report(results, sessions, rendered, simulated, args)
+
+
+if __name__ == "__main__":
+    main()
