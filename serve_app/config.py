@@ -39,6 +39,8 @@ class Limits(BaseModel):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     max_input_items: int = Field(default=4096, gt=0)
     max_tools: int = Field(default=512, gt=0)
+    # Responses a WebSocket connection remembers for `previous_response_id` (newest kept).
+    max_connection_responses: int = Field(default=64, gt=0)
 
 
 class AppArgs(BaseModel):

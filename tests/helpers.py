@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,3 +39,35 @@ def scrape_metrics(app_url: str, replicas: int = 2, tries: int = 40) -> dict[str
         if len(pages) == replicas:
             break
     return pages
+
+
+def run_locust(
+    app_url: str, prefix: Path, users: int, seconds: int, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Replay the sample Codex traces with loadtests/locustfile.py, headless; CSVs at ``prefix``."""
+    locust = Path(sys.executable).parent / "locust"
+    command = [str(locust), "-f", str(REPO / "loadtests" / "locustfile.py"), "--headless"]
+    command += ["-u", str(users), "-r", str(users), "-t", f"{seconds}s", "--stop-timeout", "60"]
+    command += ["--host", app_url, "--csv", str(prefix), "--only-summary"]
+    return subprocess.run(
+        command,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=seconds + 120,
+    )
+
+
+def engine_ongoing(handle, key: str) -> int:
+    """Requests in flight on the engine replica that serves ``key``: the call carries the same
+    routing key as the requests, so the router sends it to the same replica."""
+    return handle.options(session_id=key).num_ongoing_requests.remote().result(timeout_s=30)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 20) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False

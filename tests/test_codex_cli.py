@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, scrape_metrics
 
 CODEX_DIR = REPO / "tests" / "codex"
 CATALOG = REPO / "configs" / "codex" / "gpt_oss_catalog.json"  # the copy users are told to use
@@ -29,7 +30,7 @@ def codex_binary(version: str) -> Path:
     return binary
 
 
-def write_codex_home(home: Path, app_url: str) -> None:
+def write_codex_home(home: Path, app_url: str, websockets: bool = False) -> None:
     home.mkdir()
     (home / "config.toml").write_text(
         'model = "gpt-oss-120b"\n'
@@ -40,13 +41,15 @@ def write_codex_home(home: Path, app_url: str) -> None:
         'name = "serve_app"\n'
         f'base_url = "{app_url}/v1"\n'
         'wire_api = "responses"\n'
-        'env_key = "LOCAL_API_KEY"\n'
+        'env_key = "LOCAL_API_KEY"\n' + ("supports_websockets = true\n" if websockets else "")
     )
 
 
-def run_codex(version: str, app_url: str, tmp_path: Path, task: str, *extra: str):
+def run_codex(
+    version: str, app_url: str, tmp_path: Path, task: str, *extra: str, websockets: bool = False
+):
     home, work = tmp_path / "codex_home", tmp_path / "work"
-    write_codex_home(home, app_url)
+    write_codex_home(home, app_url, websockets)
     work.mkdir()
     command = [
         shutil.which("node") or "node",
@@ -102,3 +105,30 @@ def test_codex_063_runs_shell_and_finishes(app_url: str, tmp_path: Path) -> None
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     assert (work / "marker.txt").read_text().strip() == "e2e-marker-063"
     assert "Done: marker.txt holds e2e-marker-063." in agent_messages(result.stdout)
+
+
+def websocket_responses(app_url: str) -> float:
+    """Responses created over WebSocket, summed over the ingress replicas."""
+    pattern = r"^serve_app:websocket_responses_total ([0-9.e+]+)$"
+    pages = scrape_metrics(app_url).values()
+    return sum(float(value) for page in pages for value in re.findall(pattern, page, re.M))
+
+
+def test_codex_0169_over_a_websocket_runs_exec_command_and_finishes(
+    app_url: str, tmp_path: Path
+) -> None:
+    before = websocket_responses(app_url)
+    result, work = run_codex(
+        "0.169",
+        app_url,
+        tmp_path,
+        "E2E-EXEC-TASK: create the marker file",
+        "-c",
+        f'model_catalog_json="{CATALOG}"',
+        websockets=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    assert (work / "marker.txt").read_text().strip() == "e2e-marker-169"
+    assert "Done: marker.txt holds e2e-marker-169." in agent_messages(result.stdout)
+    # Both turns (the tool call and the answer) went over the socket, not HTTP.
+    assert websocket_responses(app_url) - before >= 2

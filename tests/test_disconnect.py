@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
+
+from tests.helpers import engine_ongoing, wait_for
 
 KEY = "disconnect-test-conversation"
 
 
 def ongoing(handle) -> int:
-    # Same routing key as the request: the router sends this call to the same replica.
-    return handle.options(session_id=KEY).num_ongoing_requests.remote().result(timeout_s=30)
-
-
-def wait_for(predicate, timeout_s: float = 20) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
+    return engine_ongoing(handle, KEY)
 
 
 def test_disconnect_mid_stream_aborts_the_engine_request(app_url: str, engine_handle) -> None:

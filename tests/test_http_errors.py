@@ -94,3 +94,54 @@ def test_metrics_count_requests(app_url: str) -> None:
     served_by = post(app_url, {"model": MODEL, "input": "SDK-TEXT"}).headers["x-serve-app-replica"]
     text = scrape_metrics(app_url)[served_by]
     assert 'serve_app:requests_total{status="completed"}' in text
+
+
+ONE_MIB = 1024 * 1024
+DEFAULT_BODY_LIMIT = 16 * ONE_MIB  # Limits.max_body_bytes: the test app keeps the default
+
+
+def test_oversize_body_with_content_length_is_413(app_url: str) -> None:
+    body = b'{"model": "' + b"x" * (DEFAULT_BODY_LIMIT + 1) + b'"}'
+    response = httpx.post(
+        f"{app_url}/v1/responses",
+        content=body,
+        timeout=60,
+        headers={"content-type": "application/json"},
+    )
+    assert "16777216 bytes" in assert_openai_error(response, 413)["message"]
+
+
+def test_oversize_chunked_body_is_413(app_url: str) -> None:
+    # No Content-Length: the size is only known while reading, and the server stops reading
+    # at the limit. (httpx sends the whole body before it reads the answer.)
+    def chunks():
+        yield b'{"model": "gpt-oss-120b", "input": "'
+        for _ in range(4 * DEFAULT_BODY_LIMIT // ONE_MIB):
+            yield b"y" * ONE_MIB
+
+    try:
+        response = httpx.post(
+            f"{app_url}/v1/responses",
+            content=chunks(),
+            timeout=60,
+            headers={"content-type": "application/json"},
+        )
+    except httpx.WriteError:
+        pytest.fail("the server closed the connection without an answer")
+    assert "content-length" not in response.request.headers
+    assert "16777216 bytes" in assert_openai_error(response, 413)["message"]
+
+
+def test_chunked_body_within_the_limit_is_served(app_url: str) -> None:
+    def chunks():
+        yield b'{"model": "gpt-oss-120b", '
+        yield b'"input": "SDK-TEXT"}'
+
+    response = httpx.post(
+        f"{app_url}/v1/responses",
+        content=chunks(),
+        timeout=60,
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "completed"

@@ -49,13 +49,15 @@ class ReasoningVault:
             secret = secrets.token_hex(32)
         return cls(secret)
 
-    def seal(self, text: str) -> str:
+    def seal(self, text: str, purpose: bytes = b"") -> str:
+        """``purpose`` is bound to the blob: it opens only for the same purpose, so a sealed
+        reasoning text cannot be passed off as a compaction summary."""
         nonce = secrets.token_bytes(_NONCE_BYTES)
-        sealed = self._aead.encrypt(nonce, text.encode(), _VERSION)
+        sealed = self._aead.encrypt(nonce, text.encode(), _VERSION + purpose)
         return base64.urlsafe_b64encode(_VERSION + nonce + sealed).decode()
 
-    def open(self, blob: str) -> str | None:
-        """The sealed text, or None for a blob this server did not seal."""
+    def open(self, blob: str, purpose: bytes = b"") -> str | None:
+        """The sealed text, or None for a blob this server did not seal for ``purpose``."""
         try:
             raw = base64.urlsafe_b64decode(blob.encode())
         except (ValueError, UnicodeEncodeError):
@@ -64,7 +66,8 @@ class ReasoningVault:
             return None
         nonce = raw[len(_VERSION) : len(_VERSION) + _NONCE_BYTES]
         try:
-            return self._aead.decrypt(nonce, raw[len(_VERSION) + _NONCE_BYTES :], _VERSION).decode()
+            sealed = raw[len(_VERSION) + _NONCE_BYTES :]
+            return self._aead.decrypt(nonce, sealed, _VERSION + purpose).decode()
         except (InvalidTag, UnicodeDecodeError):
-            logger.info("Ignoring encrypted reasoning this server cannot open")
+            logger.info("An encrypted blob this server cannot open (purpose %r)", purpose)
             return None

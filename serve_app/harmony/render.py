@@ -36,11 +36,13 @@ from openai_harmony import (
     ToolNamespaceConfig,
 )
 
+from serve_app.harmony import compaction
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import (
+    CompactionItem,
     CustomToolCallItem,
     CustomToolCallOutputItem,
     FunctionCallItem,
@@ -81,7 +83,7 @@ def render_request(
     """Prompt token ids for ``history`` (earlier stored items, if any) + the request's input."""
     items = [*history, *request.input_items]
     _reject_unresolved_references(items)
-    check_tool_call_pairs(items)
+    check_tool_call_pairs(items, first_input=len(history))
     check_tool_choice(request)
     tools = ToolRegistry.from_request(request)
     leading, rest = _split_leading_instructions(items)
@@ -215,6 +217,10 @@ def _history_messages(
             messages.append(_tool_call_message(item, recipients[item.call_id]))
         elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
             messages.append(_tool_output_message(item, recipients[item.call_id]))
+        elif isinstance(item, CompactionItem):
+            summary = compaction.open_summary(vault, item.encrypted_content)
+            text = compaction.SUMMARY_PREFIX + summary
+            messages.append(Message.from_role_and_content(Role.USER, text))
     return messages
 
 

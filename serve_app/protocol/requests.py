@@ -135,6 +135,15 @@ class ItemReference(_Lenient):
     id: str = Field(min_length=1)
 
 
+class CompactionItem(_Lenient):
+    """A summary from ``POST /v1/responses/compact`` standing in for the history it replaced;
+    the summary is sealed in ``encrypted_content`` with the server's key."""
+
+    type: Literal["compaction"]
+    encrypted_content: str = Field(min_length=1)
+    id: str | None = None
+
+
 INPUT_ITEM_TYPES = (
     "message",
     "reasoning",
@@ -143,6 +152,7 @@ INPUT_ITEM_TYPES = (
     "custom_tool_call",
     "custom_tool_call_output",
     "item_reference",
+    "compaction",
 )
 
 
@@ -163,7 +173,8 @@ InputItem = Annotated[
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
     | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
     | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
-    | Annotated[ItemReference, Tag("item_reference")],
+    | Annotated[ItemReference, Tag("item_reference")]
+    | Annotated[CompactionItem, Tag("compaction")],
     PydanticDiscriminator(
         _item_tag,
         custom_error_type="invalid_item_type",
@@ -353,8 +364,15 @@ class ResponsesRequest(_Lenient):
         return [tool.type for tool in self.tools if isinstance(tool, HostedTool)]
 
 
-def check_tool_call_pairs(items: list[InputItem]) -> None:
-    """Every tool call needs its output and every output its call, as OpenAI requires."""
+def check_tool_call_pairs(items: list[InputItem], first_input: int = 0) -> None:
+    """Every tool call needs its output and every output its call, as OpenAI requires.
+    ``items[first_input:]`` are the request's own input; earlier ones, the history it continues.
+    Errors name the request's own item (``input[i]``), or ``input`` for a call in the history
+    that the input leaves without its output."""
+
+    def param(index: int) -> str:
+        return f"input[{index - first_input}].call_id" if index >= first_input else "input"
+
     calls: dict[str, int] = {}
     outputs: dict[str, int] = {}
     for index, item in enumerate(items):
@@ -364,14 +382,14 @@ def check_tool_call_pairs(items: list[InputItem]) -> None:
             if item.call_id not in calls:
                 raise InvalidRequest(
                     f"No tool call found for function call output with call_id {item.call_id}.",
-                    param=f"input[{index}].call_id",
+                    param=param(index),
                 )
             outputs.setdefault(item.call_id, index)
     for call_id, index in calls.items():
         if call_id not in outputs:
             raise InvalidRequest(
                 f"No tool output found for function call {call_id}.",
-                param=f"input[{index}].call_id",
+                param=param(index),
             )
 
 

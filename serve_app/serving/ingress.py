@@ -32,10 +32,17 @@ from serve_app.protocol.sse import encode_event
 from serve_app.serving import metrics
 from serve_app.serving.auth import ApiKeys, Owner, caller
 from serve_app.serving.background import BackgroundRunner
+from serve_app.serving.body_limit import BodySizeLimit
 from serve_app.serving.conversations import conversations_router
 from serve_app.serving.engine_client import EngineClient, HandleEngineClient
 from serve_app.serving.pagination import page as _page
-from serve_app.serving.responses_service import RATE_LIMITED, RETRY_AFTER_S, ResponsesService
+from serve_app.serving.responses_service import (
+    RATE_LIMITED,
+    RETRY_AFTER_S,
+    GenerationFailed,
+    ResponsesService,
+)
+from serve_app.serving.websocket import websocket_router
 from serve_app.store.base import ResponseStore, StoredResponse
 from serve_app.store.sql import SqlResponseStore
 
@@ -56,14 +63,7 @@ def create_api(
     api = FastAPI(title="serve_app", description="OpenAI Responses API for gpt-oss")
     api.state.api_keys = api_keys or ApiKeys([])
 
-    @api.middleware("http")
-    async def limit_body_size(request: Request, call_next):
-        # Refuse oversize bodies before reading them (Content-Length), as OpenAI does.
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > args.limits.max_body_bytes:
-            message = f"Request body too large: at most {args.limits.max_body_bytes} bytes."
-            return JSONResponse(error_body(message, "invalid_request_error"), status_code=413)
-        return await call_next(request)
+    api.add_middleware(BodySizeLimit, max_bytes=args.limits.max_body_bytes)
 
     @api.middleware("http")
     async def name_the_replica(request: Request, call_next):
@@ -75,6 +75,9 @@ def create_api(
     service = ResponsesService(args, engine, vault, store)
     background = BackgroundRunner(service, store)
     api.include_router(conversations_router(store))
+    api.include_router(
+        websocket_router(service, api.state.api_keys, args.limits.max_connection_responses)
+    )
     _install_error_handlers(api)
     created = int(time.time())
 
@@ -90,13 +93,17 @@ def create_api(
             return _event_stream(_sse(service.events(turn)))
         response = await service.run(turn)
         if response.status == "failed" and response.error is not None:
-            return _failure(response.error.message, response.error.code)
+            raise GenerationFailed(response.error.message, response.error.code)
         return JSONResponse(dump_response(response))
 
     @api.post("/v1/responses/input_tokens")
     async def count_input_tokens(body: ResponsesRequest, owner: Owner) -> dict:
         prompt = await service.render(body, owner)
         return {"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)}
+
+    @api.post("/v1/responses/compact")
+    async def compact_response(body: ResponsesRequest, owner: Owner) -> dict:
+        return await service.compact(body, owner)
 
     @api.get("/v1/responses/{response_id}", response_model=None)
     async def retrieve_response(
@@ -227,6 +234,10 @@ def _install_error_handlers(api: FastAPI) -> None:
         metrics.REQUESTS.labels("rejected").inc()
         logger.info("rejected: %s (param %s, code %s)", exc.message, exc.param, exc.code)
         return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @api.exception_handler(GenerationFailed)
+    async def generation_failed(_: Request, exc: GenerationFailed) -> JSONResponse:
+        return _failure(exc.message, exc.code)
 
     @api.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

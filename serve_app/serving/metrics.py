@@ -6,7 +6,7 @@ naturally next to them.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -39,4 +39,13 @@ ROUTING_KEYS = Counter(
     "serve_app:routing_keys",
     "Requests by where their routing key came from (prompt_cache_key or derived prefix).",
     ["source"],
+)
+WEBSOCKET_CONNECTIONS = Gauge(
+    "serve_app:websocket_connections", "WebSocket connections open on this ingress replica."
+)
+WEBSOCKET_RESPONSES = Counter(
+    "serve_app:websocket_responses", "Responses created over WebSocket connections."
+)
+COMPACTIONS = Counter(
+    "serve_app:compactions", "Histories summarized by POST /v1/responses/compact."
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,12 +19,13 @@ from ray.serve.exceptions import BackPressureError
 
 from serve_app.config import AppArgs
 from serve_app.engines.base import GenerateRequest, SamplingSettings
+from serve_app.harmony import compaction
 from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import RenderedPrompt, render_request
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.protocol.errors import InvalidRequest, NotFound, model_not_found
-from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.protocol.requests import InputItem, MessageItem, ResponsesRequest
 from serve_app.protocol.responses import (
     dump_response,
     initial_response,
@@ -51,6 +52,8 @@ class Turn:
     request: ResponsesRequest
     generate: GenerateRequest
     translator: ResponseStreamTranslator
+    # The items before the request's input: a stored chain or conversation, or none.
+    history: list[InputItem] = field(default_factory=list)
     # Who made the request (a digest of their API key; None when the API is open).
     owner: str | None = None
     arrived_at: float = field(default_factory=time.monotonic)
@@ -59,6 +62,16 @@ class Turn:
     @property
     def response(self) -> Response:
         return self.translator.response
+
+
+class GenerationFailed(Exception):
+    """The engines could not produce a non-streaming answer (a stream ends in
+    ``response.failed`` instead). The ingress answers 429 for ``rate_limit_exceeded``."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
 
 
 class ResponsesService:
@@ -70,9 +83,16 @@ class ResponsesService:
         self._vault = vault
         self._store = store
 
-    async def prepare(self, request: ResponsesRequest, owner: str | None = None) -> Turn:
-        """Everything that can reject the request happens here, before any event is sent."""
-        prompt = await self.render(request, owner)
+    async def prepare(
+        self,
+        request: ResponsesRequest,
+        owner: str | None = None,
+        recent: Mapping[str, list[InputItem]] | None = None,
+    ) -> Turn:
+        """Everything that can reject the request happens here, before any event is sent.
+        ``recent``: contexts of responses not in the store (a WebSocket connection's), by id."""
+        history = await self.history(request, owner, recent)
+        prompt = render_request(request, history=history, vault=self._vault)
         if request.background and not request.store:
             raise InvalidRequest(
                 "Background responses are stored: they need `store` true.", param="store"
@@ -104,10 +124,22 @@ class ResponsesService:
             _key_digest(key),
             extra={"response_id": response.id, "conversation": _key_digest(key)},
         )
-        return Turn(request=request, generate=generate, translator=translator, owner=owner)
+        return Turn(
+            request=request, generate=generate, translator=translator, owner=owner, history=history
+        )
 
     async def render(self, request: ResponsesRequest, owner: str | None = None) -> RenderedPrompt:
         """The prompt for a request: its stored history (if it continues one) and its input."""
+        history = await self.history(request, owner)
+        return render_request(request, history=history, vault=self._vault)
+
+    async def history(
+        self,
+        request: ResponsesRequest,
+        owner: str | None,
+        recent: Mapping[str, list[InputItem]] | None = None,
+    ) -> list[InputItem]:
+        """The items a request continues (checked against its limits and model first)."""
         if request.model not in self._args.served_names():
             raise model_not_found(request.model)
         self._check_limits(request)
@@ -117,10 +149,10 @@ class ResponsesService:
                     "Use `conversation` or `previous_response_id`, not both.",
                     param="conversation",
                 )
-            history = await self._conversation_history(request.conversation_id, owner)
-        else:
-            history = await self._history(request.previous_response_id, owner)
-        return render_request(request, history=history, vault=self._vault)
+            return await self._conversation_history(request.conversation_id, owner)
+        if recent is not None and request.previous_response_id in recent:
+            return recent[request.previous_response_id]
+        return await self._history(request.previous_response_id, owner)
 
     def _check_limits(self, request: ResponsesRequest) -> None:
         limits = self._args.limits
@@ -229,6 +261,48 @@ class ResponsesService:
             pass
         return turn.response
 
+    async def compact(self, request: ResponsesRequest, owner: str | None = None) -> dict[str, Any]:
+        """``POST /v1/responses/compact``: the model summarizes the history; the answer keeps
+        the user's messages and one sealed ``compaction`` item standing in for the rest."""
+        items = [*await self.history(request, owner), *request.input_items]
+        ask = request.model_copy(
+            update={
+                "input": [*items, MessageItem(role="user", content=compaction.SUMMARY_REQUEST)],
+                "previous_response_id": None,
+                "conversation": None,
+                "tool_choice": "none",
+                "store": False,
+                "stream": False,
+                "background": False,
+                "include": [],
+            }
+        )
+        response = await self.run(await self.prepare(ask, owner))
+        if response.status == "failed" and response.error is not None:
+            raise GenerationFailed(response.error.message, response.error.code)
+        summary = response.output_text.strip()
+        if not summary:
+            raise GenerationFailed("The model wrote no summary.", "server_error")
+        metrics.COMPACTIONS.inc()
+        compaction_id = new_item_id("cmp")
+        kept = [stored_item(item) for item in items if _is_user_message(item)]
+        sealed = compaction.seal_summary(self._vault, summary)
+        return {
+            "id": compaction_id,
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "output": [
+                *kept,
+                {"id": compaction_id, "type": "compaction", "encrypted_content": sealed},
+            ],
+            "usage": response.usage.model_dump(mode="json") if response.usage else None,
+        }
+
+    def continuation(self, turn: Turn) -> list[InputItem]:
+        """The items a request continuing this turn's response starts from."""
+        output = _INPUT_ITEMS.validate_python(dump_response(turn.response)["output"])
+        return [*turn.history, *turn.request.input_items, *output]
+
     async def save(self, turn: Turn) -> None:
         """Store the turn's response as it is now (final, or a background one in progress)."""
         request = turn.request
@@ -281,6 +355,7 @@ _ID_PREFIXES = {
     "function_call_output": "fco",
     "custom_tool_call": "ctc",
     "custom_tool_call_output": "ctco",
+    "compaction": "cmp",
 }
 
 
@@ -293,6 +368,10 @@ def stored_item(item: InputItem) -> dict[str, Any]:
         part_type = "output_text" if data["role"] == "assistant" else "input_text"
         data["content"] = [{"type": part_type, "text": data["content"]}]
     return data
+
+
+def _is_user_message(item: InputItem) -> bool:
+    return isinstance(item, MessageItem) and item.role == "user"
 
 
 def _key_digest(key: str) -> str:

@@ -1,0 +1,179 @@
+"""WebSocket mode: ``GET /v1/responses`` upgraded, ``response.create`` messages in, the same
+events as the SSE stream out, one JSON text message each, one response after another.
+
+A connection remembers the context of the responses it produced (bounded, newest kept), so a
+``previous_response_id`` naming one of them works even with ``store: false``; that memory dies
+with the connection, after which such an id is ``previous_response_not_found``. A turn that
+fails forgets what it continued from: the client resends the whole history rather than build on
+a state the server may not hold as the client thinks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import OrderedDict
+from contextlib import aclosing
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from openai.types.responses.responses_server_event import ResponseWsError, ResponseWsErrorError
+from pydantic import ValidationError
+
+from serve_app.protocol.errors import APIError, InvalidRequest, from_validation_errors
+from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.protocol.sse import event_json
+from serve_app.serving import metrics
+from serve_app.serving.auth import ApiKeys
+from serve_app.serving.responses_service import ResponsesService
+
+logger = logging.getLogger(__name__)
+
+CREATE = "response.create"
+# Close code for a refused connection (RFC 6455: policy violation).
+POLICY_VIOLATION = 1008
+
+
+class RecentResponses(OrderedDict[str, list[InputItem]]):
+    """A connection's memory: response id -> the items a continuation of it starts from."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def remember(self, response_id: str, context: list[InputItem]) -> None:
+        self[response_id] = context
+        while len(self) > self.capacity:
+            self.popitem(last=False)
+
+
+def websocket_router(service: ResponsesService, api_keys: ApiKeys, capacity: int) -> APIRouter:
+    router = APIRouter()
+
+    @router.websocket("/v1/responses")
+    async def responses_socket(socket: WebSocket) -> None:
+        await socket.accept()
+        try:
+            owner = api_keys.owner(socket.headers.get("authorization"))
+        except APIError as refused:
+            await _send_error(socket, refused)
+            await socket.close(POLICY_VIOLATION)
+            return
+        metrics.WEBSOCKET_CONNECTIONS.inc()
+        try:
+            await _serve_connection(socket, service, owner, RecentResponses(capacity))
+        finally:
+            metrics.WEBSOCKET_CONNECTIONS.dec()
+
+    return router
+
+
+async def _serve_connection(
+    socket: WebSocket, service: ResponsesService, owner: str | None, recent: RecentResponses
+) -> None:
+    """Messages are read while a response streams, so a client that goes away mid-response
+    is noticed at once: the response is cancelled, which aborts its engine request. Messages
+    sent meanwhile wait their turn."""
+    inbox: asyncio.Queue[str | None] = asyncio.Queue()
+    serving: asyncio.Task[None] | None = None
+
+    async def read() -> None:
+        try:
+            while (text := await _receive_text(socket)) is not None:
+                await inbox.put(text)
+        finally:
+            await inbox.put(None)
+            if serving is not None:
+                serving.cancel()
+
+    reader = asyncio.create_task(read())
+    try:
+        while (text := await inbox.get()) is not None:
+            serving = asyncio.create_task(_serve_message(socket, text, service, owner, recent))
+            try:
+                await serving
+            except asyncio.CancelledError:
+                if not reader.done():
+                    raise  # this handler itself is being cancelled
+                return
+            except WebSocketDisconnect:
+                return
+    finally:
+        reader.cancel()
+
+
+async def _receive_text(socket: WebSocket) -> str | None:
+    """The next message as text (binary frames decoded as UTF-8); None once the client left."""
+    message = await socket.receive()
+    if message["type"] == "websocket.disconnect":
+        return None
+    if message.get("text") is not None:
+        return message["text"]
+    return (message.get("bytes") or b"").decode("utf-8", errors="replace")
+
+
+async def _serve_message(
+    socket: WebSocket,
+    text: str,
+    service: ResponsesService,
+    owner: str | None,
+    recent: RecentResponses,
+) -> None:
+    """One client message: a response streamed back, or an error event."""
+    try:
+        request = _parse_create(text)
+    except APIError as error:
+        await _send_error(socket, error)
+        return
+    try:
+        turn = await service.prepare(request, owner, recent)
+    except APIError as error:
+        recent.pop(request.previous_response_id or "", None)
+        await _send_error(socket, error)
+        return
+    metrics.WEBSOCKET_RESPONSES.inc()
+    async with aclosing(service.events(turn)) as events:
+        # A send to a closed socket raises: leaving the loop closes the events, which aborts
+        # the engine request.
+        async for event in events:
+            await socket.send_text(event_json(event))
+    if turn.response.status == "failed":
+        recent.pop(request.previous_response_id or "", None)
+    else:
+        recent.remember(turn.response.id, service.continuation(turn))
+
+
+def _parse_create(text: str) -> ResponsesRequest:
+    try:
+        message = json.loads(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"The message is not valid JSON: {exc}") from exc
+    if not isinstance(message, dict) or message.get("type") != CREATE:
+        kind = message.get("type") if isinstance(message, dict) else None
+        raise InvalidRequest(
+            f"Unsupported message type {kind!r}: send {{'type': '{CREATE}', ...}}.", param="type"
+        )
+    body = {key: value for key, value in message.items() if key != "type"}
+    if body.get("background"):
+        raise InvalidRequest(
+            "Background responses are created over HTTP, not WebSocket.", param="background"
+        )
+    try:
+        return ResponsesRequest.model_validate({**body, "stream": True})
+    except ValidationError as exc:
+        raise from_validation_errors(list(exc.errors())) from exc
+
+
+async def _send_error(socket: WebSocket, error: APIError) -> None:
+    metrics.REQUESTS.labels("rejected").inc()
+    logger.info(
+        "websocket: rejected: %s (param %s, code %s)", error.message, error.param, error.code
+    )
+    event = ResponseWsError(
+        type="error",
+        status=error.status_code,
+        error=ResponseWsErrorError(
+            type=error.error_type, code=error.code, message=error.message, param=error.param
+        ),
+    )
+    await socket.send_text(event.model_dump_json(exclude_unset=True))

@@ -1,0 +1,153 @@
+"""WebSocket mode: the openai SDK's ``responses.connect()`` and a plain WebSocket client against
+the running app."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from openai import OpenAI
+from openai.types.responses.responses_server_event import ResponseWsError
+from websockets.sync.client import connect
+
+from tests.helpers import engine_ongoing, wait_for
+
+MODEL = "gpt-oss-120b"
+TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+
+
+@pytest.fixture
+def client(app_url: str) -> OpenAI:
+    return OpenAI(base_url=f"{app_url}/v1", api_key="unused")
+
+
+def socket_url(app_url: str) -> str:
+    return app_url.replace("http://", "ws://", 1) + "/v1/responses"
+
+
+def until_done(connection) -> list:
+    """Events of one response, through its terminal event (or an error event)."""
+    events = []
+    while True:
+        event = connection.recv()
+        events.append(event)
+        if event.type in TERMINAL or event.type == "error":
+            return events
+
+
+def test_two_responses_in_sequence_on_one_socket_continue_with_store_false(client) -> None:
+    key = str(uuid.uuid4())
+    with client.responses.connect() as connection:
+        connection.response.create(
+            model=MODEL, input="SDK-REASON: hello", store=False, prompt_cache_key=key
+        )
+        first = until_done(connection)
+        assert [event.type for event in first][:2] == ["response.created", "response.in_progress"]
+        assert first[-1].type == "response.completed"
+        first_response = first[-1].response
+        assert first_response.output_text == "Hi there."
+
+        # The same socket, continuing a response that was never stored: only the new message.
+        connection.response.create(
+            model=MODEL,
+            input="SDK-TEXT: and again",
+            store=False,
+            prompt_cache_key=key,
+            previous_response_id=first_response.id,
+        )
+        second = until_done(connection)
+    done = second[-1]
+    assert done.type == "response.completed", done
+    assert done.response.output_text == "Hello from the scripted engine."
+    usage = done.response.usage
+    # The first turn is part of the prompt, and it came from the prefix cache.
+    assert usage.input_tokens > first_response.usage.input_tokens + 5
+    assert usage.input_tokens_details.cached_tokens >= first_response.usage.input_tokens // 2
+    # No echo of old items: only this turn's output.
+    assert [item.type for item in done.response.output] == ["message"]
+
+
+def test_after_a_reconnect_a_store_false_response_is_not_found(client) -> None:
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="SDK-TEXT", store=False)
+        response_id = until_done(connection)[-1].response.id
+    with client.responses.connect() as connection:
+        connection.response.create(
+            model=MODEL, input="SDK-TEXT", store=False, previous_response_id=response_id
+        )
+        error = connection.recv()
+        assert isinstance(error, ResponseWsError)
+        assert error.status == 404
+        assert error.error.code == "previous_response_not_found"
+        assert error.error.param == "previous_response_id"
+        # The connection stays usable after an error.
+        connection.response.create(model=MODEL, input="SDK-TEXT", store=False)
+        assert until_done(connection)[-1].type == "response.completed"
+
+
+def test_a_failed_continuation_evicts_what_it_continued(client) -> None:
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="SDK-TEXT", store=False)
+        response_id = until_done(connection)[-1].response.id
+        orphan = {"type": "function_call_output", "call_id": "call_nowhere", "output": "x"}
+        connection.response.create(
+            model=MODEL, input=[orphan], store=False, previous_response_id=response_id
+        )
+        failed = connection.recv()
+        assert failed.type == "error" and failed.status == 400
+        assert failed.error.param == "input[0].call_id"
+        # The client must now send the full history: the id it built on is gone.
+        connection.response.create(
+            model=MODEL, input="SDK-TEXT", store=False, previous_response_id=response_id
+        )
+        gone = connection.recv()
+        assert gone.type == "error" and gone.error.code == "previous_response_not_found"
+
+
+def test_stored_responses_continue_on_a_new_socket_and_over_http(client) -> None:
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="SDK-TEXT", store=True)
+        response_id = until_done(connection)[-1].response.id
+    with client.responses.connect() as connection:
+        connection.response.create(
+            model=MODEL, input="SDK-REASON", store=False, previous_response_id=response_id
+        )
+        assert until_done(connection)[-1].type == "response.completed"
+    assert client.responses.retrieve(response_id).status == "completed"
+
+
+def test_plain_websocket_client_gets_sse_events_as_json_messages(app_url: str) -> None:
+    with connect(socket_url(app_url)) as socket:
+        socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "SDK-TOOL"}))
+        events = []
+        while not events or events[-1]["type"] not in TERMINAL:
+            events.append(json.loads(socket.recv(timeout=30)))
+        done = [event for event in events if event["type"] == "response.output_item.done"]
+        call = done[-1]["item"]
+        assert call["type"] == "function_call" and json.loads(call["arguments"]) == {
+            "city": "Paris"
+        }
+        assert events[-1]["type"] == "response.completed"
+        assert [event["sequence_number"] for event in events] == list(range(len(events)))
+
+        for bad, param in [("not json", None), (json.dumps({"type": "response.cancel"}), "type")]:
+            socket.send(bad)
+            error = json.loads(socket.recv(timeout=30))
+            assert error["type"] == "error" and error["status"] == 400
+            assert set(error["error"]) == {"message", "type", "param", "code"}
+            assert error["error"]["param"] == param
+
+
+def test_closing_the_socket_mid_stream_aborts_the_engine_request(
+    app_url: str, engine_handle
+) -> None:
+    key = "websocket-disconnect-conversation"
+    assert wait_for(lambda: engine_ongoing(engine_handle, key) == 0)
+    with connect(socket_url(app_url)) as socket:
+        create = {"model": MODEL, "input": "SDK-SLOW: hold", "prompt_cache_key": key}
+        socket.send(json.dumps({"type": "response.create", **create}))
+        while json.loads(socket.recv(timeout=30))["type"] != "response.reasoning_text.done":
+            pass
+        assert engine_ongoing(engine_handle, key) == 1  # the engine is paused mid-turn
+    assert wait_for(lambda: engine_ongoing(engine_handle, key) == 0), "the engine request ran on"
