@@ -30,6 +30,8 @@ from traces import SAMPLE, load_traces
 SESSIONS = load_traces(os.environ.get("TRACE_FILE", SAMPLE))
 TIME_SCALE = float(os.environ.get("TRACE_TIME_SCALE", "0.1"))
 MODEL = os.environ.get("MODEL", "gpt-oss-120b")
+# Seconds a turn may wait for the server's next bytes: a hung stream ends in an error.
+TURN_TIMEOUT_S = float(os.environ.get("TURN_TIMEOUT_S", "600"))
 _next_session = itertools.cycle(SESSIONS)
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
@@ -38,6 +40,11 @@ def record(kind: str, value: float) -> None:
     events.request.fire(
         request_type=kind, name="turn", response_time=value, response_length=0, exception=None
     )
+
+
+def error_code(body: dict) -> str | None:
+    """The code of an OpenAI-shaped error body or of a failed Response."""
+    return (body.get("error") or {}).get("code")
 
 
 class CodexSession(HttpUser):
@@ -63,8 +70,16 @@ class CodexSession(HttpUser):
         first_token = None
         final = None
         with self.client.post(
-            "/v1/responses", json=body, stream=True, catch_response=True, name="responses"
+            "/v1/responses",
+            json=body,
+            stream=True,
+            catch_response=True,
+            name="responses",
+            timeout=TURN_TIMEOUT_S,
         ) as response:
+            if response.status_code != 200:
+                response.failure(f"HTTP {response.status_code}: {error_code(response.json())}")
+                return False
             for line in response.iter_lines():
                 if not line.startswith(b"data: "):
                     continue
@@ -75,7 +90,9 @@ class CodexSession(HttpUser):
                     final = event
                     break
             if final is None or final["type"] != "response.completed":
-                response.failure(f"turn ended with {final and final['type']}")
+                ended_with = final and final["type"]
+                code = final and error_code(final["response"])
+                response.failure(f"turn ended with {ended_with}: {code}")
                 return False
             response.success()
         usage = final["response"]["usage"]

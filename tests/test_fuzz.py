@@ -8,9 +8,15 @@ simulated engine, so the volume fits in CI.
 from __future__ import annotations
 
 import json
+import tempfile
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
+import schemathesis
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,6 +32,7 @@ from serve_app.store.sql import SqlResponseStore
 
 MODEL = "gpt-oss-120b"
 EXAMPLES = 2600  # per test; four tests: over 10,000 requests in all
+SCHEMA_EXAMPLES = 100  # per operation of the OpenAPI schema (21 operations)
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -36,13 +43,14 @@ FUZZ = settings(
         HealthCheck.data_too_large,
     ],
 )
-pytestmark = pytest.mark.filterwarnings("ignore:\\s*on_event is deprecated:DeprecationWarning")
+TERMINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 LIMITS = Limits(max_body_bytes=256 * 1024, max_input_items=64, max_tools=16)
 
 
-@pytest.fixture(scope="module")
-def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    store = SqlResponseStore(f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('fuzz')}/f.db")
+def fuzz_api(data_dir: Path) -> FastAPI:
+    """The app every ingress replica serves, on an in-process simulated engine and its own store;
+    both start on the event loop of whichever client runs the app's lifespan."""
+    store = SqlResponseStore(f"sqlite+aiosqlite:///{data_dir}/fuzz.db")
     engine = SimulatedEngine(
         SimulatedEngineConfig(
             decode_tokens_per_s=1e7, prefill_tokens_per_s=1e9, default_output_tokens=8
@@ -55,27 +63,43 @@ def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
         store,
     )
 
-    @api.on_event("startup")  # the store and engine start on the test client's event loop
     async def start() -> None:
         await store.start()
         await engine.start()
 
+    with warnings.catch_warnings():  # on_event is deprecated; create_api owns the lifespan
+        warnings.simplefilter("ignore", DeprecationWarning)
+        api.on_event("startup")(start)
+
+    return api
+
+
+@pytest.fixture(scope="module")
+def http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    api = fuzz_api(tmp_path_factory.mktemp("fuzz"))
     with TestClient(api, raise_server_exceptions=False) as client:
         yield client
 
 
-def check(response) -> None:
-    """The one property: a valid response, or a 4xx in OpenAI's error shape."""
-    assert response.status_code < 500, response.text[:500]
-    if response.status_code == 200:
-        body = response.json()
+def check(response: httpx.Response) -> None:
+    check_answer(response.status_code, response.headers.get("content-type", ""), response.content)
+
+
+def check_answer(status: int, content_type: str, content: bytes) -> None:
+    """The one property: a valid response or stream, or a 4xx in OpenAI's error shape."""
+    assert status < 500, content[:500]
+    if content_type.startswith("text/event-stream"):
+        data = [line[6:] for line in content.decode().splitlines() if line.startswith("data: ")]
+        assert json.loads(data[-1])["type"] in TERMINAL_EVENTS, data[-1][:500]
+    elif status == 200 and content_type.startswith("application/json"):
+        body = json.loads(content)
         if body.get("object") == "response":
             Response.model_validate(body)
-        return
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-    assert error["code"] is None or isinstance(error["code"], str)
+    elif status != 200:
+        error = json.loads(content)["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert isinstance(error["message"], str) and error["message"]
+        assert error["code"] is None or isinstance(error["code"], str)
 
 
 json_values = st.recursive(
@@ -151,18 +175,7 @@ def test_arbitrary_json_bodies(http: TestClient, body) -> None:
 )
 def test_mutated_requests(http: TestClient, input_, tool_list, extra) -> None:
     body = {"model": MODEL, "input": input_, "tools": tool_list, **extra}
-    response = http.post("/v1/responses", json=body)
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
-        events = [
-            json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")
-        ]
-        assert events[-1]["type"] in (
-            "response.completed",
-            "response.incomplete",
-            "response.failed",
-        )
-    else:
-        check(response)
+    check(http.post("/v1/responses", json=body))
 
 
 @FUZZ
@@ -197,3 +210,24 @@ def test_deep_huge_and_many(http: TestClient, depth: int, size: int, count: int,
         ],
     }
     check(http.post(path, json=body))
+
+
+# Every operation of the app's own OpenAPI schema, with schemathesis: positive and negative
+# cases (values that break the schema), each answer held to the same property.
+# Built at import: schemathesis makes one test per operation at collection time (its fixture-based
+# loader does not work with this pytest). It runs the app's lifespan once, on its own event loop.
+SCHEMA_DATA_DIR = tempfile.TemporaryDirectory(prefix="serve-app-schemathesis-")
+openapi = schemathesis.openapi.from_asgi("/openapi.json", fuzz_api(Path(SCHEMA_DATA_DIR.name)))
+
+
+@openapi.parametrize()
+@settings(max_examples=SCHEMA_EXAMPLES, deadline=None, derandomize=True)
+def test_every_operation_of_the_openapi_schema(case: schemathesis.Case) -> None:
+    if isinstance(case.body, dict) and isinstance(case.body.get("model"), str):
+        # A served model, so generated requests reach rendering and the engine instead of
+        # stopping at 404 model_not_found (the other tests send unknown models).
+        case.body["model"] = MODEL
+    response = case.call()
+    assert not response.stream_cut_short
+    content_type = response.headers.get("content-type", [""])[0]
+    check_answer(response.status_code, content_type, response.content)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
-from tests.helpers import REPO
+from tests.helpers import REPO, run_locust
 
 sys.path.insert(0, str(REPO / "loadtests"))
 from report import report
@@ -37,30 +35,7 @@ def test_every_turn_extends_the_previous_one_and_is_a_valid_request() -> None:
 
 def test_a_short_locust_replay_completes_with_cache_hits(app_url: str, tmp_path: Path) -> None:
     prefix = tmp_path / "run"
-    locust = Path(sys.executable).parent / "locust"
-    result = subprocess.run(
-        [
-            str(locust),
-            "-f",
-            str(REPO / "loadtests" / "locustfile.py"),
-            "--headless",
-            "-u",
-            "2",
-            "-r",
-            "2",
-            "-t",
-            "15s",
-            "--host",
-            app_url,
-            "--csv",
-            str(prefix),
-            "--only-summary",
-        ],
-        env={**os.environ, "TRACE_TIME_SCALE": "0.01"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_locust(app_url, prefix, users=2, seconds=15, TRACE_TIME_SCALE="0.01")
     assert prefix.with_name("run_stats.csv").exists(), result.stderr[-3000:]
     table = report(str(prefix)).splitlines()[-1]
     requests, failures, _, _, share = [cell.strip() for cell in table.strip("|").split("|")]

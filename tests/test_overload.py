@@ -5,14 +5,17 @@ delay Codex waits), nothing hangs, and capacity comes back when the load goes.""
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import ENGINE_MAX_ONGOING, ENGINE_MAX_QUEUED, REPLICAS
+from tests.helpers import run_locust
 
 pytestmark = pytest.mark.faults
 MODEL = "gpt-oss-120b"
@@ -115,3 +118,35 @@ async def test_overload_is_answered_at_once_and_retryably(app_url: str) -> None:
                 break
             await asyncio.sleep(1)
         assert answer.status_code == 200 and answer.json()["status"] == "completed"
+
+
+def test_locust_at_four_times_capacity_loses_nothing_and_hangs_nothing(
+    app_url: str, tmp_path: Path
+) -> None:
+    # Codex sessions with no think time, four per request the app can hold (engine slots and
+    # queues): most turns are turned away, each with a retryable answer, none hangs.
+    users = 4 * CAPACITY
+    prefix = tmp_path / "overload"
+    result = run_locust(
+        app_url, prefix, users=users, seconds=20, TRACE_TIME_SCALE="0", TURN_TIMEOUT_S="60"
+    )
+    stats = {row["Type"]: row for row in read_csv(prefix.with_name("overload_stats.csv"))}
+    assert "POST" in stats, result.stderr[-3000:]
+    requests, failed = int(stats["POST"]["Request Count"]), int(stats["POST"]["Failure Count"])
+    assert requests - failed >= CAPACITY  # served: at least one turn per slot
+    assert failed > 0, "four times capacity and nothing was turned away"
+    # Every failure is a turn turned away: HTTP 429, or a stream ended with rate_limit_exceeded.
+    for failure in read_csv(prefix.with_name("overload_failures.csv")):
+        error = failure["Error"]  # e.g. CatchResponseError('HTTP 429: rate_limit_exceeded')
+        turned_away = ("HTTP 429: rate_limit_exceeded", "response.failed: rate_limit_exceeded")
+        assert any(reason in error for reason in turned_away), failure
+    # No timeout, no dropped connection, no malformed stream: those would be exceptions.
+    assert read_csv(prefix.with_name("overload_exceptions.csv")) == []
+    with httpx.Client(timeout=60) as http:  # capacity is back
+        answer = http.post(f"{app_url}/v1/responses", json={"model": MODEL, "input": "SDK-TEXT"})
+    assert answer.status_code == 200 and answer.json()["status"] == "completed"
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
