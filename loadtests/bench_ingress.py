@@ -6,7 +6,13 @@ the engine, is what is measured), then streams the same prompt N times
 - through the ingress: HTTP POST /v1/responses with SSE (proxy -> ingress -> engine), and
 - through the engine deployment's handle (engine -> caller), no protocol work at all,
 
-and prints time to first event / first chunk and streamed tokens per second for both.
+and prints time to first event / first chunk and streamed tokens per second for both. Then it
+plays a ten-turn Codex conversation (the sample trace's first turn: its developer prompt,
+environment and task, then a short user message per turn) two ways, and prints per-turn latency
+(send to terminal event) and bytes sent per turn:
+
+- SSE: every turn POSTs the whole history (``store: false``, as Codex does over HTTP);
+- WebSocket: one connection; each turn sends only its new message with ``previous_response_id``.
 
     python loadtests/bench_ingress.py --requests 20 --output-tokens 1024
 
@@ -20,13 +26,16 @@ import asyncio
 import json
 import socket
 import statistics
+import sys
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import ray
 from ray import serve
+from websockets.asyncio.client import connect
 
 from serve_app.app import build_app
 from serve_app.config import AppArgs, EngineConfig
@@ -35,8 +44,12 @@ from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from traces import SAMPLE, load_traces
+
 APP_NAME = "bench"
 MODEL = "gpt-oss-120b"
+TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 
 @dataclass
@@ -98,6 +111,82 @@ async def through_handle(handle, prompt: str) -> Sample:
     return Sample(first - start, tokens, last - first)
 
 
+@dataclass
+class Turn:
+    latency_s: float  # from sending the request to the terminal event
+    sent_bytes: int
+
+
+def _conversation(turns: int) -> list[list[dict]]:
+    """Each turn's new input: the sample trace's first turn, then one user message a turn."""
+    first = load_traces(SAMPLE)[0].turns[0]["new_items"]
+    follow_ups = [
+        [{"type": "message", "role": "user", "content": f"Turn {index}: go on with the next step."}]
+        for index in range(2, turns + 1)
+    ]
+    return [first, *follow_ups]
+
+
+async def ten_turns_over_sse(client: httpx.AsyncClient, url: str, turns: int) -> list[Turn]:
+    history: list[dict] = []
+    key = str(uuid.uuid4())
+    played = []
+    for new_items in _conversation(turns):
+        history += new_items
+        body = json.dumps(
+            {
+                "model": MODEL,
+                "input": history,
+                "stream": True,
+                "store": False,
+                "prompt_cache_key": key,
+            }
+        ).encode()
+        start = time.perf_counter()
+        headers = {"content-type": "application/json"}
+        async with client.stream(
+            "POST", f"{url}/v1/responses", content=body, headers=headers
+        ) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and json.loads(line[6:])["type"] in TERMINAL:
+                    final = json.loads(line[6:])["response"]
+        played.append(Turn(time.perf_counter() - start, len(body)))
+        history += final["output"]  # Codex keeps the output items and re-sends them
+    return played
+
+
+async def ten_turns_over_websocket(url: str, turns: int) -> list[Turn]:
+    played = []
+    previous = None
+    key = str(uuid.uuid4())
+    async with connect(url.replace("http://", "ws://", 1) + "/v1/responses") as socket:
+        for new_items in _conversation(turns):
+            message = {
+                "type": "response.create",
+                "model": MODEL,
+                "input": new_items,
+                "store": False,
+                "prompt_cache_key": key,
+            }
+            if previous:
+                message["previous_response_id"] = previous
+            text = json.dumps(message)
+            start = time.perf_counter()
+            await socket.send(text)
+            while (event := json.loads(await socket.recv()))["type"] not in TERMINAL:
+                pass
+            played.append(Turn(time.perf_counter() - start, len(text.encode())))
+            previous = event["response"]["id"]
+    return played
+
+
+def _turn_row(name: str, played: list[Turn]) -> str:
+    latencies = sorted(turn.latency_s * 1000 for turn in played)
+    p90 = latencies[min(len(latencies) - 1, int(0.9 * len(latencies)))]
+    sent = statistics.mean(turn.sent_bytes for turn in played)
+    return f"{name:<22} {statistics.median(latencies):>9.1f} {p90:>9.1f} {sent:>12.0f}"
+
+
 def _row(name: str, samples: list[Sample]) -> str:
     ttfe = sorted(sample.first_event_s * 1000 for sample in samples)
     rates = [sample.tokens_per_s for sample in samples]
@@ -125,6 +214,21 @@ async def run(args: argparse.Namespace, url: str) -> None:
     print(_row("ingress (HTTP + SSE)", ingress))
     print(_row("engine handle", direct))
 
+    async with httpx.AsyncClient(timeout=120) as client:
+        sse = [
+            turn
+            for _ in range(args.conversations)
+            for turn in await ten_turns_over_sse(client, url, 10)
+        ]
+    websocket = [
+        turn for _ in range(args.conversations) for turn in await ten_turns_over_websocket(url, 10)
+    ]
+    print(f"\n{args.conversations} ten-turn conversations per transport, one after another\n")
+    print(f"{'transport':<22} {'turn p50':>9} {'turn p90':>9} {'bytes sent':>12}")
+    print(f"{'':<22} {'(ms)':>9} {'(ms)':>9} {'per turn':>12}")
+    print(_turn_row("HTTP + SSE", sse))
+    print(_turn_row("WebSocket", websocket))
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -132,6 +236,7 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=1024)
     parser.add_argument("--prompt-words", type=int, default=500)
     parser.add_argument("--decode-tokens-per-s", type=float, default=20000)
+    parser.add_argument("--conversations", type=int, default=5, help="ten-turn, per transport")
     args = parser.parse_args()
 
     port = _free_port()
