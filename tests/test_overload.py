@@ -135,6 +135,9 @@ def test_locust_at_four_times_capacity_loses_nothing_and_hangs_nothing(
     requests, failed = int(stats["POST"]["Request Count"]), int(stats["POST"]["Failure Count"])
     assert requests - failed >= CAPACITY  # served: at least one turn per slot
     assert failed > 0, "four times capacity and nothing was turned away"
+    print(
+        f"locust, {users} users: {requests} turns, {requests - failed} served, {failed} turned away"
+    )
     # Every failure is a turn turned away: HTTP 429, or a stream ended with rate_limit_exceeded.
     for failure in read_csv(prefix.with_name("overload_failures.csv")):
         error = failure["Error"]  # e.g. CatchResponseError('HTTP 429: rate_limit_exceeded')
