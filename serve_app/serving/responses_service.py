@@ -275,12 +275,20 @@ class ResponsesService:
                 "stream": False,
                 "background": False,
                 "include": [],
+                # As at OpenAI, compaction takes no output limit: a cut summary is no summary.
+                "max_output_tokens": None,
             }
         )
         response = await self.run(await self.prepare(ask, owner))
         if response.status == "failed" and response.error is not None:
             raise GenerationFailed(response.error.message, response.error.code)
         summary = response.output_text.strip()
+        if not summary and response.status == "incomplete":
+            raise InvalidRequest(
+                "The history leaves no room in the model's context to write its summary.",
+                param="input",
+                code="context_length_exceeded",
+            )
         if not summary:
             raise GenerationFailed("The model wrote no summary.", "server_error")
         metrics.COMPACTIONS.inc()
