@@ -82,3 +82,18 @@ async def test_conversations_belong_to_the_key_that_made_them(api) -> None:
     with pytest.raises(openai.NotFoundError):
         await bob.responses.create(model=MODEL, conversation=conversation.id, input="x")
     assert (await alice.conversations.retrieve(conversation.id)).metadata == {"x": "y"}
+
+
+def test_a_websocket_without_a_valid_key_gets_401_and_is_closed(api) -> None:
+    from starlette.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    with TestClient(api) as http:
+        for headers in ({}, {"Authorization": "Bearer key-mallory"}):
+            with http.websocket_connect("/v1/responses", headers=headers) as socket:
+                error = socket.receive_json()
+                assert error["type"] == "error" and error["status"] == 401
+                assert set(error["error"]) == {"message", "type", "param", "code"}
+                with pytest.raises(WebSocketDisconnect) as closed:
+                    socket.receive_text()
+                assert closed.value.code == 1008  # policy violation
