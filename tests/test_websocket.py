@@ -9,8 +9,10 @@ import uuid
 import pytest
 from openai import OpenAI
 from openai.types.responses.responses_server_event import ResponseWsError
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from serve_app.serving.websocket import MAX_PENDING_MESSAGES
 from tests.helpers import engine_ongoing, wait_for
 
 MODEL = "gpt-oss-120b"
@@ -151,3 +153,18 @@ def test_closing_the_socket_mid_stream_aborts_the_engine_request(
             pass
         assert engine_ongoing(engine_handle, key) == 1  # the engine is paused mid-turn
     assert wait_for(lambda: engine_ongoing(engine_handle, key) == 0), "the engine request ran on"
+
+
+def test_a_client_flooding_messages_is_closed(app_url: str, engine_handle) -> None:
+    key = "websocket-flood-conversation"
+    create = {"type": "response.create", "model": MODEL, "prompt_cache_key": key}
+    with connect(socket_url(app_url)) as socket:
+        socket.send(json.dumps({**create, "input": "SDK-SLOW: hold"}))
+        for _ in range(MAX_PENDING_MESSAGES + 8):  # queued behind the slow response
+            socket.send(json.dumps({**create, "input": "SDK-TEXT"}))
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                socket.recv(timeout=30)
+    assert closed.value.rcvd.code == 1008
+    # The response that was streaming is gone from the engine too.
+    assert wait_for(lambda: engine_ongoing(engine_handle, key) == 0)

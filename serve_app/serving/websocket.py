@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 CREATE = "response.create"
 # Close code for a refused connection (RFC 6455: policy violation).
 POLICY_VIOLATION = 1008
+# Messages a client may send ahead of the response being streamed; more closes the connection
+# (memory stays bounded whatever a client sends).
+MAX_PENDING_MESSAGES = 16
 
 
 class RecentResponses(OrderedDict[str, list[InputItem]]):
@@ -80,6 +83,10 @@ async def _serve_connection(
     async def read() -> None:
         try:
             while (text := await _receive_text(socket)) is not None:
+                if inbox.qsize() >= MAX_PENDING_MESSAGES:
+                    logger.warning("websocket: %d messages pending, closing", inbox.qsize())
+                    await socket.close(POLICY_VIOLATION, "too many pending messages")
+                    return
                 await inbox.put(text)
         finally:
             await inbox.put(None)
