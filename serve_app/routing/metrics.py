@@ -9,8 +9,9 @@ from prometheus_client import Counter, Gauge
 
 ROUTING_DECISIONS = Counter(
     "serve_app:routing_decisions",
-    "Engine requests by routing decision: owner (ring owner took it), spilled (owner over the "
-    "load bound or full), no_key (no session id).",
+    "Engine requests by routing decision: owner (the conversation's home replica, or for a "
+    "new conversation its ring owner, took it), spilled (to another replica, for load), "
+    "no_key (no session id).",
     ["decision"],
 )
 REPLICA_ONGOING = Gauge(

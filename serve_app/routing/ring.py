@@ -9,7 +9,7 @@ affinity wins (the same idea as SGLang's ``balance_abs_threshold``). Affinity ho
 load is even, no replica is overloaded by hot keys, and adding or removing one of N replicas
 moves about 1/N of the keys (only those whose owner changed).
 
-Pure Python, no Ray: the request router wraps it, tests and the routing benchmark use it as is.
+Pure Python, no Ray: the conversation placer (``affinity.py``) builds on it; tests use it as is.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 DEFAULT_VIRTUAL_NODES = 160
 DEFAULT_LOAD_FACTOR = 1.25
-DEFAULT_MIN_BOUND = 4
+DEFAULT_MIN_BOUND = 8
 
 
 def _position(text: str) -> int:

@@ -2,13 +2,14 @@
 
 Ray Serve calls `choose_replicas` for each request on the caller's side (inside the ingress
 replica that holds the engine handle). The routing key is the request's ``session_id``, which
-the ingress sets to the ``prompt_cache_key`` (or a hash of the prompt's start). The choice is
-pure computation over the router's own queue-length view: no remote call on the router's
-event loop. Configure it in the Serve config:
+the ingress sets to the ``prompt_cache_key`` (or a hash of the prompt's start). Where each
+conversation goes is `serve_app.routing.affinity.ConversationPlacer`'s choice, pure computation
+over the router's own queue-length view: no remote call on the router's event loop. Configure
+it in the Serve config (``request_router_kwargs`` are the placer's keyword arguments):
 
     request_router_config:
       request_router_class: serve_app.routing.router.PrefixAffinityRouter
-      request_router_kwargs: {load_factor: 1.25, min_bound: 4}
+      request_router_kwargs: {load_factor: 1.25, min_bound: 8, new_load_factor: 1.1}
 """
 
 from __future__ import annotations
@@ -21,14 +22,7 @@ from ray.serve._private.request_router.replica_wrapper import RunningReplica
 from ray.serve._private.request_router.request_router import RequestRouter
 
 from serve_app.routing import metrics
-from serve_app.routing.ring import (
-    DEFAULT_LOAD_FACTOR,
-    DEFAULT_MIN_BOUND,
-    DEFAULT_VIRTUAL_NODES,
-    HashRing,
-    choose_bounded,
-    validate_bounds,
-)
+from serve_app.routing.affinity import ConversationPlacer
 
 logger = logging.getLogger(__name__)
 
@@ -37,33 +31,20 @@ MAX_FALLBACKS = 2
 
 
 class PrefixAffinityRouter(RequestRouter):
-    """Consistent hashing with bounded loads over ``session_id``."""
+    """Conversation affinity over ``session_id``: a home replica per conversation, placed
+    and spilled by consistent hashing with bounded loads (``serve_app.routing.affinity``)."""
 
-    def initialize_state(
-        self,
-        load_factor: float = DEFAULT_LOAD_FACTOR,
-        min_bound: int = DEFAULT_MIN_BOUND,
-        virtual_nodes: int = DEFAULT_VIRTUAL_NODES,
-        **unknown: Any,
-    ) -> None:
-        if unknown:
-            raise ValueError(f"unknown PrefixAffinityRouter options: {sorted(unknown)}")
-        validate_bounds(load_factor, min_bound)
-        self._load_factor = load_factor
-        self._min_bound = min_bound
-        self._ring = HashRing(virtual_nodes=virtual_nodes)
-        logger.info(
-            "PrefixAffinityRouter: load_factor=%s min_bound=%s virtual_nodes=%s",
-            load_factor,
-            min_bound,
-            virtual_nodes,
-        )
+    def initialize_state(self, **options: Any) -> None:
+        # The placer's keyword arguments are the router's options; unknown ones are a TypeError
+        # at deploy time, not a silent default.
+        self._placer = ConversationPlacer(**options)
+        logger.info("PrefixAffinityRouter: %s", options or "defaults")
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
         # The ring spans every running replica, not just those with room right now, so a
         # momentarily full replica does not remap its keys.
-        self._ring.set_members(replica.replica_id.unique_id for replica in replicas)
+        self._placer.set_members(replica.replica_id.unique_id for replica in replicas)
 
     async def choose_replicas(
         self,
@@ -82,10 +63,11 @@ class PrefixAffinityRouter(RequestRouter):
             metrics.ROUTING_DECISIONS.labels("no_key").inc()
             least_loaded = min(by_id, key=lambda unique_id: loads.get(unique_id, 0))
             return [[by_id[least_loaded]]]
-        choice = choose_bounded(self._ring, key, loads, self._load_factor, self._min_bound)
+        choice = self._placer.choose(key, loads)
+        ring = self._placer.ring
         if choice is None or choice.replica not in by_id:
             # The chosen replica is full or not yet known to the ring: walk on to one with room.
-            ranked = [unique_id for unique_id in self._ring.walk(key) if unique_id in by_id]
+            ranked = [unique_id for unique_id in ring.walk(key) if unique_id in by_id]
             metrics.ROUTING_DECISIONS.labels("spilled").inc()
             return [
                 [by_id[unique_id]] for unique_id in (ranked or list(by_id))[: 1 + MAX_FALLBACKS]
@@ -93,7 +75,7 @@ class PrefixAffinityRouter(RequestRouter):
         metrics.ROUTING_DECISIONS.labels("spilled" if choice.spilled else "owner").inc()
         fallbacks = [
             unique_id
-            for unique_id in self._ring.walk(key)
+            for unique_id in ring.walk(key)
             if unique_id in by_id and unique_id != choice.replica
         ][:MAX_FALLBACKS]
         return [[by_id[choice.replica]], *[[by_id[unique_id]] for unique_id in fallbacks]]

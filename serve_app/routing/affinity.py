@@ -1,0 +1,161 @@
+"""Where each conversation is served: its home replica, kept while that replica has room.
+
+The ring (``ring.py``) alone sends a conversation to the replica its key hashes to. That keeps
+every turn on one replica, but the hash also decides how many conversations each replica gets,
+and with a few dozen conversations per replica some get half as many again as others. Bounded
+loads fix that only by moving turns of running conversations, and a moved turn is a full prefill
+on a replica that holds none of the conversation.
+
+So the choice is made once, when a conversation is new, and remembered:
+
+- A **new** conversation costs the same everywhere (only the shared system and developer prompt
+  is cached, and every replica has that), so it is placed for balance: its ring owner, unless
+  that replica already has more than ``new_load_factor`` times the mean number of active
+  conversations; then the next replica on the ring under that bound (consistent hashing with
+  bounded loads, counted in conversations).
+- A **known** conversation goes to its home while the home holds at most ``load_factor`` times
+  the mean ongoing requests (never less than ``min_bound``); otherwise it spills to the next
+  replica on the ring under that bound, which becomes its home (it now holds the newest prefix).
+
+Scaling: adding a replica moves no conversation (the new one takes new conversations and
+spills); removing one re-places only that replica's conversations. Conversations idle for
+``idle_s`` are forgotten and count as new again; the table holds at most ``max_conversations``.
+
+The table is per router, that is per ingress replica. A conversation placed on its ring owner
+(the common case) is placed alike by every ingress replica; one placed elsewhere is known only
+to the ingress replica that placed it, and another sends it to its owner.
+
+Pure Python, no Ray: the request router wraps it; tests and benchmarks use it as is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from serve_app.routing.ring import (
+    DEFAULT_LOAD_FACTOR,
+    DEFAULT_MIN_BOUND,
+    DEFAULT_VIRTUAL_NODES,
+    Choice,
+    HashRing,
+    choose_bounded,
+    load_bound,
+    validate_bounds,
+)
+
+DEFAULT_NEW_LOAD_FACTOR = 1.1
+DEFAULT_IDLE_S = 300.0
+DEFAULT_MAX_CONVERSATIONS = 100_000
+
+
+@dataclass
+class _Home:
+    replica: str
+    last_seen: float
+
+
+class ConversationTable:
+    """Each recent conversation's home replica, and how many active conversations each has.
+
+    Entries are kept in last-seen order, so forgetting idle ones pops from the front.
+    """
+
+    def __init__(self, idle_s: float, max_conversations: int, clock: Callable[[], float]):
+        if idle_s <= 0 or max_conversations <= 0:
+            raise ValueError("idle_s and max_conversations must be positive")
+        self.idle_s = idle_s
+        self.max_conversations = max_conversations
+        self._clock = clock
+        self._homes: OrderedDict[str, _Home] = OrderedDict()
+        self._active: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._homes)
+
+    def home(self, key: str) -> str | None:
+        self._forget_idle()
+        entry = self._homes.get(key)
+        return entry.replica if entry else None
+
+    def assign(self, key: str, replica: str) -> None:
+        """Record that ``key`` is served on ``replica`` now."""
+        entry = self._homes.pop(key, None)
+        if entry is not None:
+            self._active[entry.replica] -= 1
+        self._homes[key] = _Home(replica, self._clock())
+        self._active[replica] += 1
+        while len(self._homes) > self.max_conversations:
+            self._drop_oldest()
+
+    def active(self) -> Counter[str]:
+        """Conversations seen within ``idle_s``, per home replica."""
+        self._forget_idle()
+        return +self._active  # a copy without zero counts
+
+    def _forget_idle(self) -> None:
+        horizon = self._clock() - self.idle_s
+        while self._homes and next(iter(self._homes.values())).last_seen < horizon:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        _, entry = self._homes.popitem(last=False)
+        self._active[entry.replica] -= 1
+
+
+class ConversationPlacer:
+    """Chooses the replica for each request of a conversation (see the module docstring)."""
+
+    def __init__(
+        self,
+        load_factor: float = DEFAULT_LOAD_FACTOR,
+        min_bound: int = DEFAULT_MIN_BOUND,
+        new_load_factor: float = DEFAULT_NEW_LOAD_FACTOR,
+        virtual_nodes: int = DEFAULT_VIRTUAL_NODES,
+        idle_s: float = DEFAULT_IDLE_S,
+        max_conversations: int = DEFAULT_MAX_CONVERSATIONS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        validate_bounds(load_factor, min_bound)
+        validate_bounds(new_load_factor, 0)
+        self.load_factor = load_factor
+        self.min_bound = min_bound
+        self.new_load_factor = new_load_factor
+        self.ring = HashRing(virtual_nodes=virtual_nodes)
+        self.table = ConversationTable(idle_s, max_conversations, clock)
+
+    def set_members(self, members: Iterable[str]) -> None:
+        self.ring.set_members(members)
+
+    def choose(self, key: str, loads: Mapping[str, int]) -> Choice | None:
+        """The replica for this request of conversation ``key``, given ongoing requests."""
+        members = self.ring.members
+        if not members:
+            return None
+        bound = load_bound(loads, members, self.load_factor, self.min_bound)
+        home = self.table.home(key)
+        if home not in members:
+            choice = self._place_new(key, loads, bound)
+        elif loads.get(home, 0) + 1 <= bound:
+            choice = Choice(home, spilled=False)
+        else:  # the home is over the bound, so the walk passes it by
+            choice = choose_bounded(self.ring, key, loads, self.load_factor, self.min_bound)
+            assert choice is not None
+            choice = Choice(choice.replica, spilled=choice.replica != home)
+        self.table.assign(key, choice.replica)
+        return choice
+
+    def _place_new(self, key: str, loads: Mapping[str, int], bound: float) -> Choice:
+        """Bounded loads counted in active conversations, then in ongoing requests."""
+        active = self.table.active()
+        conversations_bound = load_bound(active, self.ring.members, self.new_load_factor, 0)
+        owner = None
+        for replica in self.ring.walk(key):
+            owner = owner or replica
+            if active[replica] + 1 <= conversations_bound and loads.get(replica, 0) + 1 <= bound:
+                return Choice(replica, spilled=replica != owner)
+        choice = choose_bounded(self.ring, key, loads, self.load_factor, self.min_bound)
+        assert choice is not None
+        return choice

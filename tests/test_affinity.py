@@ -1,0 +1,132 @@
+"""Conversation placement: new conversations balanced, known ones kept home, scaling stable."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from serve_app.routing.affinity import ConversationPlacer, ConversationTable
+
+REPLICAS = [f"replica-{index}" for index in range(8)]
+KEYS = [f"conversation-{index}" for index in range(2000)]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def placer(members: list[str] = REPLICAS, **options) -> ConversationPlacer:
+    placer = ConversationPlacer(**options)
+    placer.set_members(members)
+    return placer
+
+
+def place_all(placer: ConversationPlacer, keys: list[str]) -> dict[str, str]:
+    homes = {}
+    for key in keys:
+        choice = placer.choose(key, {})
+        assert choice is not None
+        homes[key] = choice.replica
+    return homes
+
+
+def test_new_conversations_are_spread_within_the_bound_in_conversations() -> None:
+    homes = place_all(placer(new_load_factor=1.1), KEYS[:400])
+    counts = Counter(homes.values())
+    # By hash alone the fullest replica gets far more than 1.1 x the mean of 50.
+    assert max(counts.values()) <= 1.1 * 50 + 1
+    assert set(counts) == set(REPLICAS)
+
+
+def test_a_new_conversation_goes_to_its_ring_owner_while_that_has_room() -> None:
+    balanced = placer()
+    for key in KEYS[:20]:  # 20 conversations over 8 replicas: nobody is over the bound yet
+        choice = balanced.choose(key, {})
+        if not choice.spilled:
+            assert choice.replica == balanced.ring.owner(key)
+    first = placer().choose(KEYS[0], {})
+    assert first == placer().choose(KEYS[0], {})  # every router places alike
+    assert not first.spilled and first.replica == placer().ring.owner(KEYS[0])
+
+
+def test_a_known_conversation_stays_home_while_under_the_bound() -> None:
+    routing = placer()
+    homes = place_all(routing, KEYS[:200])
+    loads = {replica: 3 for replica in REPLICAS}  # under the floor of 4
+    for key in KEYS[:200]:
+        choice = routing.choose(key, loads)
+        assert choice.replica == homes[key] and not choice.spilled
+
+
+def test_an_overloaded_home_spills_and_the_conversation_moves_with_it() -> None:
+    routing = placer(min_bound=0)
+    key = KEYS[0]
+    home = routing.choose(key, {}).replica
+    loads = {replica: 2 for replica in REPLICAS}
+    loads[home] = 10
+    spill = routing.choose(key, loads)
+    assert spill.spilled and spill.replica != home
+    assert spill.replica == next(r for r in routing.ring.walk(key) if r != home)
+    # The new home holds the newest prefix: the next turn stays there, though the old has room.
+    assert routing.choose(key, {}).replica == spill.replica
+
+
+def test_adding_a_replica_moves_no_active_conversation() -> None:
+    routing = placer()
+    homes = place_all(routing, KEYS[:400])
+    routing.set_members([*REPLICAS, "replica-new"])
+    assert place_all(routing, KEYS[:400]) == homes
+    # New conversations favour the empty replica (by hash alone it would get 1 in 9).
+    newcomers = Counter(place_all(routing, KEYS[400:440]).values())
+    assert newcomers.most_common(1)[0][0] == "replica-new"
+    assert newcomers["replica-new"] >= 40 / 3
+
+
+def test_removing_a_replica_replaces_only_its_conversations() -> None:
+    routing = placer()
+    homes = place_all(routing, KEYS[:400])
+    gone = REPLICAS[-1]
+    routing.set_members(REPLICAS[:-1])
+    after = place_all(routing, KEYS[:400])
+    moved = {key for key in homes if after[key] != homes[key]}
+    assert moved == {key for key, replica in homes.items() if replica == gone}
+    assert gone not in after.values()
+
+
+def test_idle_conversations_are_forgotten() -> None:
+    clock = FakeClock()
+    routing = placer(idle_s=60, clock=clock)
+    place_all(routing, KEYS[:100])
+    clock.now = 30
+    place_all(routing, KEYS[100:150])
+    assert sum(routing.table.active().values()) == 150
+    clock.now = 61  # the first hundred have been idle for 61 s
+    assert sum(routing.table.active().values()) == 50
+    assert routing.table.home(KEYS[0]) is None
+    assert routing.table.home(KEYS[100]) is not None
+
+
+def test_the_table_is_bounded() -> None:
+    table = ConversationTable(idle_s=60, max_conversations=10, clock=FakeClock())
+    for key in KEYS[:25]:
+        table.assign(key, REPLICAS[0])
+    assert len(table) == 10
+    assert table.active() == Counter({REPLICAS[0]: 10})
+    assert table.home(KEYS[24]) == REPLICAS[0] and table.home(KEYS[0]) is None
+
+
+def test_invalid_options_are_rejected() -> None:
+    with pytest.raises(ValueError):
+        ConversationPlacer(new_load_factor=0.5)
+    with pytest.raises(ValueError):
+        ConversationPlacer(load_factor=0.9)
+    with pytest.raises(ValueError):
+        ConversationPlacer(idle_s=0)
+    with pytest.raises(TypeError):
+        ConversationPlacer(unknown_option=1)
+    assert ConversationPlacer().choose("k", {}) is None
