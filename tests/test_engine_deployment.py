@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 from serve_app.engines.base import GenerateChunk
 from serve_app.serving.engine_deployment import _END, EngineDeployment
@@ -36,3 +37,24 @@ async def test_a_reader_that_keeps_up_gets_each_chunk_without_waiting() -> None:
     queue.put_nowait(GenerateChunk(token_ids=[7]))
     chunk = await asyncio.wait_for(reader, timeout=1)
     assert chunk.token_ids == [7]  # sent as soon as it exists, alone
+
+
+class _SlowFirstTokenEngine:
+    """Yields a chunk without tokens (prompt counts), then tokens after a prefill's wait."""
+
+    async def generate(self, request):
+        yield GenerateChunk(num_prompt_tokens=5)
+        await asyncio.sleep(0.05)
+        yield GenerateChunk(token_ids=[1])
+        yield GenerateChunk(token_ids=[2], finish_reason="stop")
+
+
+async def test_the_first_token_carries_the_time_the_engine_took_to_produce_it() -> None:
+    replica = SimpleNamespace(_engine=_SlowFirstTokenEngine())  # only what _produce reads
+    queue: asyncio.Queue = asyncio.Queue()
+    await Replica._produce(replica, None, queue)
+    chunks = [queue.get_nowait() for _ in range(3)]
+    assert chunks[0].engine_ttft_s is None  # no token yet
+    assert 0.05 <= chunks[1].engine_ttft_s < 1
+    assert chunks[2].engine_ttft_s is None  # only the first token is stamped
+    assert chunks[0].merge(chunks[1]).merge(chunks[2]).engine_ttft_s == chunks[1].engine_ttft_s

@@ -48,6 +48,10 @@ class GenerateChunk:
     error: str | None = None
     # The engine replica that served the request (set on the first chunk by the deployment).
     replica: str | None = None
+    # Seconds from the request reaching the engine replica to its first output token, set by
+    # the deployment on the chunk that carries that token: the engine's own queueing and
+    # prefill, without the routing and transport in front of it.
+    engine_ttft_s: float | None = None
 
     def merge(self, later: GenerateChunk) -> GenerateChunk:
         """One chunk standing for ``self`` followed by ``later`` (used to coalesce a stream)."""
@@ -58,6 +62,9 @@ class GenerateChunk:
             num_cached_tokens=max(self.num_cached_tokens, later.num_cached_tokens),
             error=later.error or self.error,
             replica=self.replica or later.replica,
+            engine_ttft_s=self.engine_ttft_s
+            if self.engine_ttft_s is not None
+            else later.engine_ttft_s,
         )
 
 

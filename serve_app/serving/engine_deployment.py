@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from ray import serve
@@ -55,8 +56,12 @@ class EngineDeployment:
                 await self._engine.abort(request.request_id)
 
     async def _produce(self, request: GenerateRequest, queue: asyncio.Queue[object]) -> None:
+        arrived = time.monotonic()
+        first_token = True
         try:
             async for chunk in self._engine.generate(request):
+                if first_token and chunk.token_ids:
+                    chunk.engine_ttft_s, first_token = time.monotonic() - arrived, False
                 queue.put_nowait(chunk)
         except EngineError as exc:
             logger.warning("request %s failed in the engine: %s", request.request_id, exc)
