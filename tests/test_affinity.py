@@ -57,7 +57,7 @@ def test_a_new_conversation_goes_to_its_ring_owner_while_that_has_room() -> None
 def test_a_known_conversation_stays_home_while_under_the_bound() -> None:
     routing = placer()
     homes = place_all(routing, KEYS[:200])
-    loads = {replica: 3 for replica in REPLICAS}  # under the floor of 4
+    loads = {replica: 3 for replica in REPLICAS}  # under the floor of 8
     for key in KEYS[:200]:
         choice = routing.choose(key, loads)
         assert choice.replica == homes[key] and not choice.spilled
@@ -74,6 +74,19 @@ def test_an_overloaded_home_spills_and_the_conversation_moves_with_it() -> None:
     assert spill.replica == next(r for r in routing.ring.walk(key) if r != home)
     # The new home holds the newest prefix: the next turn stays there, though the old has room.
     assert routing.choose(key, {}).replica == spill.replica
+
+
+def test_a_home_over_the_placement_bound_but_under_the_spill_bound_keeps_its_conversation() -> None:
+    routing = placer(min_bound=0, load_factor=1.25, spill_factor=2.0)
+    key = KEYS[0]
+    home = routing.choose(key, {}).replica
+    loads = {replica: 4 for replica in REPLICAS}
+    # A mean of 4.6 with this request: 1.25 x is 5.8, 2 x is 9.2; the home would hold 9.
+    loads[home] = 8
+    stay = routing.choose(key, loads)
+    assert stay.replica == home and not stay.spilled
+    loads[home] = 9  # now it would hold 10: over the spill bound
+    assert routing.choose(key, loads).spilled
 
 
 def test_adding_a_replica_moves_no_active_conversation() -> None:
@@ -125,6 +138,8 @@ def test_invalid_options_are_rejected() -> None:
         ConversationPlacer(new_load_factor=0.5)
     with pytest.raises(ValueError):
         ConversationPlacer(load_factor=0.9)
+    with pytest.raises(ValueError):
+        ConversationPlacer(load_factor=1.5, spill_factor=1.25)
     with pytest.raises(ValueError):
         ConversationPlacer(idle_s=0)
     with pytest.raises(TypeError):
