@@ -8,22 +8,30 @@ with the simulated engine, once per request router, on the same replica count:
 - ``ray-prefix-aware``: Ray Serve LLM's ``PrefixCacheAffinityRouter``, made to see the prompt
   (it matches text; here each prompt token id becomes one character, so it matches tokens);
 - ``serve_app-mbN``: ours (``serve_app.routing.router.PrefixAffinityRouter``, bounded load,
-  ``min_bound`` N; several with ``--min-bound 4 0``);
+  ``min_bound`` N; several with ``--min-bound 8 4``);
 - ``oracle``: one infinite prefix cache and no queueing (an upper bound, computed, not run).
 
 The trace is replayed through the deployment's handle, exactly as the ingress calls it (same
 prompts rendered with harmony, same routing key), so the numbers are the router's and the
-simulated engine's, not HTTP's. Mid-run one replica is added and later one removed, to count
-the sessions whose replica changes. Printed per router:
+simulated engine's, not HTTP's. One replica is added at 60% of the arrivals and one removed at
+80%, to count the sessions whose replica changes. For policies over several traces without
+Ray's noise, see ``sim_routing.py``. Printed per router:
 
 - hit rate: prompt tokens served from the prefix cache / prompt tokens (token-weighted);
-- TTFT p50/p90: first token as the caller sees it, from the simulated engine's time model
-  (serialized prefill of uncached tokens, then decode) plus Ray's handle overhead;
-- max/mean load: request-seconds per replica while the replica count is steady;
+- TTFT p50/p90: from the request reaching its engine replica to its first token, that is the
+  simulated engine's time model (prefills of uncached tokens serialized in arrival order, then
+  one decode step) as the replica lived it;
+- caller TTFT p90: the same as the caller sees it, with Ray's routing and transport added (on a
+  2-core machine running nine replicas this is mostly CPU contention, and noisy);
+- max/mean work: engine seconds per replica by the time model (uncached prompt tokens at the
+  prefill rate plus output tokens at the decode rate), for turns begun before the replica is
+  added: the load each router gave each replica;
+- max/mean busy: request-seconds per replica (wall clock, as the caller saw them) over the same
+  turns; on 2 cores a busier replica process is also slower per request, which inflates this;
 - moved: share of consecutive turns of a session on different replicas, away from scaling;
 - remap +1 / -1: share of sessions active across a scale event whose replica changed.
 
-    python loadtests/bench_routing.py --min-bound 4 0  # ~13 minutes on 2 cores
+    python loadtests/bench_routing.py --min-bound 8 4  # ~15 minutes on 2 cores
     python loadtests/bench_routing.py --sessions 40  # a quick look
 
 This is a benchmark, not a test: it prints numbers and asserts nothing.
@@ -38,6 +46,7 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,6 +67,7 @@ from serve_app.engines.simulated import SimulatedEngineConfig
 from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
+from serve_app.routing.affinity import DEFAULT_NEW_LOAD_FACTOR, DEFAULT_SPILL_FACTOR
 from serve_app.routing.keys import routing_key
 from serve_app.routing.ring import DEFAULT_LOAD_FACTOR, DEFAULT_MIN_BOUND
 from serve_app.serving.engine_client import HandleEngineClient
@@ -107,10 +117,12 @@ class Served:
     turn: Turn
     started: float
     first_token: float
+    engine_ttft_s: float
     ended: float
     replica: str
     prompt_tokens: int
     cached_tokens: int
+    output_tokens: int
 
 
 @dataclass
@@ -168,18 +180,28 @@ async def serve_turn(client: HandleEngineClient, turn: Turn) -> Served:
         session_id=turn.routing_key,
     )
     started = time.monotonic()
-    first_token = 0.0
-    replica, prompt_tokens, cached_tokens = "", 0, 0
+    first_token = engine_ttft_s = 0.0
+    replica, prompt_tokens, cached_tokens, output_tokens = "", 0, 0, 0
     async for chunk in client.stream(request):
+        output_tokens += len(chunk.token_ids)
         replica = replica or chunk.replica or ""
         prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
         cached_tokens = max(cached_tokens, chunk.num_cached_tokens)
         if chunk.token_ids and not first_token:
             first_token = time.monotonic()
+            engine_ttft_s = chunk.engine_ttft_s or 0.0
         if chunk.error:
             raise RuntimeError(chunk.error)
     return Served(
-        turn, started, first_token, time.monotonic(), replica, prompt_tokens, cached_tokens
+        turn,
+        started,
+        first_token,
+        engine_ttft_s,
+        time.monotonic(),
+        replica,
+        prompt_tokens,
+        cached_tokens,
+        output_tokens,
     )
 
 
@@ -228,7 +250,7 @@ async def replay(
     arrivals_s = sessions[-1].start_s * args.time_scale
     t0 = time.monotonic()
     scaling = asyncio.create_task(
-        scale_mid_run(name, args.replicas, engine, t0, (0.4 * arrivals_s, 0.7 * arrivals_s), events)
+        scale_mid_run(name, args.replicas, engine, t0, (0.6 * arrivals_s, 0.8 * arrivals_s), events)
     )
     await asyncio.gather(
         *(
@@ -254,13 +276,27 @@ def hit_rate(served: list[Served]) -> float:
     return sum(s.cached_tokens for s in served) / sum(s.prompt_tokens for s in served)
 
 
-def load_imbalance(served: list[Served], until: float) -> float:
-    """Max over mean of request-seconds per replica, for turns begun before ``until``."""
-    busy: Counter[str] = Counter()
+def load_imbalance(served: list[Served], until: float, load: Callable[[Served], float]) -> float:
+    """Max over mean of ``load`` summed per replica, for turns begun before ``until``."""
+    per_replica: Counter[str] = Counter()
     for s in served:
         if s.started < until:
-            busy[s.replica] += s.ended - s.started
-    return max(busy.values()) / statistics.mean(busy.values())
+            per_replica[s.replica] += load(s)
+    return max(per_replica.values()) / statistics.mean(per_replica.values())
+
+
+def work_seconds(engine: SimulatedEngineConfig) -> Callable[[Served], float]:
+    """A turn's engine time by the time model: its uncached prefill and its decode."""
+
+    def work(s: Served) -> float:
+        prefill = (s.prompt_tokens - s.cached_tokens) / engine.prefill_tokens_per_s
+        return prefill + s.output_tokens / engine.decode_tokens_per_s
+
+    return work
+
+
+def wall_seconds(s: Served) -> float:
+    return s.ended - s.started
 
 
 def by_session(served: list[Served]) -> dict[str, list[Served]]:
@@ -336,7 +372,9 @@ def report(
         "hit rate",
         "TTFT p50 (ms)",
         "TTFT p90 (ms)",
-        "max/mean load",
+        "caller TTFT p90 (ms)",
+        "max/mean work",
+        "max/mean busy",
         "moved",
         "remap +1",
         "remap -1",
@@ -346,7 +384,8 @@ def report(
     print(row("---", ["---:"] * len(columns)))
     settle = args.settle_s
     for name, (served, events) in results.items():
-        ttfts = [(s.first_token - s.started) * 1000 for s in served]
+        ttfts = [s.engine_ttft_s * 1000 for s in served]
+        caller_ttfts = [(s.first_token - s.started) * 1000 for s in served]
         added, removed = events
         print(
             row(
@@ -355,7 +394,9 @@ def report(
                     f"{hit_rate(served):.3f}",
                     f"{statistics.median(ttfts):.0f}",
                     f"{percentile(ttfts, 0.9):.0f}",
-                    f"{load_imbalance(served, until=added.began):.2f}",
+                    f"{percentile(caller_ttfts, 0.9):.0f}",
+                    f"{load_imbalance(served, added.began, work_seconds(engine)):.2f}",
+                    f"{load_imbalance(served, added.began, wall_seconds):.2f}",
                     f"{moved_share(served, events, settle):.2f}",
                     f"{remap_share(served, added, settle):.2f}",
                     f"{remap_share(served, removed, settle):.2f}",
@@ -371,7 +412,9 @@ def report(
                 f"{best_hit:.3f}",
                 f"{statistics.median(ttfts):.0f}",
                 f"{percentile(ttfts, 0.9):.0f}",
-                "1.00",
+                "-",
+                "-",
+                "-",
                 "0.00",
                 "-",
                 "-",
@@ -382,11 +425,12 @@ def report(
     tokens = sum(len(turn.token_ids) for turns_ in rendered.values() for turn in turns_)
     print(
         f"\n{len(sessions)} sessions, {turns} turns, {tokens / turns:.0f} prompt tokens per turn "
-        f"on average; {args.replicas} replicas (+1 at 40% of arrivals, -1 at 70%); simulated "
+        f"on average; {args.replicas} replicas (+1 at 60% of arrivals, -1 at 80%); simulated "
         f"engine: prefill {engine.prefill_tokens_per_s:.0f} tokens/s (serialized), decode "
         f"{engine.decode_tokens_per_s:.0f} tokens/s, prefix cache {engine.kv_cache_tokens} "
         f"tokens in blocks of {engine.block_size}, LRU; time scale {args.time_scale}; "
-        f"serve_app-mbN: load_factor {args.load_factor}, min_bound N"
+        f"serve_app-mbN: load_factor {args.load_factor}, new_load_factor "
+        f"{args.new_load_factor}, spill_factor {args.spill_factor}, min_bound N"
     )
 
 
@@ -404,6 +448,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--kv-cache-tokens", type=int, default=262_144)
     parser.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR, help="ours")
     parser.add_argument(
+        "--new-load-factor", type=float, default=DEFAULT_NEW_LOAD_FACTOR, help="ours"
+    )
+    parser.add_argument("--spill-factor", type=float, default=DEFAULT_SPILL_FACTOR, help="ours")
+    parser.add_argument(
         "--min-bound", type=int, nargs="+", default=[DEFAULT_MIN_BOUND], help="ours, each"
     )
     return parser.parse_args()
@@ -417,7 +465,12 @@ def main() -> None:
             routers.append(f"serve_app-mb{min_bound}")
             ROUTERS[routers[-1]] = RequestRouterConfig(
                 request_router_class="serve_app.routing.router.PrefixAffinityRouter",
-                request_router_kwargs={"load_factor": args.load_factor, "min_bound": min_bound},
+                request_router_kwargs={
+                    "load_factor": args.load_factor,
+                    "new_load_factor": args.new_load_factor,
+                    "spill_factor": args.spill_factor,
+                    "min_bound": min_bound,
+                },
             )
     simulated = SimulatedEngineConfig(
         prefill_tokens_per_s=args.prefill_tokens_per_s,

@@ -1,0 +1,235 @@
+"""Routing policies replayed in simulated time: several traces in a minute, no Ray, no noise.
+
+`bench_routing.py` runs Ray's real routers against real replicas, so its figures carry the
+scheduling noise of nine processes on two cores, and one pass takes a quarter of an hour. This
+replays the same traces (same generator, same harmony rendering, same prefix-cache model) through
+the same time model as the simulated engine, event by event, for several seeds:
+
+- each replica prefills uncached prompt tokens one request at a time in arrival order, then
+  decodes ``--output-tokens`` at the decode rate, slowed by ``batch_slowdown`` per other request;
+- the routing policy sees ongoing requests per replica when a turn arrives;
+- max/mean work is engine seconds per replica by that model (uncached prefill plus decode),
+  over the whole replay.
+
+Policies: ``hash`` (ring owner only: what Ray's ``ConsistentHashRouter`` does), ``pow2``
+(power of two choices on ongoing requests: Ray's default), ``ours`` (the
+``ConversationPlacer`` the request router runs, with the given bounds) and the oracle. No
+scale events and no router overheads here: those are what the Ray benchmark is for.
+
+    python loadtests/sim_routing.py --seeds 7 1 2 3 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import statistics
+import sys
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_routing import Turn, oracle, percentile, render_turns, row
+from traces import Session, generate
+
+from serve_app.engines.prefix_cache import PrefixKVCache
+from serve_app.engines.simulated import SimulatedEngineConfig
+from serve_app.routing.affinity import (
+    DEFAULT_NEW_LOAD_FACTOR,
+    DEFAULT_SPILL_FACTOR,
+    ConversationPlacer,
+)
+from serve_app.routing.ring import DEFAULT_LOAD_FACTOR
+
+Policy = Callable[[str, Mapping[str, int]], str]
+
+
+@dataclass(frozen=True)
+class Result:
+    hit_rate: float
+    ttfts_ms: list[float]
+    imbalance: float  # max/mean engine work per replica, as bench_routing's "work"
+    prefill_busy: float  # share of the replay a replica spends prefilling (its serialized part)
+
+
+def hash_owner(members: list[str]) -> Policy:
+    placer = ConversationPlacer()
+    placer.set_members(members)
+    return lambda key, _loads: placer.ring.owner(key) or members[0]
+
+
+def power_of_two(members: list[str], seed: int = 0) -> Policy:
+    rng = random.Random(seed)
+
+    def choose(_key: str, loads: Mapping[str, int]) -> str:
+        first, second = rng.sample(members, 2)
+        return first if loads[first] <= loads[second] else second
+
+    return choose
+
+
+def ours(members: list[str], **bounds: float) -> Policy:
+    placer = ConversationPlacer(clock=lambda: 0.0, **bounds)  # nobody goes idle in a replay
+    placer.set_members(members)
+
+    def choose(key: str, loads: Mapping[str, int]) -> str:
+        choice = placer.choose(key, loads)
+        assert choice is not None
+        return choice.replica
+
+    return choose
+
+
+def replay(
+    sessions: list[Session],
+    rendered: dict[str, list[Turn]],
+    policy: Policy,
+    members: list[str],
+    engine: SimulatedEngineConfig,
+    output_tokens: int,
+) -> Result:
+    caches = {
+        member: PrefixKVCache(engine.block_size, engine.kv_cache_tokens) for member in members
+    }
+    ongoing: Counter[str] = Counter()
+    prefill_free_at: Counter[str] = Counter()
+    work: Counter[str] = Counter()
+    # (time, kind, session index, turn index, replica); kind 0 = a turn ends, 1 = one arrives,
+    # so at equal times the replica is freed first.
+    events: list[tuple[float, int, int, int, str]] = [
+        (session.start_s, 1, index, 0, "") for index, session in enumerate(sessions)
+    ]
+    heapq.heapify(events)
+    prompt = cached = 0
+    ttfts = []
+    started, now, prefilling = events[0][0], 0.0, 0.0
+    while events:
+        now, kind, index, turn_index, replica = heapq.heappop(events)
+        session = sessions[index]
+        if kind == 0:
+            ongoing[replica] -= 1
+            if turn_index + 1 < len(session.turns):
+                think = session.turns[turn_index + 1]["think_s"]
+                heapq.heappush(events, (now + think, 1, index, turn_index + 1, ""))
+            continue
+        turn = rendered[session.session_id][turn_index]
+        replica = policy(turn.routing_key, {member: ongoing[member] for member in members})
+        cache = caches[replica]
+        hit = cache.lookup(turn.token_ids)
+        # The output is cached too, as the engine does; it never matches a later prompt.
+        cache.insert([*turn.token_ids, *[0] * output_tokens])
+        first_token = (
+            max(now, prefill_free_at[replica])
+            + (len(turn.token_ids) - hit) / engine.prefill_tokens_per_s
+        )
+        prefill_free_at[replica] = first_token
+        prefilling += (len(turn.token_ids) - hit) / engine.prefill_tokens_per_s
+        slowdown = 1 + engine.batch_slowdown * ongoing[replica]
+        ends = first_token + output_tokens * slowdown / engine.decode_tokens_per_s
+        ongoing[replica] += 1
+        work[replica] += (len(turn.token_ids) - hit) / engine.prefill_tokens_per_s + (
+            output_tokens / engine.decode_tokens_per_s
+        )
+        prompt += len(turn.token_ids)
+        cached += hit
+        ttfts.append((first_token - now + 1 / engine.decode_tokens_per_s) * 1000)
+        heapq.heappush(events, (ends, 0, index, turn_index, replica))
+    mean_work = statistics.mean(work[member] for member in members)
+    return Result(
+        cached / prompt,
+        ttfts,
+        max(work.values()) / mean_work,
+        prefilling / len(members) / (now - started),
+    )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[7, 1, 2, 3, 4])
+    parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=5.0, help="sessions started per second")
+    parser.add_argument("--output-tokens", type=int, default=64, help="per turn")
+    parser.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR, help="ours")
+    parser.add_argument(
+        "--new-load-factor", type=float, default=DEFAULT_NEW_LOAD_FACTOR, help="ours"
+    )
+    parser.add_argument("--spill-factor", type=float, default=DEFAULT_SPILL_FACTOR, help="ours")
+    parser.add_argument("--min-bound", type=int, nargs="+", default=[8, 4, 0], help="ours, each")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    engine = SimulatedEngineConfig()
+    members = [f"replica-{index}" for index in range(args.replicas)]
+    policies: dict[str, Callable[[], Policy]] = {
+        "hash (Ray ConsistentHashRouter)": lambda: hash_owner(members),
+        "pow2 (Ray default)": lambda: power_of_two(members),
+    }
+    for min_bound in args.min_bound:
+        policies[f"ours, min_bound {min_bound}"] = lambda min_bound=min_bound: ours(
+            members,
+            load_factor=args.load_factor,
+            new_load_factor=args.new_load_factor,
+            spill_factor=args.spill_factor,
+            min_bound=min_bound,
+        )
+    columns = [
+        "hit rate",
+        "hit / oracle",
+        "TTFT p50 (ms)",
+        "TTFT p90 (ms)",
+        "max/mean work",
+        "prefill busy",
+    ]
+    totals: dict[str, list[list[float]]] = {name: [] for name in [*policies, "oracle"]}
+    for seed in args.seeds:
+        sessions = generate(args.sessions, args.rate, seed)
+        rendered = {session.session_id: render_turns(session) for session in sessions}
+        best_hit, best_ttfts = oracle(sessions, rendered, engine)
+        best_ms = [ttft * 1000 for ttft in best_ttfts]
+        totals["oracle"].append(
+            [best_hit, 1.0, statistics.median(best_ms), percentile(best_ms, 0.9), 1.0, 0.0]
+        )
+        for name, make in policies.items():
+            result = replay(sessions, rendered, make(), members, engine, args.output_tokens)
+            totals[name].append(
+                [
+                    result.hit_rate,
+                    result.hit_rate / best_hit,
+                    statistics.median(result.ttfts_ms),
+                    percentile(result.ttfts_ms, 0.9),
+                    result.imbalance,
+                    result.prefill_busy,
+                ]
+            )
+        print(f"seed {seed} done", file=sys.stderr, flush=True)
+    print(row("policy (mean over seeds)", columns))
+    print(row("---", ["---:"] * len(columns)))
+    formats = ["{:.3f}", "{:.3f}", "{:.0f}", "{:.0f}", "{:.2f}", "{:.0%}"]
+    for name, runs in totals.items():
+        means = [statistics.mean(values) for values in zip(*runs, strict=True)]
+        worst = max(run[4] for run in runs)
+        cells = [fmt.format(mean) for fmt, mean in zip(formats, means, strict=True)]
+        cells[4] += f" (worst {worst:.2f})"
+        if name == "oracle":
+            cells[5] = "-"  # it has no replicas
+        print(row(name, cells))
+    print("\nTTFT p90 (ms) per seed:")
+    for name, runs in totals.items():
+        print(f"  {name}: {' '.join(f'{run[3]:.0f}' for run in runs)}")
+    print(
+        f"\nseeds {args.seeds}: {args.sessions} sessions each at {args.rate}/s, "
+        f"{args.replicas} replicas, {args.output_tokens} output tokens per turn; engine as "
+        f"SimulatedEngineConfig's defaults; ours: load_factor {args.load_factor}, "
+        f"new_load_factor {args.new_load_factor}, spill_factor {args.spill_factor}"
+    )
+
+
+if __name__ == "__main__":
+    main()
