@@ -11,8 +11,8 @@ So the choice is made once, when a conversation is new, and remembered:
 - A **new** conversation costs the same everywhere (only the shared system and developer prompt
   is cached, and every replica has that), so it is placed for balance: its ring owner, unless
   that replica already has more than ``new_load_factor`` times the mean number of active
-  conversations; then the next replica on the ring under that bound (consistent hashing with
-  bounded loads, counted in conversations).
+  conversations, or more than ``load_factor`` times the mean ongoing requests; then the next
+  replica on the ring under both bounds (consistent hashing with bounded loads).
 - A **known** conversation goes to its home while the home holds at most ``spill_factor``
   times the mean ongoing requests (never less than ``min_bound``); otherwise it spills to the
   next replica on the ring under ``load_factor`` times the mean, which becomes its home (it now
@@ -20,7 +20,7 @@ So the choice is made once, when a conversation is new, and remembered:
   default) because a spill costs a whole prefill of the conversation, while a batching engine
   is barely slowed by a few more sequences; the placement of new conversations keeps the
   replicas even. In a replay with about 25 ongoing requests per replica, spilling at 1.25
-  doubled TTFT p90 against staying home (``loadtests/sim_routing.py``).
+  doubled TTFT p90 against spilling at 2 (``loadtests/sim_routing.py``, see the README).
 
 Scaling: adding a replica moves no conversation (the new one takes new conversations and
 spills); removing one re-places only that replica's conversations. Conversations idle for
