@@ -39,7 +39,6 @@ from traces import Session, generate
 from serve_app.engines.prefix_cache import PrefixKVCache
 from serve_app.engines.simulated import SimulatedEngineConfig
 from serve_app.routing.affinity import (
-    DEFAULT_NEW_LOAD_FACTOR,
     DEFAULT_SPILL_FACTOR,
     ConversationPlacer,
 )
@@ -72,12 +71,16 @@ def power_of_two(members: list[str], seed: int = 0) -> Policy:
     return choose
 
 
-def ours(members: list[str], **bounds: float) -> Policy:
-    placer = ConversationPlacer(clock=lambda: 0.0, **bounds)  # nobody goes idle in a replay
-    placer.set_members(members)
+def ours(members: list[str], ingress_replicas: int = 1, **bounds: float) -> Policy:
+    """One placer per ingress replica, as in Serve (each has its own router); every turn goes
+    through one of them at random, as Serve's proxy spreads requests over ingress replicas."""
+    placers = [ConversationPlacer(clock=lambda: 0.0, **bounds) for _ in range(ingress_replicas)]
+    for placer in placers:  # nobody goes idle in a replay
+        placer.set_members(members)
+    rng = random.Random(0)
 
     def choose(key: str, loads: Mapping[str, int]) -> str:
-        choice = placer.choose(key, loads)
+        choice = rng.choice(placers).choose(key, loads)
         assert choice is not None
         return choice.replica
 
@@ -155,11 +158,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=5.0, help="sessions started per second")
     parser.add_argument("--output-tokens", type=int, default=64, help="per turn")
     parser.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR, help="ours")
-    parser.add_argument(
-        "--new-load-factor", type=float, default=DEFAULT_NEW_LOAD_FACTOR, help="ours"
-    )
+    parser.add_argument("--new-load-factor", type=float, default=None, help="ours (off by default)")
     parser.add_argument("--spill-factor", type=float, default=DEFAULT_SPILL_FACTOR, help="ours")
     parser.add_argument("--min-bound", type=int, nargs="+", default=[8, 4, 0], help="ours, each")
+    parser.add_argument(
+        "--ingress-replicas", type=int, default=1, help="ours: routers, each with its own table"
+    )
     return parser.parse_args()
 
 
@@ -178,6 +182,7 @@ def main() -> None:
             new_load_factor=args.new_load_factor,
             spill_factor=args.spill_factor,
             min_bound=min_bound,
+            ingress_replicas=args.ingress_replicas,
         )
     columns = [
         "hit rate",
@@ -227,7 +232,8 @@ def main() -> None:
         f"\nseeds {args.seeds}: {args.sessions} sessions each at {args.rate}/s, "
         f"{args.replicas} replicas, {args.output_tokens} output tokens per turn; engine as "
         f"SimulatedEngineConfig's defaults; ours: load_factor {args.load_factor}, "
-        f"new_load_factor {args.new_load_factor}, spill_factor {args.spill_factor}"
+        f"new_load_factor {args.new_load_factor}, spill_factor {args.spill_factor}, "
+        f"{args.ingress_replicas} ingress replica(s)"
     )
 
 

@@ -89,12 +89,19 @@ def test_a_home_over_the_placement_bound_but_under_the_spill_bound_keeps_its_con
     assert routing.choose(key, loads).spilled
 
 
-def test_adding_a_replica_moves_no_active_conversation() -> None:
-    routing = placer()
+@pytest.mark.parametrize("new_load_factor", [None, 1.1])
+def test_adding_a_replica_moves_no_active_conversation(new_load_factor: float | None) -> None:
+    routing = placer(new_load_factor=new_load_factor)
     homes = place_all(routing, KEYS[:400])
     routing.set_members([*REPLICAS, "replica-new"])
     assert place_all(routing, KEYS[:400]) == homes
-    # New conversations favour the empty replica (by hash alone it would get 1 in 9).
+
+
+def test_with_new_load_factor_new_conversations_favour_an_added_replica() -> None:
+    routing = placer(new_load_factor=1.1)
+    place_all(routing, KEYS[:400])
+    routing.set_members([*REPLICAS, "replica-new"])
+    # By hash alone the new replica would get 1 in 9.
     newcomers = Counter(place_all(routing, KEYS[400:440]).values())
     assert newcomers.most_common(1)[0][0] == "replica-new"
     assert newcomers["replica-new"] >= 40 / 3

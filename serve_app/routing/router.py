@@ -9,8 +9,7 @@ it in the Serve config (``request_router_kwargs`` are the placer's keyword argum
 
     request_router_config:
       request_router_class: serve_app.routing.router.PrefixAffinityRouter
-      request_router_kwargs:
-        {load_factor: 1.25, new_load_factor: 1.1, spill_factor: 2.0, min_bound: 8}
+      request_router_kwargs: {load_factor: 1.25, spill_factor: 2.0, min_bound: 8}
 """
 
 from __future__ import annotations
