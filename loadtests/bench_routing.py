@@ -469,6 +469,8 @@ def main() -> None:
                     "spill_factor": args.spill_factor,
                     "min_bound": min_bound,
                 },
+                # As in the configs: the replicas report their conversations every second.
+                request_routing_stats_period_s=1.0,
             )
     simulated = SimulatedEngineConfig(
         prefill_tokens_per_s=args.prefill_tokens_per_s,

@@ -13,8 +13,9 @@ the same time model as the simulated engine, event by event, for several seeds:
 
 Policies: ``hash`` (ring owner only: what Ray's ``ConsistentHashRouter`` does), ``pow2``
 (power of two choices on ongoing requests: Ray's default), ``ours`` (the
-``ConversationPlacer`` the request router runs, with the given bounds) and the oracle. No
-scale events and no router overheads here: those are what the Ray benchmark is for.
+``ConversationPlacer`` the request router runs, with the given bounds, one per ingress replica,
+fed the replicas' routing-stats reports every ``--report-period``) and the oracle. No scale
+events and no router overheads here: those are what the Ray benchmark is for.
 
     python loadtests/sim_routing.py --seeds 7 1 2 3 4
 """
@@ -42,9 +43,11 @@ from serve_app.routing.affinity import (
     DEFAULT_SPILL_FACTOR,
     ConversationPlacer,
 )
+from serve_app.routing.directory import ConversationDirectory, ServedConversations
 from serve_app.routing.ring import DEFAULT_LOAD_FACTOR
 
-Policy = Callable[[str, Mapping[str, int]], str]
+# (routing key, ongoing requests per replica, simulated time) -> replica
+Policy = Callable[[str, Mapping[str, int], float], str]
 
 
 @dataclass(frozen=True)
@@ -58,33 +61,67 @@ class Result:
 def hash_owner(members: list[str]) -> Policy:
     placer = ConversationPlacer()
     placer.set_members(members)
-    return lambda key, _loads: placer.ring.owner(key) or members[0]
+    return lambda key, _loads, _now: placer.ring.owner(key) or members[0]
 
 
 def power_of_two(members: list[str], seed: int = 0) -> Policy:
     rng = random.Random(seed)
 
-    def choose(_key: str, loads: Mapping[str, int]) -> str:
+    def choose(_key: str, loads: Mapping[str, int], _now: float) -> str:
         first, second = rng.sample(members, 2)
         return first if loads[first] <= loads[second] else second
 
     return choose
 
 
-def ours(members: list[str], ingress_replicas: int = 1, **bounds: float) -> Policy:
-    """One placer per ingress replica, as in Serve (each has its own router); every turn goes
-    through one of them at random, as Serve's proxy spreads requests over ingress replicas."""
-    placers = [ConversationPlacer(clock=lambda: 0.0, **bounds) for _ in range(ingress_replicas)]
-    for placer in placers:  # nobody goes idle in a replay
-        placer.set_members(members)
-    rng = random.Random(0)
+class SimClock:
+    now = 0.0
 
-    def choose(key: str, loads: Mapping[str, int]) -> str:
-        choice = rng.choice(placers).choose(key, loads)
+    def __call__(self) -> float:
+        return self.now
+
+
+class Ours:
+    """The request router as deployed: one placer per ingress replica (each has its own
+    router), every turn through one of them at random (Serve's proxy spreads requests over
+    ingress replicas), and the engine replicas' routing-stats reports delivered to every placer
+    each ``report_period_s``, as Ray Serve's controller does."""
+
+    def __init__(
+        self,
+        members: list[str],
+        ingress_replicas: int = 1,
+        report_period_s: float = 1.0,
+        **bounds: float,
+    ) -> None:
+        self.clock = SimClock()
+        self.placers = [
+            ConversationPlacer(clock=self.clock, **bounds) for _ in range(ingress_replicas)
+        ]
+        for placer in self.placers:
+            placer.set_members(members)
+        self.served = {member: ServedConversations(clock=self.clock) for member in members}
+        self.report_period_s = report_period_s
+        self.next_report_s = 0.0
+        self.rng = random.Random(0)
+
+    def __call__(self, key: str, loads: Mapping[str, int], now: float) -> str:
+        self.clock.now = now
+        if now >= self.next_report_s:
+            # Nothing was served since the period's boundary, so reporting now is reporting then.
+            self._report()
+            self.next_report_s = (now // self.report_period_s + 1) * self.report_period_s
+        choice = self.rng.choice(self.placers).choose(key, loads)
         assert choice is not None
+        self.served[choice.replica].record(key)
         return choice.replica
 
-    return choose
+    def _report(self) -> None:
+        directory = ConversationDirectory.from_reports(
+            {member: served.report() for member, served in self.served.items()}
+        )
+        for placer in self.placers:
+            placer.set_directory(directory)
 
 
 def replay(
@@ -120,7 +157,7 @@ def replay(
                 heapq.heappush(events, (now + think, 1, index, turn_index + 1, ""))
             continue
         turn = rendered[session.session_id][turn_index]
-        replica = policy(turn.routing_key, {member: ongoing[member] for member in members})
+        replica = policy(turn.routing_key, {member: ongoing[member] for member in members}, now)
         cache = caches[replica]
         hit = cache.lookup(turn.token_ids)
         # The output is cached too, as the engine does; it never matches a later prompt.
@@ -164,6 +201,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--ingress-replicas", type=int, default=1, help="ours: routers, each with its own table"
     )
+    parser.add_argument(
+        "--report-period",
+        type=float,
+        default=1.0,
+        help="ours: seconds between the replicas' routing-stats reports",
+    )
     return parser.parse_args()
 
 
@@ -176,8 +219,9 @@ def main() -> None:
         "pow2 (Ray default)": lambda: power_of_two(members),
     }
     for min_bound in args.min_bound:
-        policies[f"ours, min_bound {min_bound}"] = lambda min_bound=min_bound: ours(
+        policies[f"ours, min_bound {min_bound}"] = lambda min_bound=min_bound: Ours(
             members,
+            report_period_s=args.report_period,
             load_factor=args.load_factor,
             new_load_factor=args.new_load_factor,
             spill_factor=args.spill_factor,
@@ -233,7 +277,7 @@ def main() -> None:
         f"{args.replicas} replicas, {args.output_tokens} output tokens per turn; engine as "
         f"SimulatedEngineConfig's defaults; ours: load_factor {args.load_factor}, "
         f"new_load_factor {args.new_load_factor}, spill_factor {args.spill_factor}, "
-        f"{args.ingress_replicas} ingress replica(s)"
+        f"{args.ingress_replicas} ingress replica(s), reports every {args.report_period} s"
     )
 
 

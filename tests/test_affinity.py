@@ -7,6 +7,8 @@ from collections import Counter
 import pytest
 
 from serve_app.routing.affinity import ConversationPlacer, ConversationTable
+from serve_app.routing.directory import ConversationDirectory, ServedConversations
+from serve_app.routing.ring import stable_hash
 
 REPLICAS = [f"replica-{index}" for index in range(8)]
 KEYS = [f"conversation-{index}" for index in range(2000)]
@@ -35,8 +37,38 @@ def place_all(placer: ConversationPlacer, keys: list[str]) -> dict[str, str]:
     return homes
 
 
+class Replicas:
+    """Engine replicas that record what they serve and report it to every router, as the
+    engine deployment does through Ray Serve's routing stats."""
+
+    def __init__(self, members: list[str] = REPLICAS, clock: FakeClock | None = None) -> None:
+        self.clock = clock or FakeClock()
+        self.served = {member: ServedConversations(clock=self.clock) for member in members}
+
+    def serve(self, key: str, replica: str) -> None:
+        self.clock.now += 0.001
+        self.served.setdefault(replica, ServedConversations(clock=self.clock)).record(key)
+
+    def directory(self) -> ConversationDirectory:
+        return ConversationDirectory.from_reports(
+            {replica: served.report() for replica, served in self.served.items()}
+        )
+
+
+def place_reported(placer: ConversationPlacer, replicas: Replicas, keys: list[str]) -> dict:
+    """Place each key, serve it, and hand the placer the replicas' reports before the next."""
+    homes = {}
+    for key in keys:
+        choice = placer.choose(key, {})
+        assert choice is not None
+        homes[key] = choice.replica
+        replicas.serve(key, choice.replica)
+        placer.set_directory(replicas.directory())
+    return homes
+
+
 def test_new_conversations_are_spread_within_the_bound_in_conversations() -> None:
-    homes = place_all(placer(new_load_factor=1.1), KEYS[:400])
+    homes = place_reported(placer(new_load_factor=1.1), Replicas(), KEYS[:400])
     counts = Counter(homes.values())
     # By hash alone the fullest replica gets far more than 1.1 x the mean of 50.
     assert max(counts.values()) <= 1.1 * 50 + 1
@@ -91,18 +123,18 @@ def test_a_home_over_the_placement_bound_but_under_the_spill_bound_keeps_its_con
 
 @pytest.mark.parametrize("new_load_factor", [None, 1.1])
 def test_adding_a_replica_moves_no_active_conversation(new_load_factor: float | None) -> None:
-    routing = placer(new_load_factor=new_load_factor)
-    homes = place_all(routing, KEYS[:400])
+    routing, replicas = placer(new_load_factor=new_load_factor), Replicas()
+    homes = place_reported(routing, replicas, KEYS[:400])
     routing.set_members([*REPLICAS, "replica-new"])
-    assert place_all(routing, KEYS[:400]) == homes
+    assert place_reported(routing, replicas, KEYS[:400]) == homes
 
 
 def test_with_new_load_factor_new_conversations_favour_an_added_replica() -> None:
-    routing = placer(new_load_factor=1.1)
-    place_all(routing, KEYS[:400])
+    routing, replicas = placer(new_load_factor=1.1), Replicas()
+    place_reported(routing, replicas, KEYS[:400])
     routing.set_members([*REPLICAS, "replica-new"])
     # By hash alone the new replica would get 1 in 9.
-    newcomers = Counter(place_all(routing, KEYS[400:440]).values())
+    newcomers = Counter(place_reported(routing, replicas, KEYS[400:440]).values())
     assert newcomers.most_common(1)[0][0] == "replica-new"
     assert newcomers["replica-new"] >= 40 / 3
 
@@ -124,9 +156,9 @@ def test_idle_conversations_are_forgotten() -> None:
     place_all(routing, KEYS[:100])
     clock.now = 30
     place_all(routing, KEYS[100:150])
-    assert sum(routing.table.active().values()) == 150
+    assert len(routing.table) == 150
     clock.now = 61  # the first hundred have been idle for 61 s
-    assert sum(routing.table.active().values()) == 50
+    assert len(routing.table) == 50
     assert routing.table.home(KEYS[0]) is None
     assert routing.table.home(KEYS[100]) is not None
 
@@ -136,8 +168,68 @@ def test_the_table_is_bounded() -> None:
     for key in KEYS[:25]:
         table.assign(key, REPLICAS[0])
     assert len(table) == 10
-    assert table.active() == Counter({REPLICAS[0]: 10})
-    assert table.home(KEYS[24]) == REPLICAS[0] and table.home(KEYS[0]) is None
+    assert table.home(KEYS[24]).replica == REPLICAS[0] and table.home(KEYS[0]) is None
+
+
+def test_a_conversation_spilled_by_one_router_is_followed_by_another_once_reported() -> None:
+    replicas = Replicas()
+    first, second = (placer(min_bound=0, clock=replicas.clock) for _ in range(2))
+    key = KEYS[0]
+    owner = first.choose(key, {}).replica
+    replicas.serve(key, owner)
+    loads = {replica: 2 for replica in REPLICAS}
+    loads[owner] = 10
+    spill = first.choose(key, loads)
+    replicas.serve(key, spill.replica)
+    assert spill.spilled
+    # Before the report the other router knows only the ring: it sends the turn to the owner.
+    assert second.choose(key, {}).replica == owner
+    replicas.serve(key, owner)
+    # Both replicas report the conversation; the one that served it last is its home.
+    replicas.serve(key, spill.replica)
+    for router in (first, second):
+        router.set_directory(replicas.directory())
+    assert second.choose(key, {}).replica == spill.replica
+    assert first.choose(key, {}).replica == spill.replica
+
+
+def test_routers_with_the_same_reports_place_new_conversations_alike() -> None:
+    replicas = Replicas()
+    # 400 conversations by hash alone, so some replicas hold far more than others.
+    for key, replica in place_all(placer(), KEYS[:400]).items():
+        replicas.serve(key, replica)
+    routers = [placer(new_load_factor=1.1, clock=replicas.clock) for _ in range(2)]
+    for router in routers:
+        router.set_directory(replicas.directory())
+    first, second = ([router.choose(key, {}) for key in KEYS[400:440]] for router in routers)
+    assert first == second
+    # The counts kept some off their ring owner, and both routers agreed on where.
+    assert any(choice.spilled for choice in first)
+
+
+def test_replicas_report_recent_conversations_only_and_at_most_max_reported() -> None:
+    clock = FakeClock()
+    served = ServedConversations(idle_s=60, max_reported=3, clock=clock)
+    for key in KEYS[:5]:
+        served.record(key)
+    assert list(served.report()["conversations"]) == [stable_hash(key) for key in KEYS[2:5]]
+    clock.now = 30
+    served.record(KEYS[2])  # seen again: kept past the others
+    clock.now = 61
+    assert served.report() == {"conversations": {stable_hash(KEYS[2]): 30}}
+
+
+def test_the_directory_counts_a_conversation_once_on_its_latest_replica() -> None:
+    a, b = stable_hash("a"), stable_hash("b")
+    reports = {
+        REPLICAS[0]: {"conversations": {a: 1.0, b: 5.0}},
+        REPLICAS[1]: {"conversations": {a: 3.0}},
+        REPLICAS[2]: {},  # not reporting yet
+    }
+    directory = ConversationDirectory.from_reports(reports)
+    assert directory.home("a").replica == REPLICAS[1]
+    assert directory.home("c") is None
+    assert directory.active == Counter({REPLICAS[0]: 1, REPLICAS[1]: 1})
 
 
 def test_invalid_options_are_rejected() -> None:

@@ -7,7 +7,7 @@ import uuid
 
 from openai import OpenAI
 
-from tests.helpers import scrape_metrics
+from tests.helpers import scrape_metrics, wait_for
 
 MODEL = "gpt-oss-120b"
 
@@ -39,3 +39,33 @@ def test_every_conversation_hits_its_prefix_cache_on_the_next_turn(app_url: str)
         assert cached >= first.usage.input_tokens - 16, (index, cached, first.usage.input_tokens)
     after = routing_decisions(app_url)
     assert after.get("owner", 0) - before.get("owner", 0) >= 2 * conversations
+
+
+def reported_conversations(app_url: str) -> list[dict[str, float]]:
+    """Per ingress replica: the conversations each engine replica reported, as its router
+    received the reports."""
+    pattern = r'serve_app:engine_replica_reported_conversations\{replica="(\w+)"\} ([0-9.e+]+)'
+    return [
+        {replica: float(value) for replica, value in re.findall(pattern, text)}
+        for text in scrape_metrics(app_url).values()
+    ]
+
+
+def test_every_ingress_replica_learns_where_the_engine_replicas_serve_conversations(
+    app_url: str,
+) -> None:
+    client = OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0)
+    for index in range(4):
+        key = f"reported-{uuid.uuid4()}"
+        client.responses.create(model=MODEL, input=f"SDK-TEXT {index}", prompt_cache_key=key)
+
+    def both_routers_hold_the_same_reports() -> bool:
+        views = reported_conversations(app_url)
+        return len(views) == 2 and views[0] == views[1] and sum(views[0].values()) >= 4
+
+    # The engine replicas report every second (configs/local.yaml); Ray Serve's controller
+    # hands the reports to each ingress replica's router.
+    assert wait_for(both_routers_hold_the_same_reports, timeout_s=30), reported_conversations(
+        app_url
+    )
+    assert all(len(view) == 2 for view in reported_conversations(app_url))  # both engines

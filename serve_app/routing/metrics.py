@@ -3,7 +3,7 @@ replica holding the engine handle, so they appear on the ingress's ``/metrics``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import Counter, Gauge
 
@@ -19,7 +19,12 @@ REPLICA_ONGOING = Gauge(
     "Ongoing requests per engine replica, as the router last saw them.",
     ["replica"],
 )
-
+REPLICA_CONVERSATIONS = Gauge(
+    "serve_app:engine_replica_reported_conversations",
+    "Conversations each engine replica served within idle_s, by its latest routing-stats "
+    "report as this router received it (a conversation on several counts on the latest).",
+    ["replica"],
+)
 
 REPLICA_PROMPT_TOKENS = Counter(
     "serve_app:engine_replica_prompt_tokens",
@@ -32,17 +37,28 @@ REPLICA_CACHED_TOKENS = Counter(
     ["replica"],
 )
 
-_seen_replicas: set[str] = set()
+_labelled: dict[Gauge, set[str]] = {}
+
+
+def _set_per_replica(gauge: Gauge, values: Mapping[str, int]) -> None:
+    for replica, value in values.items():
+        gauge.labels(replica).set(value)
+    # Drop replicas that are gone (scaled down, restarted), so the gauge stays truthful.
+    seen = _labelled.setdefault(gauge, set())
+    for replica in seen - values.keys():
+        gauge.remove(replica)
+    seen.clear()
+    seen.update(values)
 
 
 def record_loads(loads: Mapping[str, int]) -> None:
-    for replica, load in loads.items():
-        REPLICA_ONGOING.labels(replica).set(load)
-    # Drop replicas that are gone (scaled down, restarted), so the gauge stays truthful.
-    for replica in _seen_replicas - loads.keys():
-        REPLICA_ONGOING.remove(replica)
-    _seen_replicas.clear()
-    _seen_replicas.update(loads)
+    _set_per_replica(REPLICA_ONGOING, loads)
+
+
+def record_reported_conversations(replicas: Iterable[str], active: Mapping[str, int]) -> None:
+    _set_per_replica(
+        REPLICA_CONVERSATIONS, {replica: active.get(replica, 0) for replica in replicas}
+    )
 
 
 def record_prompt(replica: str | None, prompt_tokens: int, cached_tokens: int) -> None:

@@ -25,9 +25,9 @@ DEFAULT_LOAD_FACTOR = 1.25
 DEFAULT_MIN_BOUND = 8
 
 
-def _position(text: str) -> int:
-    # blake2b rather than hash(): stable across processes, so every ingress replica's router
-    # builds the same ring and agrees on each key's owner.
+def stable_hash(text: str) -> int:
+    """A 64-bit hash that is the same in every process (``hash()`` is salted per process), so
+    every ingress replica's router builds the same ring and agrees on each key's owner."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
@@ -50,7 +50,7 @@ class HashRing:
         if members == self._members:
             return
         points = sorted(
-            (_position(f"{member}#{index}"), member)
+            (stable_hash(f"{member}#{index}"), member)
             for member in members
             for index in range(self.virtual_nodes)
         )
@@ -62,7 +62,7 @@ class HashRing:
         """Distinct members clockwise from the key's position: the owner first."""
         if not self._points:
             return
-        start = bisect.bisect_right(self._points, _position(key))
+        start = bisect.bisect_right(self._points, stable_hash(key))
         seen: set[str] = set()
         for offset in range(len(self._points)):
             member = self._owners[(start + offset) % len(self._points)]

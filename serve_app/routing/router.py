@@ -4,12 +4,15 @@ Ray Serve calls `choose_replicas` for each request on the caller's side (inside 
 replica that holds the engine handle). The routing key is the request's ``session_id``, which
 the ingress sets to the ``prompt_cache_key`` (or a hash of the prompt's start). Where each
 conversation goes is `serve_app.routing.affinity.ConversationPlacer`'s choice, pure computation
-over the router's own queue-length view: no remote call on the router's event loop. Configure
-it in the Serve config (``request_router_kwargs`` are the placer's keyword arguments):
+over the router's own queue-length view and the engine replicas' routing stats (the
+conversations each serves, ``serve_app.routing.directory``), both of which Ray Serve delivers
+to the router: no remote call on the router's event loop. Configure it in the Serve config
+(``request_router_kwargs`` are the placer's keyword arguments):
 
     request_router_config:
       request_router_class: serve_app.routing.router.PrefixAffinityRouter
       request_router_kwargs: {load_factor: 1.25, spill_factor: 2.0, min_bound: 8}
+      request_routing_stats_period_s: 1
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ray.serve._private.request_router.request_router import RequestRouter
 
 from serve_app.routing import metrics
 from serve_app.routing.affinity import ConversationPlacer
+from serve_app.routing.directory import ConversationDirectory
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +49,13 @@ class PrefixAffinityRouter(RequestRouter):
         # The ring spans every running replica, not just those with room right now, so a
         # momentarily full replica does not remap its keys.
         self._placer.set_members(replica.replica_id.unique_id for replica in replicas)
+        # Ray Serve calls this again whenever a replica's routing stats change: each engine
+        # replica reports the conversations it serves, so this router learns where the other
+        # ingress replicas' routers placed them.
+        reports = {replica.replica_id.unique_id: replica.routing_stats for replica in replicas}
+        directory = ConversationDirectory.from_reports(reports)
+        self._placer.set_directory(directory)
+        metrics.record_reported_conversations(reports, directory.active)
 
     async def choose_replicas(
         self,

@@ -13,6 +13,7 @@ from ray import serve
 from serve_app.config import EngineConfig
 from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest
 from serve_app.engines.factory import make_engine
+from serve_app.routing.directory import ServedConversations
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,7 @@ class EngineDeployment:
         self._engine = make_engine(engine)
         # Same id the request router puts on its ring: lets the ingress attribute cache hits.
         self._replica_id = serve.get_replica_context().replica_id.unique_id
+        self._served = ServedConversations()
         await self._engine.start()
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
@@ -34,6 +36,8 @@ class EngineDeployment:
         ahead into a queue; every yield sends all that is queued as one chunk, so a slow reader
         gets fewer, larger chunks and a fast one gets every token as soon as it exists.
         """
+        if request.session_id:
+            self._served.record(request.session_id)
         queue: asyncio.Queue[object] = asyncio.Queue()
         producer = asyncio.create_task(self._produce(request, queue))
         finished = False
@@ -95,6 +99,11 @@ class EngineDeployment:
 
     def num_ongoing_requests(self) -> int:
         return self._engine.num_ongoing_requests()
+
+    async def record_routing_stats(self) -> dict[str, dict[int, float]]:
+        """Ray Serve hands this to every request router (see ``serve_app.routing.directory``).
+        Async, so it runs on the event loop that records conversations, not in a thread."""
+        return self._served.report()
 
     async def check_health(self) -> None:
         await self._engine.check_health()

@@ -1,0 +1,95 @@
+"""Where conversations are served, as engine replicas report it to every router.
+
+Each ingress replica runs its own request router with its own table of homes, so a
+conversation one of them placed or spilled off its ring owner is unknown to the others, which
+would send its next turn to the owner and lose the cached prefix. Ray Serve's routing stats
+close that gap: the controller calls each replica's ``record_routing_stats`` every
+``request_routing_stats_period_s`` and hands the results to every router with the replica
+list. The engine deployment reports the conversations it served recently
+(``ServedConversations``); each router merges the reports into a ``ConversationDirectory``:
+where each conversation was last served, and how many each replica holds. Every router sees the
+same reports, so decisions made from them agree across ingress replicas. They lag by about a
+period, so the directory complements a router's own table rather than replacing it.
+
+Times are wall-clock seconds (``time.time``): reports from replicas on different nodes are
+compared with each other and with the router's own table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from serve_app.routing.ring import stable_hash
+
+DEFAULT_IDLE_S = 300.0
+# Ray Serve sends every replica's stats to every router whenever one replica's change, so
+# reports are kept small: conversations as 64-bit hashes (about 20 bytes each, pickled), and
+# past this many per replica the oldest go unreported (routers still place them by the ring).
+DEFAULT_MAX_REPORTED = 4096
+REPORT_KEY = "conversations"
+
+
+class ServedConversations:
+    """On an engine replica: the conversations it served within ``idle_s``, newest last."""
+
+    def __init__(
+        self,
+        idle_s: float = DEFAULT_IDLE_S,
+        max_reported: int = DEFAULT_MAX_REPORTED,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if idle_s <= 0 or max_reported <= 0:
+            raise ValueError("idle_s and max_reported must be positive")
+        self.idle_s = idle_s
+        self.max_reported = max_reported
+        self._clock = clock
+        self._last_seen: OrderedDict[int, float] = OrderedDict()
+
+    def record(self, key: str) -> None:
+        conversation = stable_hash(key)
+        self._last_seen.pop(conversation, None)
+        self._last_seen[conversation] = self._clock()
+        while len(self._last_seen) > self.max_reported:
+            self._last_seen.popitem(last=False)
+
+    def report(self) -> dict[str, dict[int, float]]:
+        """The routing stats this replica hands Ray Serve: each recent conversation's last
+        request time, by the hash of its key."""
+        horizon = self._clock() - self.idle_s
+        while self._last_seen and next(iter(self._last_seen.values())) < horizon:
+            self._last_seen.popitem(last=False)
+        return {REPORT_KEY: dict(self._last_seen)}
+
+
+@dataclass(frozen=True)
+class Sighting:
+    replica: str
+    last_seen: float
+
+
+@dataclass(frozen=True)
+class ConversationDirectory:
+    """On a router: every replica's report merged. A conversation reported by several replicas
+    (it spilled) belongs to the one that served it last."""
+
+    homes: dict[int, Sighting] = field(default_factory=dict)  # by the key's stable_hash
+    active: Counter[str] = field(default_factory=Counter)
+
+    def home(self, key: str) -> Sighting | None:
+        return self.homes.get(stable_hash(key))
+
+    @classmethod
+    def from_reports(cls, reports: Mapping[str, Mapping[str, Any]]) -> ConversationDirectory:
+        """``reports`` maps each replica to its routing stats; a replica that reports nothing
+        (still starting, or another version during a rollout) contributes nothing."""
+        homes: dict[int, Sighting] = {}
+        for replica, stats in reports.items():
+            for conversation, last_seen in (stats.get(REPORT_KEY) or {}).items():
+                known = homes.get(conversation)
+                if known is None or last_seen > known.last_seen:
+                    homes[conversation] = Sighting(replica, last_seen)
+        return cls(homes, Counter(sighting.replica for sighting in homes.values()))
