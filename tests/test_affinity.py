@@ -207,6 +207,17 @@ def test_routers_with_the_same_reports_place_new_conversations_alike() -> None:
     assert any(choice.spilled for choice in first)
 
 
+def test_a_reported_conversation_idle_past_the_routers_idle_s_counts_as_new() -> None:
+    replicas = Replicas()
+    routing = placer(idle_s=60, clock=replicas.clock)
+    key = KEYS[0]
+    elsewhere = next(replica for replica in REPLICAS if replica != routing.ring.owner(key))
+    replicas.serve(key, elsewhere)  # the replicas keep it 300 s, this router only 60
+    replicas.clock.now += 61
+    routing.set_directory(replicas.directory())
+    assert routing.choose(key, {}).replica == routing.ring.owner(key)
+
+
 def test_replicas_report_recent_conversations_only_and_at_most_max_reported() -> None:
     clock = FakeClock()
     served = ServedConversations(idle_s=60, max_reported=3, clock=clock)

@@ -93,8 +93,12 @@ class ConversationTable:
         while len(self._homes) > self.max_conversations:
             self._homes.popitem(last=False)
 
+    def horizon(self) -> float:
+        """Conversations last seen before this are idle."""
+        return self._clock() - self.idle_s
+
     def _forget_idle(self) -> None:
-        horizon = self._clock() - self.idle_s
+        horizon = self.horizon()
         while self._homes and next(iter(self._homes.values())).last_seen < horizon:
             self._homes.popitem(last=False)
 
@@ -155,10 +159,13 @@ class ConversationPlacer:
     def _home(self, key: str) -> str | None:
         """The running replica that served ``key`` last, by this router's table or by the
         replicas' reports (another ingress replica may have placed or spilled it since)."""
+        horizon = self.table.horizon()  # replicas forget on their own idle_s, maybe longer
         sightings = [
             sighting
             for sighting in (self.table.home(key), self.directory.home(key))
-            if sighting is not None and sighting.replica in self.ring.members
+            if sighting is not None
+            and sighting.replica in self.ring.members
+            and sighting.last_seen >= horizon
         ]
         latest = max(sightings, key=lambda sighting: sighting.last_seen, default=None)
         return latest.replica if latest else None
