@@ -38,6 +38,12 @@ def until_done(connection) -> list:
             return events
 
 
+def respond(connection, **create):
+    """Create a response on the socket and return it as its terminal event carries it."""
+    connection.response.create(model=MODEL, **create)
+    return until_done(connection)[-1].response
+
+
 def test_two_responses_in_sequence_on_one_socket_continue_with_store_false(client) -> None:
     key = str(uuid.uuid4())
     with client.responses.connect() as connection:
@@ -72,8 +78,7 @@ def test_two_responses_in_sequence_on_one_socket_continue_with_store_false(clien
 
 def test_after_a_reconnect_a_store_false_response_is_not_found(client) -> None:
     with client.responses.connect() as connection:
-        connection.response.create(model=MODEL, input="SDK-TEXT", store=False)
-        response_id = until_done(connection)[-1].response.id
+        response_id = respond(connection, input="SDK-TEXT", store=False).id
     with client.responses.connect() as connection:
         connection.response.create(
             model=MODEL, input="SDK-TEXT", store=False, previous_response_id=response_id
@@ -90,8 +95,7 @@ def test_after_a_reconnect_a_store_false_response_is_not_found(client) -> None:
 
 def test_a_failed_continuation_evicts_what_it_continued(client) -> None:
     with client.responses.connect() as connection:
-        connection.response.create(model=MODEL, input="SDK-TEXT", store=False)
-        response_id = until_done(connection)[-1].response.id
+        response_id = respond(connection, input="SDK-TEXT", store=False).id
         orphan = {"type": "function_call_output", "call_id": "call_nowhere", "output": "x"}
         connection.response.create(
             model=MODEL, input=[orphan], store=False, previous_response_id=response_id
@@ -109,8 +113,7 @@ def test_a_failed_continuation_evicts_what_it_continued(client) -> None:
 
 def test_stored_responses_continue_on_a_new_socket_and_over_http(client) -> None:
     with client.responses.connect() as connection:
-        connection.response.create(model=MODEL, input="SDK-TEXT", store=True)
-        response_id = until_done(connection)[-1].response.id
+        response_id = respond(connection, input="SDK-TEXT", store=True).id
     with client.responses.connect() as connection:
         connection.response.create(
             model=MODEL, input="SDK-REASON", store=False, previous_response_id=response_id
