@@ -1,4 +1,5 @@
-"""Conversation placement: new conversations balanced, known ones kept home, scaling stable."""
+"""Conversation placement: new conversations on their owner or balanced, known ones kept home
+(also across routers, by the replicas' reports), scaling stable."""
 
 from __future__ import annotations
 
