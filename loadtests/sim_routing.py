@@ -100,7 +100,7 @@ class Ours:
         ]
         for placer in self.placers:
             placer.set_members(members)
-        self.served = {member: ServedConversations(clock=self.clock) for member in members}
+        self.served = {member: ServedConversations(member, clock=self.clock) for member in members}
         self.report_period_s = report_period_s
         self.next_report_s = 0.0
         self.rng = random.Random(0)

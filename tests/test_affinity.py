@@ -7,8 +7,12 @@ from collections import Counter
 
 import pytest
 
-from serve_app.routing.affinity import ConversationPlacer, ConversationTable
-from serve_app.routing.directory import ConversationDirectory, ServedConversations
+from serve_app.routing.affinity import ConversationPlacer
+from serve_app.routing.directory import (
+    ConversationDirectory,
+    ConversationTable,
+    ServedConversations,
+)
 from serve_app.routing.ring import stable_hash
 
 REPLICAS = [f"replica-{index}" for index in range(8)]
@@ -44,11 +48,11 @@ class Replicas:
 
     def __init__(self, members: list[str] = REPLICAS, clock: FakeClock | None = None) -> None:
         self.clock = clock or FakeClock()
-        self.served = {member: ServedConversations(clock=self.clock) for member in members}
+        self.served = {member: ServedConversations(member, clock=self.clock) for member in members}
 
     def serve(self, key: str, replica: str) -> None:
         self.clock.now += 0.001
-        self.served.setdefault(replica, ServedConversations(clock=self.clock)).record(key)
+        self.served.setdefault(replica, ServedConversations(replica, clock=self.clock)).record(key)
 
     def directory(self) -> ConversationDirectory:
         return ConversationDirectory.from_reports(
@@ -221,7 +225,7 @@ def test_a_reported_conversation_idle_past_the_routers_idle_s_counts_as_new() ->
 
 def test_replicas_report_recent_conversations_only_and_at_most_max_reported() -> None:
     clock = FakeClock()
-    served = ServedConversations(idle_s=60, max_reported=3, clock=clock)
+    served = ServedConversations("replica-0", idle_s=60, max_reported=3, clock=clock)
     for key in KEYS[:5]:
         served.record(key)
     assert list(served.report()["conversations"]) == [stable_hash(key) for key in KEYS[2:5]]

@@ -45,10 +45,9 @@ Pure Python, no Ray: the request router wraps it; tests and benchmarks use it as
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 
-from serve_app.routing.directory import DEFAULT_IDLE_S, ConversationDirectory, Sighting
+from serve_app.routing.directory import DEFAULT_IDLE_S, ConversationDirectory, ConversationTable
 from serve_app.routing.ring import (
     DEFAULT_LOAD_FACTOR,
     DEFAULT_MIN_BOUND,
@@ -62,45 +61,6 @@ from serve_app.routing.ring import (
 
 DEFAULT_SPILL_FACTOR = 2.0
 DEFAULT_MAX_CONVERSATIONS = 100_000
-
-
-class ConversationTable:
-    """This router's own record of each recent conversation's home and when it was last seen.
-
-    Entries are kept in last-seen order, so forgetting idle ones pops from the front.
-    """
-
-    def __init__(self, idle_s: float, max_conversations: int, clock: Callable[[], float]):
-        if idle_s <= 0 or max_conversations <= 0:
-            raise ValueError("idle_s and max_conversations must be positive")
-        self.idle_s = idle_s
-        self.max_conversations = max_conversations
-        self._clock = clock
-        self._homes: OrderedDict[str, Sighting] = OrderedDict()
-
-    def __len__(self) -> int:
-        self._forget_idle()
-        return len(self._homes)
-
-    def home(self, key: str) -> Sighting | None:
-        self._forget_idle()
-        return self._homes.get(key)
-
-    def assign(self, key: str, replica: str) -> None:
-        """Record that ``key`` is served on ``replica`` now."""
-        self._homes.pop(key, None)
-        self._homes[key] = Sighting(replica, self._clock())
-        while len(self._homes) > self.max_conversations:
-            self._homes.popitem(last=False)
-
-    def horizon(self) -> float:
-        """Conversations last seen before this are idle."""
-        return self._clock() - self.idle_s
-
-    def _forget_idle(self) -> None:
-        horizon = self.horizon()
-        while self._homes and next(iter(self._homes.values())).last_seen < horizon:
-            self._homes.popitem(last=False)
 
 
 class ConversationPlacer:
@@ -127,7 +87,7 @@ class ConversationPlacer:
         self.new_load_factor = new_load_factor
         self.spill_factor = spill_factor
         self.ring = HashRing(virtual_nodes=virtual_nodes)
-        self.table = ConversationTable(idle_s, max_conversations, clock)
+        self.table: ConversationTable[str] = ConversationTable(idle_s, max_conversations, clock)
         self.directory = ConversationDirectory()
 
     def set_members(self, members: Iterable[str]) -> None:

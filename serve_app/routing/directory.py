@@ -21,7 +21,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from serve_app.routing.ring import stable_hash
 
@@ -32,43 +32,80 @@ DEFAULT_IDLE_S = 300.0
 DEFAULT_MAX_REPORTED = 4096
 REPORT_KEY = "conversations"
 
-
-class ServedConversations:
-    """On an engine replica: the conversations it served within ``idle_s``, newest last."""
-
-    def __init__(
-        self,
-        idle_s: float = DEFAULT_IDLE_S,
-        max_reported: int = DEFAULT_MAX_REPORTED,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        if idle_s <= 0 or max_reported <= 0:
-            raise ValueError("idle_s and max_reported must be positive")
-        self.idle_s = idle_s
-        self.max_reported = max_reported
-        self._clock = clock
-        self._last_seen: OrderedDict[int, float] = OrderedDict()
-
-    def record(self, key: str) -> None:
-        conversation = stable_hash(key)
-        self._last_seen.pop(conversation, None)
-        self._last_seen[conversation] = self._clock()
-        while len(self._last_seen) > self.max_reported:
-            self._last_seen.popitem(last=False)
-
-    def report(self) -> dict[str, dict[int, float]]:
-        """The routing stats this replica hands Ray Serve: each recent conversation's last
-        request time, by the hash of its key."""
-        horizon = self._clock() - self.idle_s
-        while self._last_seen and next(iter(self._last_seen.values())) < horizon:
-            self._last_seen.popitem(last=False)
-        return {REPORT_KEY: dict(self._last_seen)}
+K = TypeVar("K", str, int)
 
 
 @dataclass(frozen=True)
 class Sighting:
     replica: str
     last_seen: float
+
+
+class ConversationTable(Generic[K]):
+    """Where and when each recent conversation was last served.
+
+    Entries are kept in last-seen order, so forgetting those idle for ``idle_s`` pops from the
+    front, as does dropping the oldest past ``max_conversations``. A router keeps one by
+    routing key; an engine replica one by the key's hash, to report.
+    """
+
+    def __init__(self, idle_s: float, max_conversations: int, clock: Callable[[], float]):
+        if idle_s <= 0 or max_conversations <= 0:
+            raise ValueError("idle_s and max_conversations must be positive")
+        self.idle_s = idle_s
+        self.max_conversations = max_conversations
+        self._clock = clock
+        self._homes: OrderedDict[K, Sighting] = OrderedDict()
+
+    def __len__(self) -> int:
+        self._forget_idle()
+        return len(self._homes)
+
+    def home(self, key: K) -> Sighting | None:
+        self._forget_idle()
+        return self._homes.get(key)
+
+    def assign(self, key: K, replica: str) -> None:
+        """Record that ``key`` is served on ``replica`` now."""
+        self._homes.pop(key, None)
+        self._homes[key] = Sighting(replica, self._clock())
+        while len(self._homes) > self.max_conversations:
+            self._homes.popitem(last=False)
+
+    def last_seen(self) -> dict[K, float]:
+        self._forget_idle()
+        return {key: sighting.last_seen for key, sighting in self._homes.items()}
+
+    def horizon(self) -> float:
+        """Conversations last seen before this are idle."""
+        return self._clock() - self.idle_s
+
+    def _forget_idle(self) -> None:
+        horizon = self.horizon()
+        while self._homes and next(iter(self._homes.values())).last_seen < horizon:
+            self._homes.popitem(last=False)
+
+
+class ServedConversations:
+    """On an engine replica: the conversations it served within ``idle_s``, to report."""
+
+    def __init__(
+        self,
+        replica: str,
+        idle_s: float = DEFAULT_IDLE_S,
+        max_reported: int = DEFAULT_MAX_REPORTED,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.replica = replica
+        self._table: ConversationTable[int] = ConversationTable(idle_s, max_reported, clock)
+
+    def record(self, key: str) -> None:
+        self._table.assign(stable_hash(key), self.replica)
+
+    def report(self) -> dict[str, dict[int, float]]:
+        """The routing stats this replica hands Ray Serve: each recent conversation's last
+        request time, by the hash of its key."""
+        return {REPORT_KEY: self._table.last_seen()}
 
 
 @dataclass(frozen=True)

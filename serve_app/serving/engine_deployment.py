@@ -26,7 +26,7 @@ class EngineDeployment:
         self._engine = make_engine(engine)
         # Same id the request router puts on its ring: lets the ingress attribute cache hits.
         self._replica_id = serve.get_replica_context().replica_id.unique_id
-        self._served = ServedConversations()
+        self._served = ServedConversations(self._replica_id)
         await self._engine.start()
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
