@@ -75,21 +75,17 @@ class PrefixAffinityRouter(RequestRouter):
             least_loaded = min(by_id, key=lambda unique_id: loads.get(unique_id, 0))
             return [[by_id[least_loaded]]]
         choice = self._placer.choose(key, loads)
-        ring = self._placer.ring
+        # The candidates in ring order from the key: fallbacks, or the walk when the chosen
+        # replica is full or not yet known to the ring.
+        ranked = [unique_id for unique_id in self._placer.ring.walk(key) if unique_id in by_id]
         if choice is None or choice.replica not in by_id:
-            # The chosen replica is full or not yet known to the ring: walk on to one with room.
-            ranked = [unique_id for unique_id in ring.walk(key) if unique_id in by_id]
             metrics.ROUTING_DECISIONS.labels("spilled").inc()
             return [
                 [by_id[unique_id]] for unique_id in (ranked or list(by_id))[: 1 + MAX_FALLBACKS]
             ]
         metrics.ROUTING_DECISIONS.labels("spilled" if choice.spilled else "owner").inc()
-        fallbacks = [
-            unique_id
-            for unique_id in ring.walk(key)
-            if unique_id in by_id and unique_id != choice.replica
-        ][:MAX_FALLBACKS]
-        return [[by_id[choice.replica]], *[[by_id[unique_id]] for unique_id in fallbacks]]
+        fallbacks = [unique_id for unique_id in ranked if unique_id != choice.replica]
+        return [[by_id[unique_id]] for unique_id in [choice.replica, *fallbacks[:MAX_FALLBACKS]]]
 
     def _loads(self) -> dict[str, int]:
         """Ongoing requests per replica, as this router last saw them (missing counts as 0)."""
