@@ -44,7 +44,7 @@ from serve_app.routing.affinity import (
     ConversationPlacer,
 )
 from serve_app.routing.directory import ConversationDirectory, ServedConversations
-from serve_app.routing.ring import DEFAULT_LOAD_FACTOR
+from serve_app.routing.ring import DEFAULT_LOAD_FACTOR, HashRing
 
 # (routing key, ongoing requests per replica, simulated time) -> replica
 Policy = Callable[[str, Mapping[str, int], float], str]
@@ -59,9 +59,8 @@ class Result:
 
 
 def hash_owner(members: list[str]) -> Policy:
-    placer = ConversationPlacer()
-    placer.set_members(members)
-    return lambda key, _loads, _now: placer.ring.owner(key) or members[0]
+    ring = HashRing(members)
+    return lambda key, _loads, _now: ring.owner(key) or members[0]
 
 
 def power_of_two(members: list[str], seed: int = 0) -> Policy:
