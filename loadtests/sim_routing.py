@@ -193,6 +193,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sessions", type=int, default=200)
     parser.add_argument("--rate", type=float, default=5.0, help="sessions started per second")
     parser.add_argument("--output-tokens", type=int, default=64, help="per turn")
+    parser.add_argument("--prefill-tokens-per-s", type=float, default=20_000)
     parser.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR, help="ours")
     parser.add_argument("--new-load-factor", type=float, default=None, help="ours (off by default)")
     parser.add_argument("--spill-factor", type=float, default=DEFAULT_SPILL_FACTOR, help="ours")
@@ -211,7 +212,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    engine = SimulatedEngineConfig()
+    engine = SimulatedEngineConfig(prefill_tokens_per_s=args.prefill_tokens_per_s)
     members = [f"replica-{index}" for index in range(args.replicas)]
     policies: dict[str, Callable[[], Policy]] = {
         "hash (Ray ConsistentHashRouter)": lambda: hash_owner(members),
@@ -274,7 +275,8 @@ def main() -> None:
     print(
         f"\nseeds {args.seeds}: {args.sessions} sessions each at {args.rate}/s, "
         f"{args.replicas} replicas, {args.output_tokens} output tokens per turn; engine as "
-        f"SimulatedEngineConfig's defaults; ours: load_factor {args.load_factor}, "
+        f"SimulatedEngineConfig's defaults but prefill at {args.prefill_tokens_per_s:.0f} "
+        f"tokens/s; ours: load_factor {args.load_factor}, "
         f"new_load_factor {args.new_load_factor}, spill_factor {args.spill_factor}, "
         f"{args.ingress_replicas} ingress replica(s), reports every {args.report_period} s"
     )
