@@ -67,7 +67,7 @@ from serve_app.engines.simulated import SimulatedEngineConfig
 from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
-from serve_app.routing.affinity import DEFAULT_SPILL_FACTOR
+from serve_app.routing.affinity import DEFAULT_NEW_LOAD_FACTOR, DEFAULT_SPILL_FACTOR
 from serve_app.routing.keys import routing_key
 from serve_app.routing.ring import DEFAULT_LOAD_FACTOR, DEFAULT_MIN_BOUND
 from serve_app.serving.engine_client import HandleEngineClient
@@ -447,7 +447,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--decode-tokens-per-s", type=float, default=200)
     parser.add_argument("--kv-cache-tokens", type=int, default=262_144)
     parser.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR, help="ours")
-    parser.add_argument("--new-load-factor", type=float, default=None, help="ours (off by default)")
+    parser.add_argument(
+        "--new-load-factor",
+        type=float,
+        default=DEFAULT_NEW_LOAD_FACTOR,
+        help="ours; 0 turns balanced placement off",
+    )
     parser.add_argument("--spill-factor", type=float, default=DEFAULT_SPILL_FACTOR, help="ours")
     parser.add_argument(
         "--min-bound", type=int, nargs="+", default=[DEFAULT_MIN_BOUND], help="ours, each"
@@ -465,7 +470,7 @@ def main() -> None:
                 request_router_class="serve_app.routing.router.PrefixAffinityRouter",
                 request_router_kwargs={
                     "load_factor": args.load_factor,
-                    "new_load_factor": args.new_load_factor,
+                    "new_load_factor": args.new_load_factor or None,
                     "spill_factor": args.spill_factor,
                     "min_bound": min_bound,
                 },

@@ -40,6 +40,7 @@ from traces import Session, generate
 from serve_app.engines.prefix_cache import PrefixKVCache
 from serve_app.engines.simulated import SimulatedEngineConfig
 from serve_app.routing.affinity import (
+    DEFAULT_NEW_LOAD_FACTOR,
     DEFAULT_SPILL_FACTOR,
     ConversationPlacer,
 )
@@ -195,7 +196,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-tokens", type=int, default=64, help="per turn")
     parser.add_argument("--prefill-tokens-per-s", type=float, default=20_000)
     parser.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR, help="ours")
-    parser.add_argument("--new-load-factor", type=float, default=None, help="ours (off by default)")
+    parser.add_argument(
+        "--new-load-factor",
+        type=float,
+        default=DEFAULT_NEW_LOAD_FACTOR,
+        help="ours; 0 turns balanced placement off",
+    )
     parser.add_argument("--spill-factor", type=float, default=DEFAULT_SPILL_FACTOR, help="ours")
     parser.add_argument("--min-bound", type=int, nargs="+", default=[8, 4, 0], help="ours, each")
     parser.add_argument(
@@ -223,7 +229,7 @@ def main() -> None:
             members,
             report_period_s=args.report_period,
             load_factor=args.load_factor,
-            new_load_factor=args.new_load_factor,
+            new_load_factor=args.new_load_factor or None,
             spill_factor=args.spill_factor,
             min_bound=min_bound,
             ingress_replicas=args.ingress_replicas,

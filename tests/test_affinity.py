@@ -84,11 +84,12 @@ def test_a_new_conversation_goes_to_its_ring_owner_while_that_has_room() -> None
     balanced = placer()
     for key in KEYS[:20]:  # 20 conversations over 8 replicas: nobody is over the bound yet
         choice = balanced.choose(key, {})
-        if not choice.spilled:
+        assert not choice.spilled  # a new conversation moves no cache
+        if not choice.balanced:
             assert choice.replica == balanced.ring.owner(key)
     first = placer().choose(KEYS[0], {})
     assert first == placer().choose(KEYS[0], {})  # every router places alike
-    assert not first.spilled and first.replica == placer().ring.owner(KEYS[0])
+    assert not first.balanced and first.replica == placer().ring.owner(KEYS[0])
 
 
 def test_a_known_conversation_stays_home_while_under_the_bound() -> None:
@@ -209,7 +210,8 @@ def test_routers_with_the_same_reports_place_new_conversations_alike() -> None:
     first, second = ([router.choose(key, {}) for key in KEYS[400:440]] for router in routers)
     assert first == second
     # The counts kept some off their ring owner, and both routers agreed on where.
-    assert any(choice.spilled for choice in first)
+    assert any(choice.balanced for choice in first)
+    assert not any(choice.spilled for choice in first)
 
 
 def test_a_reported_conversation_idle_past_the_routers_idle_s_counts_as_new() -> None:
@@ -232,7 +234,24 @@ def test_replicas_report_recent_conversations_only_and_at_most_max_reported() ->
     clock.now = 30
     served.record(KEYS[2])  # seen again: kept past the others
     clock.now = 61
-    assert served.report() == {"conversations": {stable_hash(KEYS[2]): 30}}
+    assert served.report() == {"conversations": {stable_hash(KEYS[2]): 30}, "reported_at": 61}
+
+
+def test_the_directory_knows_when_every_replica_last_reported() -> None:
+    clock = FakeClock()
+    replicas = Replicas(REPLICAS[:2], clock)
+    clock.now = 10
+    early = replicas.directory()
+    replicas.serve(KEYS[0], REPLICAS[1])  # served after the reports in ``early`` were made
+    assert early.reported_since(10) and not early.reported_since(10.001)
+    assert early.home(KEYS[0]) is None
+    later = replicas.directory()  # a round made after the conversation was served names it
+    assert later.reported_since(10.001) and later.home(KEYS[0]).replica == REPLICAS[1]
+    one_behind = ConversationDirectory.from_reports(
+        {REPLICAS[0]: {"reported_at": 12.0}, REPLICAS[1]: {"reported_at": 9.0}, REPLICAS[2]: {}}
+    )
+    assert one_behind.reported_since(9) and not one_behind.reported_since(10)
+    assert ConversationDirectory().reported_since(10)  # nobody reports: nothing to wait for
 
 
 def test_the_directory_counts_a_conversation_once_on_its_latest_replica() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
-from serve_app.routing.keys import routing_key
+from serve_app.routing.keys import continues_conversation, routing_key
 
 
 def prompt(*messages: tuple[str, str], instructions: str = "Be brief.") -> list[int]:
@@ -31,3 +31,12 @@ def test_other_conversations_get_other_keys() -> None:
     key = routing_key(None, prompt(("user", "fix the bug")))
     assert key != routing_key(None, prompt(("user", "write docs")))
     assert key != routing_key(None, prompt(("user", "fix the bug"), instructions="Be long."))
+
+
+def test_a_prompt_with_the_models_earlier_messages_continues_a_conversation() -> None:
+    assert not continues_conversation(prompt(("user", "fix the bug")))
+    assert not continues_conversation(prompt(("developer", "rules"), ("user", "fix the bug")))
+    assert continues_conversation(
+        prompt(("user", "fix the bug"), ("assistant", "done"), ("user", "thanks"))
+    )
+    assert not continues_conversation([])

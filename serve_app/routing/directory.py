@@ -11,6 +11,11 @@ where each conversation was last served, and how many each replica holds. Every 
 same reports, so decisions made from them agree across ingress replicas. They lag by about a
 period, so the directory complements a router's own table rather than replacing it.
 
+Each report also says when it was made (``reported_at``). A router that gets the next turn of a
+conversation it does not know can so wait for one round of reports made after the turn
+arrived: the turn before it was served, and so recorded, before the client sent this one, so
+that round names the replica that holds it, if any does (``ConversationDirectory.reported_since``).
+
 Times are wall-clock seconds (``time.time``): reports from replicas on different nodes are
 compared with each other and with the router's own table.
 """
@@ -31,6 +36,7 @@ DEFAULT_IDLE_S = 300.0
 # past this many per replica the oldest go unreported (routers still place them by the ring).
 DEFAULT_MAX_REPORTED = 4096
 REPORT_KEY = "conversations"
+REPORTED_AT_KEY = "reported_at"
 
 K = TypeVar("K", str, int)
 
@@ -97,15 +103,16 @@ class ServedConversations:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.replica = replica
+        self._clock = clock
         self._table: ConversationTable[int] = ConversationTable(idle_s, max_reported, clock)
 
     def record(self, key: str) -> None:
         self._table.assign(stable_hash(key), self.replica)
 
-    def report(self) -> dict[str, dict[int, float]]:
+    def report(self) -> dict[str, Any]:
         """The routing stats this replica hands Ray Serve: each recent conversation's last
-        request time, by the hash of its key."""
-        return {REPORT_KEY: self._table.last_seen()}
+        request time, by the hash of its key, and when the report was made."""
+        return {REPORT_KEY: self._table.last_seen(), REPORTED_AT_KEY: self._clock()}
 
 
 @dataclass(frozen=True)
@@ -115,18 +122,27 @@ class ConversationDirectory:
 
     homes: dict[int, Sighting] = field(default_factory=dict)  # by the key's stable_hash
     active: Counter[str] = field(default_factory=Counter)
+    reported_at: dict[str, float] = field(default_factory=dict)  # by replica
 
     def home(self, key: str) -> Sighting | None:
         return self.homes.get(stable_hash(key))
+
+    def reported_since(self, moment: float) -> bool:
+        """Whether every reporting replica's latest report was made at ``moment`` or later, so
+        that a conversation served anywhere before then is in this directory."""
+        return all(reported_at >= moment for reported_at in self.reported_at.values())
 
     @classmethod
     def from_reports(cls, reports: Mapping[str, Mapping[str, Any]]) -> ConversationDirectory:
         """``reports`` maps each replica to its routing stats; a replica that reports nothing
         (still starting, or another version during a rollout) contributes nothing."""
         homes: dict[int, Sighting] = {}
+        reported_at: dict[str, float] = {}
         for replica, stats in reports.items():
+            if REPORTED_AT_KEY in stats:
+                reported_at[replica] = stats[REPORTED_AT_KEY]
             for conversation, last_seen in (stats.get(REPORT_KEY) or {}).items():
                 known = homes.get(conversation)
                 if known is None or last_seen > known.last_seen:
                     homes[conversation] = Sighting(replica, last_seen)
-        return cls(homes, Counter(sighting.replica for sighting in homes.values()))
+        return cls(homes, Counter(sighting.replica for sighting in homes.values()), reported_at)

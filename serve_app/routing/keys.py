@@ -33,20 +33,34 @@ def prefix_digest(prompt_token_ids: Sequence[int]) -> str:
     return digest.hexdigest()
 
 
+def continues_conversation(prompt_token_ids: Sequence[int]) -> bool:
+    """Whether the prompt holds an earlier message of the model's: a later turn of a
+    conversation rather than its first. The prompt's own last header (``<|start|>assistant``,
+    where the completion begins) does not count."""
+    return _message_start(prompt_token_ids[:-1], "assistant") is not None
+
+
 @functools.cache
-def _user_tokens() -> list[int]:
-    return get_encoding().encode("user", allowed_special="all")
+def _role_tokens(role: str) -> tuple[int, ...]:
+    return tuple(get_encoding().encode(role, allowed_special="all"))
+
+
+def _message_start(token_ids: Sequence[int], role: str) -> int | None:
+    """Index of the first ``<|start|>`` of a message from ``role``, if any."""
+    role_tokens = _role_tokens(role)
+    for index, token in enumerate(token_ids):
+        if token == START_TOKEN and tuple(token_ids[index + 1 : index + 1 + len(role_tokens)]) == (
+            role_tokens
+        ):
+            return index
+    return None
 
 
 def _end_of_first_user_message(token_ids: Sequence[int]) -> int:
     """Index just past the first user message's ``<|end|>`` (or the whole prompt)."""
-    user_tokens = _user_tokens()
-    for index, token in enumerate(token_ids):
-        if token == START_TOKEN and list(token_ids[index + 1 : index + 1 + len(user_tokens)]) == (
-            user_tokens
-        ):
-            for end in range(index, len(token_ids)):
-                if token_ids[end] == END_TOKEN:
-                    return end + 1
-            break
+    start = _message_start(token_ids, "user")
+    if start is not None:
+        for end in range(start, len(token_ids)):
+            if token_ids[end] == END_TOKEN:
+                return end + 1
     return len(token_ids)

@@ -7,12 +7,22 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import Counter, Gauge
 
+from serve_app.routing.ring import Choice
+
 ROUTING_DECISIONS = Counter(
     "serve_app:routing_decisions",
     "Engine requests by routing decision: owner (the conversation's home replica, or for a "
-    "new conversation its ring owner, took it), spilled (to another replica, for load), "
-    "no_key (no session id).",
+    "new conversation its ring owner, took it), balanced (a new conversation placed off its "
+    "ring owner to even the load; it moves no cache), spilled (a known conversation moved off "
+    "its home, for load), no_key (no session id).",
     ["decision"],
+)
+REPORT_WAITS = Counter(
+    "serve_app:routing_report_waits",
+    "Later turns of conversations unknown to this router that waited for a round of the "
+    "engine replicas' reports, by outcome: found (a replica served it), unknown (none did: "
+    "placed as new), timed_out (no round within report_wait_s).",
+    ["outcome"],
 )
 REPLICA_ONGOING = Gauge(
     "serve_app:engine_replica_ongoing_requests",
@@ -59,6 +69,11 @@ def record_reported_conversations(replicas: Iterable[str], active: Mapping[str, 
     _set_per_replica(
         REPLICA_CONVERSATIONS, {replica: active.get(replica, 0) for replica in replicas}
     )
+
+
+def record_decision(choice: Choice) -> None:
+    decision = "balanced" if choice.balanced else "spilled" if choice.spilled else "owner"
+    ROUTING_DECISIONS.labels(decision).inc()
 
 
 def record_prompt(replica: str | None, prompt_tokens: int, cached_tokens: int) -> None:

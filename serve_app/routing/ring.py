@@ -87,6 +87,9 @@ def validate_bounds(load_factor: float, min_bound: int) -> None:
 class Choice:
     replica: str
     spilled: bool  # False when the ring owner took it
+    # A new conversation placed off its ring owner to even the load: unlike a spill, this moves
+    # no cached prefix (the conversation has none yet). Set by the conversation placer.
+    balanced: bool = False
 
 
 def load_bound(

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from ray import serve
 
@@ -100,7 +101,7 @@ class EngineDeployment:
     def num_ongoing_requests(self) -> int:
         return self._engine.num_ongoing_requests()
 
-    async def record_routing_stats(self) -> dict[str, dict[int, float]]:
+    async def record_routing_stats(self) -> dict[str, Any]:
         """Ray Serve hands this to every request router (see ``serve_app.routing.directory``).
         Async, so it runs on the event loop that records conversations, not in a thread."""
         return self._served.report()
