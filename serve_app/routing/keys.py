@@ -25,6 +25,11 @@ def routing_key(prompt_cache_key: str | None, prompt_token_ids: Sequence[int]) -
     return "prefix:" + prefix_digest(prompt_token_ids)
 
 
+def key_digest(key: str) -> str:
+    """What logs name a conversation by: its turns correlate without the client's id recorded."""
+    return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+
+
 def prefix_digest(prompt_token_ids: Sequence[int]) -> str:
     end = _end_of_first_user_message(prompt_token_ids)
     prefix = prompt_token_ids[: min(end, MAX_KEY_PREFIX_TOKENS)]

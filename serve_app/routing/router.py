@@ -42,7 +42,7 @@ from serve_app.engines.base import GenerateRequest
 from serve_app.routing import metrics
 from serve_app.routing.affinity import ConversationPlacer
 from serve_app.routing.directory import ConversationDirectory
-from serve_app.routing.keys import continues_conversation
+from serve_app.routing.keys import continues_conversation, key_digest
 
 logger = logging.getLogger(__name__)
 
@@ -131,9 +131,10 @@ class PrefixAffinityRouter(RequestRouter):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 logger.warning(
-                    "no round of routing-stats reports within %.1f s; placing %s as new",
+                    "no round of routing-stats reports within %.1f s; placing conversation %s "
+                    "as new",
                     self._report_wait_s,
-                    key,
+                    key_digest(key),
                 )
                 metrics.REPORT_WAITS.labels("timed_out").inc()
                 return

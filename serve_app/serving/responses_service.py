@@ -6,7 +6,6 @@ through an `EngineClient`, so the whole protocol path runs in tests without a cl
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -33,7 +32,7 @@ from serve_app.protocol.responses import (
     new_response_id,
 )
 from serve_app.routing import metrics as routing_metrics
-from serve_app.routing.keys import routing_key
+from serve_app.routing.keys import key_digest, routing_key
 from serve_app.serving import metrics
 from serve_app.serving.engine_client import EngineClient
 from serve_app.store.base import ResponseStore, StoredResponse
@@ -121,8 +120,8 @@ class ResponsesService:
             response.id,
             len(prompt.token_ids),
             max_tokens,
-            _key_digest(key),
-            extra={"response_id": response.id, "conversation": _key_digest(key)},
+            key_digest(key),
+            extra={"response_id": response.id, "conversation": key_digest(key)},
         )
         return Turn(
             request=request, generate=generate, translator=translator, owner=owner, history=history
@@ -380,8 +379,3 @@ def stored_item(item: InputItem) -> dict[str, Any]:
 
 def _is_user_message(item: InputItem) -> bool:
     return isinstance(item, MessageItem) and item.role == "user"
-
-
-def _key_digest(key: str) -> str:
-    # Logs correlate a conversation's turns by this digest without recording the client's id.
-    return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
