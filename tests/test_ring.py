@@ -107,3 +107,14 @@ def test_invalid_settings_are_rejected() -> None:
     with pytest.raises(ValueError):
         choose_bounded(HashRing(REPLICAS), "k", {}, min_bound=-1)
     assert choose_bounded(HashRing(), "k", {}) is None
+
+
+def test_a_further_condition_takes_the_first_meeting_both_else_the_load_bound_decides() -> None:
+    ring = HashRing(REPLICAS)
+    key = "conversation-fits"
+    walk = list(ring.walk(key))
+    loads = {walk[1]: 100}  # the second on the walk is over the load bound
+    choice = choose_bounded(ring, key, loads, fits=lambda replica: replica not in walk[:1])
+    assert choice.replica == walk[2] and choice.spilled
+    nobody = choose_bounded(ring, key, loads, fits=lambda replica: False)
+    assert nobody.replica == walk[0] and not nobody.spilled

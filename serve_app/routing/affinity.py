@@ -141,20 +141,16 @@ class ConversationPlacer:
     def _place_new(self, key: str, loads: Mapping[str, int]) -> Choice:
         """Bounded loads counted in ongoing requests, and in active conversations if asked.
         Off its ring owner the conversation is ``balanced``, not ``spilled``: it moves nothing."""
-        if self.new_load_factor is not None:
-            bound = load_bound(loads, self.ring.members, self.load_factor, self.min_bound)
-            # The replicas' reported counts, not this router's own: every router sees the same
-            # reports, so ingress replicas place a new conversation alike.
-            active = self.directory.active
-            conversations_bound = load_bound(active, self.ring.members, self.new_load_factor, 0)
-            owner = None
-            for replica in self.ring.walk(key):
-                owner = owner or replica
-                if (
-                    active[replica] + 1 <= conversations_bound
-                    and loads.get(replica, 0) + 1 <= bound
-                ):
-                    return Choice(replica, spilled=False, balanced=replica != owner)
-        choice = choose_bounded(self.ring, key, loads, self.load_factor, self.min_bound)
+        fits = self._under_conversations_bound() if self.new_load_factor is not None else None
+        choice = choose_bounded(self.ring, key, loads, self.load_factor, self.min_bound, fits)
         assert choice is not None
         return Choice(choice.replica, spilled=False, balanced=choice.spilled)
+
+    def _under_conversations_bound(self) -> Callable[[str], bool]:
+        """Whether a replica can take one more conversation under ``new_load_factor``. The
+        replicas' reported counts, not this router's own: every router sees the same reports,
+        so ingress replicas place a new conversation alike."""
+        assert self.new_load_factor is not None
+        active = self.directory.active
+        bound = load_bound(active, self.ring.members, self.new_load_factor, 0)
+        return lambda replica: active[replica] + 1 <= bound

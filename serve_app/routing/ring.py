@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 DEFAULT_VIRTUAL_NODES = 160
@@ -113,17 +113,26 @@ def choose_bounded(
     loads: Mapping[str, int],
     load_factor: float = DEFAULT_LOAD_FACTOR,
     min_bound: int = DEFAULT_MIN_BOUND,
+    fits: Callable[[str], bool] | None = None,
 ) -> Choice | None:
-    """The replica for ``key``: its owner, or the next one on the ring under the load bound."""
+    """The replica for ``key``: its owner, or the next one on the ring under the load bound.
+
+    ``fits`` is a further condition (the placer's bound in conversations): the first replica
+    under the load bound that meets it, else the first under the load bound alone.
+    """
     validate_bounds(load_factor, min_bound)
     if not ring.members:
         return None
     bound = load_bound(loads, ring.members, load_factor, min_bound)
-    owner = None
+    owner = under_bound = None
     for replica in ring.walk(key):
         owner = owner or replica
         if loads.get(replica, 0) + 1 <= bound:
-            return Choice(replica, spilled=replica != owner)
-    # Unreachable: the least loaded replica is under the mean rounded up. Kept total.
+            if fits is None or fits(replica):
+                return Choice(replica, spilled=replica != owner)
+            under_bound = under_bound or replica
+    # The least loaded replica is under the mean rounded up, so the owner is only a total
+    # function's last resort.
     assert owner is not None
-    return Choice(owner, spilled=False)
+    chosen = under_bound or owner
+    return Choice(chosen, spilled=chosen != owner)
