@@ -6,6 +6,7 @@ import re
 import uuid
 
 from openai import OpenAI
+from openai.types.responses import Response
 
 from serve_app.engines.base import GenerateRequest, SamplingSettings
 from serve_app.harmony.render import render_request
@@ -26,17 +27,23 @@ def routing_decisions(app_url: str) -> dict[str, float]:
     return totals
 
 
+def first_turn(client: OpenAI, key: str) -> tuple[Response, list[dict]]:
+    """A conversation's first turn, and the input of its second (the whole history)."""
+    # A long, conversation-specific first message: only its own replica has it cached.
+    history = [{"role": "user", "content": "SDK-TEXT conversation " + key * 40}]
+    first = client.responses.create(model=MODEL, input=history, prompt_cache_key=key)
+    history += [item.model_dump(exclude_none=True) for item in first.output]
+    history.append({"role": "user", "content": "SDK-TEXT again"})
+    return first, history
+
+
 def test_every_conversation_hits_its_prefix_cache_on_the_next_turn(app_url: str) -> None:
     client = OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0)
     before = routing_decisions(app_url)
     conversations = 8
     for index in range(conversations):
         key = f"routing-{uuid.uuid4()}"
-        # A long, conversation-specific first message: only its own replica has it cached.
-        history = [{"role": "user", "content": f"SDK-TEXT conversation {index} " + key * 40}]
-        first = client.responses.create(model=MODEL, input=history, prompt_cache_key=key)
-        history += [item.model_dump(exclude_none=True) for item in first.output]
-        history.append({"role": "user", "content": "SDK-TEXT again"})
+        first, history = first_turn(client, key)
         second = client.responses.create(model=MODEL, input=history, prompt_cache_key=key)
         cached = second.usage.input_tokens_details.cached_tokens
         # With two replicas, random routing misses about half the time.
@@ -89,10 +96,7 @@ def test_a_router_that_placed_nothing_sends_the_next_turn_where_the_conversation
     before = {outcome: waits_for_reports(outcome) for outcome in outcomes}
     for index in range(6):
         key = f"follow-{uuid.uuid4()}"
-        history = [{"role": "user", "content": f"SDK-TEXT follow {index} " + key * 40}]
-        first = client.responses.create(model=MODEL, input=history, prompt_cache_key=key)
-        history += [item.model_dump(exclude_none=True) for item in first.output]
-        history.append({"role": "user", "content": "SDK-TEXT again"})
+        first, history = first_turn(client, key)
         request = ResponsesRequest.model_validate(
             {"model": MODEL, "input": history, "prompt_cache_key": key}
         )
