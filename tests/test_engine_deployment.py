@@ -58,3 +58,18 @@ async def test_the_first_token_carries_the_time_the_engine_took_to_produce_it() 
     assert 0.05 <= chunks[1].engine_ttft_s < 1
     assert chunks[2].engine_ttft_s is None  # only the first token is stamped
     assert chunks[0].merge(chunks[1]).merge(chunks[2]).engine_ttft_s == chunks[1].engine_ttft_s
+
+
+class _ModelledTimeEngine:
+    """Yields its first token stamped with a time from its own model, as the simulated one does."""
+
+    async def generate(self, request):
+        yield GenerateChunk(token_ids=[1], engine_ttft_s=0.25)
+        yield GenerateChunk(token_ids=[2], finish_reason="stop")
+
+
+async def test_an_engine_that_models_its_time_keeps_its_first_token_time() -> None:
+    replica = SimpleNamespace(_engine=_ModelledTimeEngine())
+    queue: asyncio.Queue = asyncio.Queue()
+    await Replica._produce(replica, None, queue)
+    assert queue.get_nowait().engine_ttft_s == 0.25  # not the few microseconds it took here

@@ -2,13 +2,15 @@
 
 Prompts are rendered with openai_harmony directly, so these tests do not depend on the
 Responses rendering. Timing parameters are fast; nothing asserts on wall-clock speed (the
-timeouts below only keep a broken abort from hanging the run).
+timeouts below only keep a broken abort from hanging the run; the time model's figures are
+the engine's own arithmetic).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -337,6 +339,31 @@ async def test_unknown_abort_is_a_no_op_and_duplicate_ids_are_refused() -> None:
     await sim.abort("dup")
     await asyncio.wait_for(task, timeout=10)
     assert sim.num_ongoing_requests() == 0
+
+
+# -- Time model --------------------------------------------------------------------------------
+
+
+async def test_the_first_token_reports_the_time_model_not_a_stalled_host() -> None:
+    sim = engine(prefill_tokens_per_s=1_000, decode_tokens_per_s=100, batch_slowdown=0)
+    first, first_seen = await _started(sim, request(prompt(user("one")), "a"))
+    second, second_seen = await _started(sim, request(prompt(user("two")), "b"), 2)
+    time.sleep(0.3)  # the host stalls with both queued: every timer fires late
+    await asyncio.wait_for(asyncio.gather(first, second), timeout=10)
+
+    def prefill_s(chunks: list[GenerateChunk]) -> float:
+        return (chunks[0].num_prompt_tokens - chunks[0].num_cached_tokens) / 1_000
+
+    step_s = 1 / 100
+    first_token = next(chunk for chunk in first_seen if chunk.token_ids)
+    second_token = next(chunk for chunk in second_seen if chunk.token_ids)
+    # Arrival to the modelled first token: its prefill, queued behind the other's, then a step.
+    assert first_token.engine_ttft_s == pytest.approx(prefill_s(first_seen) + step_s, abs=0.002)
+    assert second_token.engine_ttft_s == pytest.approx(
+        prefill_s(first_seen) + prefill_s(second_seen) + step_s, abs=0.002
+    )
+    later = [chunk.engine_ttft_s for chunk in first_seen + second_seen if chunk.token_ids]
+    assert later.count(None) == len(later) - 2  # only each request's first token is stamped
 
 
 # -- Prefix cache ------------------------------------------------------------------------------

@@ -48,9 +48,10 @@ class GenerateChunk:
     error: str | None = None
     # The engine replica that served the request (set on the first chunk by the deployment).
     replica: str | None = None
-    # Seconds from the request reaching the engine replica to its first output token, set by
-    # the deployment on the chunk that carries that token: the engine's own queueing and
-    # prefill, without the routing and transport in front of it.
+    # Seconds from the request reaching the engine replica to its first output token, on the
+    # chunk that carries that token: the engine's own queueing and prefill, without the routing
+    # and transport in front of it. An engine that models its time (the simulated one) sets it
+    # from its model; otherwise the deployment measures it.
     engine_ttft_s: float | None = None
 
     def merge(self, later: GenerateChunk) -> GenerateChunk:

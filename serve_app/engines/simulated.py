@@ -31,6 +31,9 @@ What it says:
   and abort cut it like any other output.
 
 The output depends only on the prompt, the script and ``seed``; only the timing is wall-clock.
+The chunk with the first token reports ``engine_ttft_s`` from the time model (arrival to the
+modelled first token), so a benchmark on a busy host measures where requests were sent, not
+how late the host's timers fired.
 """
 
 from __future__ import annotations
@@ -416,6 +419,10 @@ class _Running:
     # Block keys of the prompt once its KV exists (after prefill): the output extends them.
     prompt_keys: list[int] | None = None
     output: list[int] = field(default_factory=list)
+    # Monotonic times: arrival, and by the time model, the end of prefill and the first token.
+    arrived: float = field(default_factory=time.monotonic)
+    prefilled_at: float = 0.0
+    first_token_at: float = 0.0
 
 
 class _Aborted(Exception):
@@ -434,6 +441,8 @@ class SimulatedEngine(Engine):
         self._num_decoding = 0
         # Requests waiting for prefill, the one prefilling first.
         self._prefill_queue: deque[_Running] = deque()
+        # When the modelled accelerator finishes the prefills admitted so far (monotonic).
+        self._prefill_free_at = 0.0
 
     # -- Engine contract ---------------------------------------------------------------------
 
@@ -476,9 +485,14 @@ class SimulatedEngine(Engine):
             except _Aborted:
                 yield GenerateChunk(finish_reason="abort", **counts)
                 return
+            stamped = False
             async with contextlib.aclosing(self._decode(running, self._plan(prompt))) as steps:
                 async for token_ids, finish in steps:
-                    yield GenerateChunk(token_ids=token_ids, finish_reason=finish, **counts)
+                    chunk = GenerateChunk(token_ids=token_ids, finish_reason=finish, **counts)
+                    if token_ids and not stamped:
+                        chunk.engine_ttft_s = running.first_token_at - running.arrived
+                        stamped = True
+                    yield chunk
         finally:
             if running.prompt_keys is not None:  # aborted before prefill: nothing to cache
                 self.cache.insert([*prompt, *running.output], running.prompt_keys)
@@ -501,6 +515,10 @@ class SimulatedEngine(Engine):
         misses cost the replica throughput, not only the request latency, which is what makes
         cache-affine routing matter. The cache is looked up when the prefill starts, as vLLM's
         scheduler does, so a request queued behind one with the same prefix reuses its blocks.
+
+        Each prefill ends at a time the model sets (after the arrival and the prefill before
+        it), not after a sleep of its length: a timer that fires late on a busy host delays
+        this prefill, not every one queued behind it.
         """
         queue = self._prefill_queue
         queue.append(running)
@@ -510,13 +528,19 @@ class SimulatedEngine(Engine):
             prompt = running.request.prompt_token_ids
             hit_keys = self.cache.lookup_blocks(prompt)
             cached = len(hit_keys) * self.cache.block_size
-            await self._sleep(running, (len(prompt) - cached) / self.config.prefill_tokens_per_s)
+            uncached_s = (len(prompt) - cached) / self.config.prefill_tokens_per_s
+            running.prefilled_at = max(running.arrived, self._prefill_free_at) + uncached_s
+            self._prefill_free_at = running.prefilled_at
+            await self._sleep(running, running.prefilled_at - time.monotonic())
             # vLLM caches a prompt's full blocks once computed, before the request ends.
             running.prompt_keys = self.cache.insert(prompt, hit_keys)
             return cached
         finally:
             was_first = queue[0] is running
             queue.remove(running)
+            if was_first and running.prompt_keys is None:
+                # Aborted mid-prefill: the accelerator is free now, not when it would have ended.
+                self._prefill_free_at = min(self._prefill_free_at, time.monotonic())
             if was_first and queue:
                 _resolve(queue[0].wakeup)
 
@@ -547,6 +571,8 @@ class SimulatedEngine(Engine):
     ) -> AsyncIterator[tuple[list[int], FinishReason | None]]:
         """Play ``plan`` one token per decode step; the last pair carries the finish reason.
 
+        A token exists once its step has passed, timed from the modelled end of prefill, so
+        ``running.first_token_at`` is the time model's and a late timer is caught up on.
         Tokens that fall due within the timer resolution go out together, so a fast decode
         rate costs few wake-ups and still keeps its rate.
         """
@@ -556,7 +582,7 @@ class SimulatedEngine(Engine):
         stop_ids = frozenset(sampling.stop_token_ids)
         output = running.output
         pending: list[int] = []
-        due = time.monotonic()
+        due = running.prefilled_at
         try:
             if sampling.max_tokens <= len(output):
                 yield [], "length"
@@ -575,6 +601,17 @@ class SimulatedEngine(Engine):
                     due = time.monotonic()
                     continue
                 for token in step.tokens:
+                    due += self._step_seconds()
+                    wait = due - time.monotonic()
+                    if wait > _MIN_SLEEP_S:
+                        if pending:
+                            yield pending, None
+                            pending = []
+                        await self._sleep(running, wait)
+                    elif running.aborted:
+                        raise _Aborted
+                    if not output:
+                        running.first_token_at = due
                     pending.append(token)
                     output.append(token)
                     if step.honour_stop and token in stop_ids:
@@ -583,14 +620,6 @@ class SimulatedEngine(Engine):
                     if len(output) >= sampling.max_tokens:
                         yield pending, "length"
                         return
-                    due += self._step_seconds()
-                    wait = due - time.monotonic()
-                    if wait > _MIN_SLEEP_S:
-                        yield pending, None
-                        pending = []
-                        await self._sleep(running, wait)
-                    elif running.aborted:
-                        raise _Aborted
             yield pending, "stop"
         except _Aborted:
             yield pending, "abort"

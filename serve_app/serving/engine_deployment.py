@@ -66,7 +66,9 @@ class EngineDeployment:
         try:
             async for chunk in self._engine.generate(request):
                 if first_token and chunk.token_ids:
-                    chunk.engine_ttft_s, first_token = time.monotonic() - arrived, False
+                    if chunk.engine_ttft_s is None:  # the engine did not model it
+                        chunk.engine_ttft_s = time.monotonic() - arrived
+                    first_token = False
                 queue.put_nowait(chunk)
         except EngineError as exc:
             logger.warning("request %s failed in the engine: %s", request.request_id, exc)
