@@ -14,8 +14,10 @@ the same time model as the simulated engine, event by event, for several seeds:
 Policies: ``hash`` (ring owner only: what Ray's ``ConsistentHashRouter`` does), ``pow2``
 (power of two choices on ongoing requests: Ray's default), ``ours`` (the
 ``ConversationPlacer`` the request router runs, with the given bounds, one per ingress replica,
-fed the replicas' routing-stats reports every ``--report-period``) and the oracle. No scale
-events and no router overheads here: those are what the Ray benchmark is for.
+fed the replicas' routing-stats reports every ``--report-period``; a later turn reaching a
+placer that does not know its conversation is placed at the next round of reports, as the
+request router waits, and its TTFT counts from then, as the engine's does) and the oracle. No
+scale events and no router overheads here: those are what the Ray benchmark is for.
 
     python loadtests/sim_routing.py --seeds 7 1 2 3 4
 """
@@ -49,6 +51,7 @@ from serve_app.routing.ring import DEFAULT_LOAD_FACTOR, HashRing
 
 # (routing key, ongoing requests per replica, simulated time) -> replica
 Policy = Callable[[str, Mapping[str, int], float], str]
+_WAITED = "waited"  # marks an arrival event put back until a round of reports
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Result:
     ttfts_ms: list[float]
     imbalance: float  # max/mean engine work per replica, as bench_routing's "work"
     prefill_busy: float  # share of the replay a replica spends prefilling (its serialized part)
+    waited: float  # share of turns that waited for a round of reports (ours only)
 
 
 def hash_owner(members: list[str]) -> Policy:
@@ -104,17 +108,34 @@ class Ours:
         self.report_period_s = report_period_s
         self.next_report_s = 0.0
         self.rng = random.Random(0)
+        # Later turns waiting for a round of reports, by key: the placer they reached.
+        self.waiting: dict[str, ConversationPlacer] = {}
 
     def __call__(self, key: str, loads: Mapping[str, int], now: float) -> str:
+        self._catch_up(now)
+        placer = self.waiting.pop(key, None) or self.rng.choice(self.placers)
+        choice = placer.choose(key, loads)
+        assert choice is not None
+        self.served[choice.replica].record(key)
+        return choice.replica
+
+    def ready_at(self, key: str, now: float) -> float:
+        """When a later turn of conversation ``key`` is placed: now, unless the ingress replica
+        it reached does not know the conversation; then at the next round of reports, as the
+        request router waits (``serve_app.routing.router``)."""
+        self._catch_up(now)
+        placer = self.rng.choice(self.placers)
+        if placer.knows(key):
+            return now
+        self.waiting[key] = placer
+        return self.next_report_s
+
+    def _catch_up(self, now: float) -> None:
         self.clock.now = now
         if now >= self.next_report_s:
             # Nothing was served since the period's boundary, so reporting now is reporting then.
             self._report()
             self.next_report_s = (now // self.report_period_s + 1) * self.report_period_s
-        choice = self.rng.choice(self.placers).choose(key, loads)
-        assert choice is not None
-        self.served[choice.replica].record(key)
-        return choice.replica
 
     def _report(self) -> None:
         directory = ConversationDirectory.from_reports(
@@ -147,6 +168,9 @@ def replay(
     prompt = cached = 0
     ttfts = []
     started, now, prefilling = events[0][0], 0.0, 0.0
+    # Only ours waits, for a later turn of a conversation its router does not know.
+    ready_at: Callable[[str, float], float] | None = getattr(policy, "ready_at", None)
+    waited = 0
     while events:
         now, kind, index, turn_index, replica = heapq.heappop(events)
         session = sessions[index]
@@ -157,6 +181,12 @@ def replay(
                 heapq.heappush(events, (now + think, 1, index, turn_index + 1, ""))
             continue
         turn = rendered[session.session_id][turn_index]
+        if ready_at is not None and turn_index > 0 and replica != _WAITED:
+            ready = ready_at(turn.routing_key, now)
+            if ready > now:
+                waited += 1
+                heapq.heappush(events, (ready, 1, index, turn_index, _WAITED))
+                continue
         replica = policy(turn.routing_key, {member: ongoing[member] for member in members}, now)
         cache = caches[replica]
         hit = cache.lookup(turn.token_ids)
@@ -184,6 +214,7 @@ def replay(
         ttfts,
         max(work.values()) / mean_work,
         prefilling / len(members) / (now - started),
+        waited / len(ttfts),
     )
 
 
@@ -241,6 +272,7 @@ def main() -> None:
         "TTFT p90 (ms)",
         "max/mean work",
         "prefill busy",
+        "waited",
     ]
     totals: dict[str, list[list[float]]] = {name: [] for name in [*policies, "oracle"]}
     for seed in args.seeds:
@@ -249,7 +281,7 @@ def main() -> None:
         best_hit, best_ttfts = oracle(sessions, rendered, engine)
         best_ms = [ttft * 1000 for ttft in best_ttfts]
         totals["oracle"].append(
-            [best_hit, 1.0, statistics.median(best_ms), percentile(best_ms, 0.9), 1.0, 0.0]
+            [best_hit, 1.0, statistics.median(best_ms), percentile(best_ms, 0.9), 1.0, 0.0, 0.0]
         )
         for name, make in policies.items():
             result = replay(sessions, rendered, make(), members, engine, args.output_tokens)
@@ -261,19 +293,20 @@ def main() -> None:
                     percentile(result.ttfts_ms, 0.9),
                     result.imbalance,
                     result.prefill_busy,
+                    result.waited,
                 ]
             )
         print(f"seed {seed} done", file=sys.stderr, flush=True)
     print(row("policy (mean over seeds)", columns))
     print(row("---", ["---:"] * len(columns)))
-    formats = ["{:.3f}", "{:.3f}", "{:.0f}", "{:.0f}", "{:.2f}", "{:.0%}"]
+    formats = ["{:.3f}", "{:.3f}", "{:.0f}", "{:.0f}", "{:.2f}", "{:.0%}", "{:.1%}"]
     for name, runs in totals.items():
         means = [statistics.mean(values) for values in zip(*runs, strict=True)]
         worst = max(run[4] for run in runs)
         cells = [fmt.format(mean) for fmt, mean in zip(formats, means, strict=True)]
         cells[4] += f" (worst {worst:.2f})"
         if name == "oracle":
-            cells[5] = "-"  # it has no replicas
+            cells[5] = cells[6] = "-"  # it has no replicas, nor routers
         print(row(name, cells))
     print("\nTTFT p90 (ms) per seed:")
     for name, runs in totals.items():
