@@ -1,17 +1,28 @@
-"""Shared test helpers: Codex capture fixtures and harmony decoding."""
+"""Shared test helpers: Codex capture fixtures, harmony decoding, the app in-process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
+from fastapi import FastAPI
+from openai import AsyncOpenAI
+
+from serve_app.config import AppArgs
+from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.encoding import get_encoding
+from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.serving.engine_client import InProcessEngineClient
+from serve_app.serving.ingress import create_api
+from serve_app.store.sql import SqlResponseStore
 
 REPO = Path(__file__).resolve().parents[1]
 # ../shared/codex holds real Codex request captures (the steering repo's shared folder).
@@ -26,6 +37,30 @@ def capture_body(name: str) -> dict[str, Any]:
 
 def decode(token_ids: list[int]) -> str:
     return get_encoding().decode_utf8(token_ids)
+
+
+@contextlib.asynccontextmanager
+async def in_process_api(
+    db_path: Path, args: AppArgs | None = None, **options: Any
+) -> AsyncIterator[FastAPI]:
+    """The ingress's own FastAPI app (the one every ingress replica serves) in this process,
+    on a fast simulated engine and a SQLite store; ``options`` go to ``create_api``."""
+    store = SqlResponseStore(f"sqlite+aiosqlite:///{db_path}")
+    await store.start()
+    engine = SimulatedEngine(SimulatedEngineConfig(decode_tokens_per_s=50_000))
+    await engine.start()
+    try:
+        yield create_api(
+            args or AppArgs(), InProcessEngineClient(engine), ReasoningVault("k"), store, **options
+        )
+    finally:
+        await store.close()
+
+
+def sdk_client(api: FastAPI, key: str = "unused") -> AsyncOpenAI:
+    """The openai SDK talking to an in-process app."""
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://app")
+    return AsyncOpenAI(base_url="http://app/v1", api_key=key, http_client=http, max_retries=0)
 
 
 def scrape_metrics(app_url: str, replicas: int = 2, tries: int = 40) -> dict[str, str]:

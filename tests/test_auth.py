@@ -11,44 +11,23 @@ from collections.abc import AsyncIterator
 import httpx
 import openai
 import pytest
-from openai import AsyncOpenAI
 
-from serve_app.config import AppArgs
-from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
-from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.serving.auth import ApiKeys
-from serve_app.serving.engine_client import InProcessEngineClient
-from serve_app.serving.ingress import create_api
-from serve_app.store.sql import SqlResponseStore
+from tests.helpers import in_process_api, sdk_client
 
 MODEL = "gpt-oss-120b"
 
 
 @pytest.fixture
 async def api(tmp_path) -> AsyncIterator:
-    store = SqlResponseStore(f"sqlite+aiosqlite:///{tmp_path / 'auth.db'}")
-    await store.start()
-    engine = SimulatedEngine(SimulatedEngineConfig(decode_tokens_per_s=50_000))
-    await engine.start()
-    yield create_api(
-        AppArgs(),
-        InProcessEngineClient(engine),
-        ReasoningVault("k"),
-        store,
-        api_keys=ApiKeys(["key-alice", "key-bob"]),
-    )
-    await store.close()
-
-
-def client(api, key: str) -> AsyncOpenAI:
-    transport = httpx.ASGITransport(app=api)
-    http = httpx.AsyncClient(transport=transport, base_url="http://app")
-    return AsyncOpenAI(base_url="http://app/v1", api_key=key, http_client=http, max_retries=0)
+    keys = ApiKeys(["key-alice", "key-bob"])
+    async with in_process_api(tmp_path / "auth.db", api_keys=keys) as api:
+        yield api
 
 
 async def test_a_wrong_or_missing_key_is_401_in_openai_shape(api) -> None:
     with pytest.raises(openai.AuthenticationError) as caught:
-        await client(api, "key-mallory").responses.create(model=MODEL, input="hi")
+        await sdk_client(api, "key-mallory").responses.create(model=MODEL, input="hi")
     assert caught.value.body["code"] == "invalid_api_key"
     transport = httpx.ASGITransport(app=api)
     async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
@@ -59,7 +38,7 @@ async def test_a_wrong_or_missing_key_is_401_in_openai_shape(api) -> None:
 
 
 async def test_stored_responses_belong_to_the_key_that_made_them(api) -> None:
-    alice, bob = client(api, "key-alice"), client(api, "key-bob")
+    alice, bob = sdk_client(api, "key-alice"), sdk_client(api, "key-bob")
     created = await alice.responses.create(model=MODEL, input="hello")
     assert (await alice.responses.retrieve(created.id)).id == created.id
     with pytest.raises(openai.NotFoundError):
@@ -75,7 +54,7 @@ async def test_stored_responses_belong_to_the_key_that_made_them(api) -> None:
 
 
 async def test_conversations_belong_to_the_key_that_made_them(api) -> None:
-    alice, bob = client(api, "key-alice"), client(api, "key-bob")
+    alice, bob = sdk_client(api, "key-alice"), sdk_client(api, "key-bob")
     conversation = await alice.conversations.create(metadata={"x": "y"})
     with pytest.raises(openai.NotFoundError):
         await bob.conversations.retrieve(conversation.id)
