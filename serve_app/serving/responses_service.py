@@ -87,10 +87,14 @@ class ResponsesService:
         request: ResponsesRequest,
         owner: str | None = None,
         recent: Mapping[str, list[InputItem]] | None = None,
+        *,
+        check_limits: bool = True,
     ) -> Turn:
         """Everything that can reject the request happens here, before any event is sent.
-        ``recent``: contexts of responses not in the store (a WebSocket connection's), by id."""
-        history = await self.history(request, owner, recent)
+        ``recent``: contexts of responses not in the store (a WebSocket connection's), by id.
+        ``check_limits`` false: the server built the request (compaction's), so its item count
+        is not the client's to keep within ``max_input_items``."""
+        history = await self.history(request, owner, recent, check_limits=check_limits)
         prompt = render_request(request, history=history, vault=self._vault)
         if request.background and not request.store:
             raise InvalidRequest(
@@ -137,11 +141,14 @@ class ResponsesService:
         request: ResponsesRequest,
         owner: str | None,
         recent: Mapping[str, list[InputItem]] | None = None,
+        *,
+        check_limits: bool = True,
     ) -> list[InputItem]:
         """The items a request continues (checked against its limits and model first)."""
         if request.model not in self._args.served_names():
             raise model_not_found(request.model)
-        self._check_limits(request)
+        if check_limits:
+            self._check_limits(request)
         if request.conversation_id is not None:
             if request.previous_response_id is not None:
                 raise InvalidRequest(
@@ -278,7 +285,8 @@ class ResponsesService:
                 "max_output_tokens": None,
             }
         )
-        response = await self.run(await self.prepare(ask, owner))
+        # The ask holds the stored history and the summary request as input items too.
+        response = await self.run(await self.prepare(ask, owner, check_limits=False))
         if response.status == "failed" and response.error is not None:
             raise GenerationFailed(response.error.message, response.error.code)
         summary = response.output_text.strip()
