@@ -214,6 +214,38 @@ def test_routers_with_the_same_reports_place_new_conversations_alike() -> None:
     assert not any(choice.spilled for choice in first)
 
 
+def test_a_burst_of_new_conversations_before_the_next_report_is_spread_too() -> None:
+    replicas = Replicas()
+    routing = placer(new_load_factor=1.1, clock=replicas.clock)
+    routing.set_directory(replicas.directory())  # every replica reported: nothing served yet
+    for key, replica in place_all(routing, KEYS[:400]).items():
+        replicas.serve(key, replica)
+    counts = Counter(replicas.directory().active)
+    # This router's own placements count until the replicas report them: by the ring alone
+    # the fullest replica would get far more than 1.1 x the mean of 50.
+    assert max(counts.values()) <= 1.1 * 50 + 1
+
+
+def test_a_placement_stops_counting_as_unreported_once_its_replica_reports() -> None:
+    replicas = Replicas()
+    routing = placer(new_load_factor=1.1, min_bound=0, clock=replicas.clock)
+    routing.set_directory(replicas.directory())
+    key = KEYS[0]
+    home = routing.choose(key, {}).replica
+    replicas.serve(key, home)
+    assert routing._active_conversations()[home] == 1  # placed, not yet reported
+    routing.set_directory(replicas.directory())
+    assert routing._active_conversations()[home] == 1  # reported: counted once
+    loads = {replica: 2 for replica in REPLICAS}
+    loads[home] = 10
+    spill = routing.choose(key, loads).replica
+    replicas.serve(key, spill)
+    moved = routing._active_conversations()
+    assert (moved[home], moved[spill]) == (0, 1)  # the spill moved it before any report
+    routing.set_directory(replicas.directory())
+    assert routing._active_conversations() == moved
+
+
 def test_a_reported_conversation_idle_past_the_routers_idle_s_counts_as_new() -> None:
     replicas = Replicas()
     routing = placer(idle_s=60, clock=replicas.clock)
