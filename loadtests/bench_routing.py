@@ -372,6 +372,7 @@ def report(
         "hit rate",
         "TTFT p50 (ms)",
         "TTFT p90 (ms)",
+        "TTFT p90 before +1 (ms)",
         "caller TTFT p90 (ms)",
         "max/mean work",
         "max/mean busy",
@@ -387,6 +388,8 @@ def report(
         ttfts = [s.engine_ttft_s * 1000 for s in served]
         caller_ttfts = [(s.first_token - s.started) * 1000 for s in served]
         added, removed = events
+        # Before any scale event: the steady state that sim_routing replays.
+        steady = [s.engine_ttft_s * 1000 for s in served if s.started < added.began]
         print(
             row(
                 name,
@@ -394,6 +397,7 @@ def report(
                     f"{hit_rate(served):.3f}",
                     f"{statistics.median(ttfts):.0f}",
                     f"{percentile(ttfts, 0.9):.0f}",
+                    f"{percentile(steady, 0.9):.0f}",
                     f"{percentile(caller_ttfts, 0.9):.0f}",
                     f"{load_imbalance(served, added.began, work_seconds(engine)):.2f}",
                     f"{load_imbalance(served, added.began, wall_seconds):.2f}",
@@ -412,6 +416,7 @@ def report(
                 f"{best_hit:.3f}",
                 f"{statistics.median(ttfts):.0f}",
                 f"{percentile(ttfts, 0.9):.0f}",
+                "-",
                 "-",
                 "-",
                 "-",
