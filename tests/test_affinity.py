@@ -13,7 +13,7 @@ from serve_app.routing.directory import (
     ConversationTable,
     ServedConversations,
 )
-from serve_app.routing.ring import stable_hash
+from serve_app.routing.ring import Choice, stable_hash
 
 REPLICAS = [f"replica-{index}" for index in range(8)]
 KEYS = [f"conversation-{index}" for index in range(2000)]
@@ -90,6 +90,20 @@ def test_a_new_conversation_goes_to_its_ring_owner_while_that_has_room() -> None
     first = placer().choose(KEYS[0], {})
     assert first == placer().choose(KEYS[0], {})  # every router places alike
     assert not first.balanced and first.replica == placer().ring.owner(KEYS[0])
+
+
+def test_a_new_conversation_avoids_a_busy_owner_even_under_the_floor() -> None:
+    routing = placer(new_load_factor=None)  # min_bound 8: the floor known conversations get
+    key = KEYS[0]
+    owner = routing.ring.owner(key)
+    loads = {replica: 0 for replica in REPLICAS}
+    loads[owner] = 3  # far under the floor, but over 1.25 x a mean of 0.5
+    new = routing.choose(key, loads)
+    assert new.replica != owner and new.balanced and not new.spilled
+    # The same load keeps a known conversation home: it would lose its prefix by moving.
+    assert routing.choose(key, {}).replica == new.replica
+    loads[new.replica] = 3
+    assert routing.choose(key, loads) == Choice(new.replica, spilled=False)
 
 
 def test_a_known_conversation_stays_home_while_under_the_bound() -> None:
