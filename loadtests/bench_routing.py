@@ -33,6 +33,7 @@ Ray's noise, see ``sim_routing.py``. Printed per router:
 
     python loadtests/bench_routing.py --min-bound 8 4  # ~15 minutes on 2 cores
     python loadtests/bench_routing.py --sessions 40  # a quick look
+    python loadtests/bench_routing.py --served-out served/  # also every turn, as JSON lines
 
 This is a benchmark, not a test: it prints numbers and asserts nothing.
 """
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import time
@@ -462,6 +464,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--min-bound", type=int, nargs="+", default=[DEFAULT_MIN_BOUND], help="ours, each"
     )
+    parser.add_argument(
+        "--served-out", type=Path, help="a directory: every served turn, ROUTER.jsonl"
+    )
     return parser.parse_args()
 
 
@@ -501,6 +506,35 @@ def main() -> None:
         serve.shutdown()
         ray.shutdown()
     report(results, sessions, rendered, simulated, args)
+    if args.served_out:
+        write_served(results, args.served_out)
+
+
+def write_served(
+    results: dict[str, tuple[list[Served], list[ScaleEvent]]], directory: Path
+) -> None:
+    """Every served turn and scale event per router, one JSON object per line, for analyses
+    the table does not make (times in seconds from the first turn's start)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, (served, events) in results.items():
+        t0 = min(s.started for s in served)
+        with (directory / f"{name}.jsonl").open("w") as out:
+            for event in events:
+                record = {"event": event.name, "began": event.began - t0, "done": event.done - t0}
+                out.write(json.dumps(record) + "\n")
+            for s in sorted(served, key=lambda s: s.started):
+                record = {
+                    "session": s.turn.session_id,
+                    "turn": s.turn.index,
+                    "started": s.started - t0,
+                    "replica": s.replica,
+                    "engine_ttft_s": s.engine_ttft_s,
+                    "caller_ttft_s": s.first_token - s.started,
+                    "prompt_tokens": s.prompt_tokens,
+                    "cached_tokens": s.cached_tokens,
+                    "output_tokens": s.output_tokens,
+                }
+                out.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":
