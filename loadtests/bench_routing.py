@@ -530,6 +530,7 @@ def write_served(
                     "replica": s.replica,
                     "engine_ttft_s": s.engine_ttft_s,
                     "caller_ttft_s": s.first_token - s.started,
+                    "ended": s.ended - t0,
                     "prompt_tokens": s.prompt_tokens,
                     "cached_tokens": s.cached_tokens,
                     "output_tokens": s.output_tokens,
