@@ -8,7 +8,7 @@ with the simulated engine, once per request router, on the same replica count:
 - ``ray-prefix-aware``: Ray Serve LLM's ``PrefixCacheAffinityRouter``, made to see the prompt
   (it matches text; here each prompt token id becomes one character, so it matches tokens);
 - ``serve_app-mbN``: ours (``serve_app.routing.router.PrefixAffinityRouter``, bounded load,
-  ``min_bound`` N; several with ``--min-bound 8 4``);
+  ``min_bound`` N; several with ``--min-bound 16 8``);
 - ``oracle``: one infinite prefix cache and no queueing (an upper bound, computed, not run).
 
 The trace is replayed through the deployment's handle, exactly as the ingress calls it (same
@@ -31,7 +31,7 @@ Ray's noise, see ``sim_routing.py``. Printed per router:
 - moved: share of consecutive turns of a session on different replicas, away from scaling;
 - remap +1 / -1: share of sessions active across a scale event whose replica changed.
 
-    python loadtests/bench_routing.py --min-bound 8 4  # ~15 minutes on 2 cores
+    python loadtests/bench_routing.py --min-bound 16 8  # ~15 minutes on 2 cores
     python loadtests/bench_routing.py --sessions 40  # a quick look
     python loadtests/bench_routing.py --served-out served/  # also every turn, as JSON lines
 

@@ -47,7 +47,7 @@ from serve_app.routing.affinity import (
     ConversationPlacer,
 )
 from serve_app.routing.directory import ConversationDirectory, ServedConversations
-from serve_app.routing.ring import DEFAULT_LOAD_FACTOR, HashRing
+from serve_app.routing.ring import DEFAULT_LOAD_FACTOR, DEFAULT_MIN_BOUND, HashRing
 
 # (routing key, ongoing requests per replica, simulated time) -> replica
 Policy = Callable[[str, Mapping[str, int], float], str]
@@ -234,7 +234,9 @@ def parse_args() -> argparse.Namespace:
         help="ours; 0 turns balanced placement off",
     )
     parser.add_argument("--spill-factor", type=float, default=DEFAULT_SPILL_FACTOR, help="ours")
-    parser.add_argument("--min-bound", type=int, nargs="+", default=[8, 4, 0], help="ours, each")
+    parser.add_argument(
+        "--min-bound", type=int, nargs="+", default=[DEFAULT_MIN_BOUND], help="ours, each"
+    )
     parser.add_argument(
         "--ingress-replicas", type=int, default=1, help="ours: routers, each with its own table"
     )

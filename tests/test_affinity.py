@@ -93,7 +93,7 @@ def test_a_new_conversation_goes_to_its_ring_owner_while_that_has_room() -> None
 
 
 def test_a_new_conversation_avoids_a_busy_owner_even_under_the_floor() -> None:
-    routing = placer(new_load_factor=None)  # min_bound 8: the floor known conversations get
+    routing = placer(new_load_factor=None)  # the min_bound floor (16) is for known ones
     key = KEYS[0]
     owner = routing.ring.owner(key)
     loads = {replica: 0 for replica in REPLICAS}
@@ -109,7 +109,7 @@ def test_a_new_conversation_avoids_a_busy_owner_even_under_the_floor() -> None:
 def test_a_known_conversation_stays_home_while_under_the_bound() -> None:
     routing = placer()
     homes = place_all(routing, KEYS[:200])
-    loads = {replica: 3 for replica in REPLICAS}  # under the floor of 8
+    loads = {replica: 3 for replica in REPLICAS}  # under the floor of 16
     for key in KEYS[:200]:
         choice = routing.choose(key, loads)
         assert choice.replica == homes[key] and not choice.spilled

@@ -59,7 +59,7 @@ def test_an_overloaded_owner_spills_to_the_next_replica_on_the_ring() -> None:
     walk = list(ring.walk(key))
     loads = {replica: 2 for replica in REPLICAS}
     loads[walk[0]] = 10
-    choice = choose_bounded(ring, key, loads, load_factor=1.25)
+    choice = choose_bounded(ring, key, loads, load_factor=1.25, min_bound=0)
     assert choice.spilled and choice.replica == walk[1]
 
 

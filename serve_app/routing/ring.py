@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 DEFAULT_VIRTUAL_NODES = 160
 DEFAULT_LOAD_FACTOR = 1.25
-DEFAULT_MIN_BOUND = 8
+DEFAULT_MIN_BOUND = 16
 
 
 def stable_hash(text: str) -> int:

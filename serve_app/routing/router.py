@@ -22,7 +22,7 @@ and ``report_wait_s``):
 
     request_router_config:
       request_router_class: serve_app.routing.router.PrefixAffinityRouter
-      request_router_kwargs: {load_factor: 1.25, spill_factor: 2.0, min_bound: 8}
+      request_router_kwargs: {load_factor: 1.25, spill_factor: 2.0, min_bound: 16}
       request_routing_stats_period_s: 1
 """
 
