@@ -14,7 +14,8 @@ with the simulated engine, once per request router, on the same replica count:
 The trace is replayed through the deployment's handle, exactly as the ingress calls it (same
 prompts rendered with harmony, same routing key), so the numbers are the router's and the
 simulated engine's, not HTTP's. One replica is added at 60% of the arrivals and one removed at
-80%, to count the sessions whose replica changes. For policies over several traces without
+80%, or once the added one has served ``--serve-added-s`` (10 s), whichever is later, to count
+the sessions whose replica changes. For policies over several traces without
 Ray's noise, see ``sim_routing.py``. Printed per router:
 
 - hit rate: prompt tokens served from the prefix cache / prompt tokens (token-weighted);
@@ -227,10 +228,16 @@ async def scale_mid_run(
     engine: EngineConfig,
     t0: float,
     at_s: tuple[float, float],
+    serve_added_s: float,
     events: list[ScaleEvent],
 ) -> None:
-    """One replica added at ``at_s[0]`` seconds into the run, one removed at ``at_s[1]``."""
+    """One replica added at ``at_s[0]`` seconds into the run, one removed at ``at_s[1]`` but
+    not before the added one has been up ``serve_added_s``: a replica's start-up takes 13 to
+    25 s on two cores, and Ray stopped the newest replica in every run, so without the wait
+    the added replica was removed as soon as it was up, having served a few turns at most."""
     for event_name, when, count in (("+1", at_s[0], replicas + 1), ("-1", at_s[1], replicas)):
+        if events:  # the removal
+            when = max(when, events[-1].done - t0 + serve_added_s)
         await asyncio.sleep(max(0.0, t0 + when - time.monotonic()))
         began = time.monotonic()
         # serve.run with only num_replicas changed is a light update: other replicas stay.
@@ -252,7 +259,15 @@ async def replay(
     arrivals_s = sessions[-1].start_s * args.time_scale
     t0 = time.monotonic()
     scaling = asyncio.create_task(
-        scale_mid_run(name, args.replicas, engine, t0, (0.6 * arrivals_s, 0.8 * arrivals_s), events)
+        scale_mid_run(
+            name,
+            args.replicas,
+            engine,
+            t0,
+            (0.6 * arrivals_s, 0.8 * arrivals_s),
+            args.serve_added_s,
+            events,
+        )
     )
     await asyncio.gather(
         *(
@@ -432,7 +447,8 @@ def report(
     tokens = sum(len(turn.token_ids) for turns_ in rendered.values() for turn in turns_)
     print(
         f"\n{len(sessions)} sessions, {turns} turns, {tokens / turns:.0f} prompt tokens per turn "
-        f"on average; {args.replicas} replicas (+1 at 60% of arrivals, -1 at 80%); simulated "
+        f"on average; {args.replicas} replicas (+1 at 60% of arrivals, -1 at 80% or "
+        f"{args.serve_added_s:.0f} s after the +1 is up); simulated "
         f"engine: prefill {engine.prefill_tokens_per_s:.0f} tokens/s (serialized), decode "
         f"{engine.decode_tokens_per_s:.0f} tokens/s, prefix cache {engine.kv_cache_tokens} "
         f"tokens in blocks of {engine.block_size}, LRU; time scale {args.time_scale}; "
@@ -449,6 +465,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--time-scale", type=float, default=1.0, help="on arrivals and thinks")
     parser.add_argument("--settle-s", type=float, default=2.0, help="after a scale event")
+    parser.add_argument(
+        "--serve-added-s",
+        type=float,
+        default=10.0,
+        help="the added replica serves at least this long before one is removed",
+    )
     parser.add_argument("--routers", nargs="+", choices=list(ROUTERS), default=list(ROUTERS))
     parser.add_argument("--prefill-tokens-per-s", type=float, default=20_000)
     parser.add_argument("--decode-tokens-per-s", type=float, default=200)
