@@ -30,13 +30,16 @@ So the choice is made once, when a conversation is new, and remembered:
   the request router waits for a round of reports first (``router.py``), so that turn is not
   placed anew.
 - A **known** conversation goes to its home while the home holds at most ``spill_factor``
-  times the mean ongoing requests (never less than ``min_bound``); otherwise it spills to the
+  times the mean ongoing requests (never less than ``min_bound``, 16); otherwise it spills to the
   next replica on the ring under ``load_factor`` times the mean, which becomes its home (it now
   holds the newest prefix). Staying is judged more leniently than placing (2 against 1.25 by
   default) because a spill costs a whole prefill of the conversation, while a batching engine
   is barely slowed by a few more sequences; the placement of new conversations keeps the
-  replicas even. In a replay with about 25 ongoing requests per replica, spilling at 1.25
-  doubled TTFT p90 against spilling at 2 (``loadtests/sim_routing.py``, see the README).
+  replicas even. The floor keeps a home through a moment's burst: on Ray, homes briefly at 8
+  to 10 requests (against a mean of 4) spilled up to 17 turns a run at a floor of 8, each a
+  whole prefill; at 16, none. In a replay at four times the load per replica with the floor
+  at 8, spilling at 1.25 doubled TTFT p90 against spilling at 2 (``loadtests/sim_routing.py``,
+  see the README); with the floor at 16 the two are level there.
 
 Scaling: adding a replica moves no conversation (the new one takes new conversations and
 spills); removing one re-places only that replica's conversations. Conversations idle for
