@@ -54,6 +54,7 @@ async def in_process_api(
             args or AppArgs(), InProcessEngineClient(engine), ReasoningVault("k"), store, **options
         )
     finally:
+        await engine.shutdown()
         await store.close()
 
 
