@@ -94,12 +94,6 @@ def run_locust(
     )
 
 
-def engine_ongoing(handle, key: str) -> int:
-    """Requests in flight on the engine replica that serves ``key``: the call carries the same
-    routing key as the requests, so the router sends it to the same replica."""
-    return handle.options(session_id=key).num_ongoing_requests.remote().result(timeout_s=30)
-
-
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 20) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

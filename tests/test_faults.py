@@ -10,26 +10,19 @@ import httpx
 import pytest
 import ray
 
+from tests.replicas import engine_replica_actors, engine_replica_serving, replica_actor
+
 pytestmark = pytest.mark.faults
 KEY = "fault-test-conversation"
 MODEL = "gpt-oss-120b"
-
-
-def engine_replica_actors() -> list[dict]:
-    return [
-        actor
-        for actor in ray.util.list_named_actors(all_namespaces=True)
-        if "EngineDeployment" in actor["name"]
-    ]
 
 
 def events(lines) -> list[dict]:
     return [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
 
 
-def test_engine_replica_killed_mid_stream(app_url: str, engine_handle) -> None:
-    replica = engine_handle.options(session_id=KEY).replica_id.remote().result(timeout_s=30)
-    (victim,) = [actor for actor in engine_replica_actors() if replica in actor["name"]]
+def test_engine_replica_killed_mid_stream(app_url: str, app_cluster: None) -> None:
+    victim: dict | None = None
     body = {"model": MODEL, "input": "SDK-SLOW: take long", "stream": True, "prompt_cache_key": KEY}
     seen = []
     started = time.monotonic()
@@ -37,7 +30,10 @@ def test_engine_replica_killed_mid_stream(app_url: str, engine_handle) -> None:
         for line in response.iter_lines():
             seen.append(line)
             if line.startswith("data:") and "response.reasoning_text.done" in line:
-                ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]))
+                victim = engine_replica_serving(KEY)
+                assert victim is not None, "no engine replica reports serving the stream"
+                ray.kill(replica_actor(victim))
+    assert victim is not None, "the stream ended before its reasoning did"
     stream = events(seen)
     assert stream[-1]["type"] == "response.failed", [event["type"] for event in stream]
     assert isinstance(stream[-1]["response"]["error"]["code"], str)

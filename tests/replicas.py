@@ -1,0 +1,66 @@
+"""The running app's engine replicas, seen through Ray (for tests joined by ``app_cluster``).
+
+Tests ask the replicas which of them serves a conversation rather than predicting it with a
+handle of their own: a router in the test process has neither the ingress routers' queue-length
+view nor their recent placements, so it may place a new conversation elsewhere than they do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from serve_app.routing.directory import REPORT_KEY
+from serve_app.routing.ring import stable_hash
+
+CALL_TIMEOUT_S = 30
+
+
+def engine_replica_actors() -> list[dict]:
+    """The engine deployment's replica actors alive now: ``name`` and ``namespace`` each."""
+    return [
+        actor
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if "EngineDeployment" in actor["name"]
+    ]
+
+
+def replica_actor(actor: dict) -> ray.actor.ActorHandle:
+    return ray.get_actor(actor["name"], namespace=actor["namespace"])
+
+
+def engine_replica_serving(key: str) -> dict | None:
+    """The engine replica that reports serving the conversation ``key`` (its routing stats,
+    as the Serve controller collects them), or None if none does."""
+    serving = [
+        actor
+        for actor in engine_replica_actors()
+        if stable_hash(key) in _routing_stats(actor).get(REPORT_KEY, {})
+    ]
+    assert len(serving) <= 1, f"{len(serving)} engine replicas report serving {key}"
+    return serving[0] if serving else None
+
+
+def engine_ongoing(key: str) -> int:
+    """Requests running in the engine of the replica serving ``key`` (0 if none serves it)."""
+    actor = engine_replica_serving(key)
+    return 0 if actor is None else call_deployment(actor, "num_ongoing_requests")
+
+
+def call_deployment(actor: dict, method: str) -> Any:
+    """Call a (synchronous) method of the deployment instance a replica runs, on that replica:
+    no request router in between. Ray's ``__ray_call__`` runs the function in the actor."""
+    call = replica_actor(actor).__ray_call__.remote(_call_servable_object, method)
+    return ray.get(call, timeout=CALL_TIMEOUT_S)
+
+
+def _call_servable_object(_replica_actor: object, method: str) -> Any:
+    from ray import serve  # imported where it runs: in the replica's process
+
+    return getattr(serve.get_replica_context().servable_object, method)()
+
+
+def _routing_stats(actor: dict) -> dict:
+    """As the Serve controller collects them, with the replica actor's own method."""
+    return ray.get(replica_actor(actor).record_routing_stats.remote(), timeout=CALL_TIMEOUT_S)
