@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SHARED_CAPTURE = (
-    Path(__file__).resolve().parents[2] / "shared" / "codex" / "captures" / "tool" / "req_001.json"
+# A real Codex request: its base instructions and tools start every generated session.
+CODEX_CAPTURE = (
+    Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "codex" / "tool" / "req_001.json"
 )
 SAMPLE = Path(__file__).resolve().parent / "traces" / "sample.jsonl"
 WORDS = [
@@ -61,19 +62,10 @@ def load_traces(path: str | Path = SAMPLE) -> list[Session]:
 
 
 def _base_prompt_and_tools() -> tuple[str, list[dict[str, Any]]]:
-    """Codex's real base prompt and tools when the capture is at hand, else a stand-in."""
-    if SHARED_CAPTURE.exists():
-        body = json.loads(SHARED_CAPTURE.read_text())["body"]
-        tools = [tool for tool in body["tools"] if tool["type"] == "function"]
-        return body["input"][0]["content"][0]["text"], tools
-    text = " ".join(random.Random(0).choice(WORDS) for _ in range(3500))
-    tool = {
-        "type": "function",
-        "name": "exec_command",
-        "description": "Run a command.",
-        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
-    }
-    return "You are a coding agent. " + text, [tool]
+    """Codex's real base prompt and function tools, from the captured request."""
+    body = json.loads(CODEX_CAPTURE.read_text())["body"]
+    tools = [tool for tool in body["tools"] if tool["type"] == "function"]
+    return body["input"][0]["content"][0]["text"], tools
 
 
 def _words(rng: random.Random, count: int) -> str:

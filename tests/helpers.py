@@ -25,14 +25,14 @@ from serve_app.serving.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
 
 REPO = Path(__file__).resolve().parents[1]
-# ../shared/codex holds real Codex request captures (the steering repo's shared folder).
-SHARED_CODEX = REPO.parent / "shared" / "codex"
-CAPTURES = sorted((SHARED_CODEX / "captures").glob("*/req_*.json"))
+# Real Codex requests (0.169 and 0.63), captured against a local server: by scenario, in order.
+CODEX_CAPTURES = REPO / "tests" / "fixtures" / "codex"
+CAPTURES = sorted(CODEX_CAPTURES.glob("*/req_*.json"))
 
 
 def capture_body(name: str) -> dict[str, Any]:
     """The request body of a capture, e.g. ``capture_body("tool/req_002")``."""
-    return json.loads((SHARED_CODEX / "captures" / f"{name}.json").read_text())["body"]
+    return json.loads((CODEX_CAPTURES / f"{name}.json").read_text())["body"]
 
 
 def decode(token_ids: list[int]) -> str:

@@ -16,7 +16,8 @@ from ray.serve.schema import ServeDeploySchema
 
 from tests.helpers import REPO
 
-SCHEMA = REPO.parent / "shared" / "k8s-schemas" / "rayservice_v1.schema.json"
+# KubeRay's RayService CRD (ray.io/v1): its openAPIV3Schema as JSON Schema (Apache-2.0).
+SCHEMA = REPO / "tests" / "fixtures" / "k8s" / "rayservice_v1.schema.json"
 RAYSERVICE = REPO / "k8s" / "rayservice.yaml"
 CHECK_JSONSCHEMA = str(Path(sys.executable).parent / "check-jsonschema")
 

@@ -22,7 +22,7 @@ def render_text(body: dict, vault: ReasoningVault | None = None) -> str:
 
 
 def test_captures_exist() -> None:
-    assert len(CAPTURES) >= 9, "the Codex captures in ../shared/codex are the fixtures"
+    assert len(CAPTURES) >= 9, "the Codex captures in tests/fixtures/codex are the fixtures"
 
 
 @pytest.mark.parametrize("path", CAPTURES, ids=lambda p: f"{p.parent.name}/{p.stem}")
