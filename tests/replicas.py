@@ -1,4 +1,4 @@
-"""The running app's engine replicas, seen through Ray (for tests joined by ``app_cluster``).
+"""The running app's replicas, seen through Ray (for tests joined by ``app_cluster``).
 
 Tests ask the replicas which of them serves a conversation rather than predicting it with a
 handle of their own: a router in the test process has neither the ingress routers' queue-length
@@ -17,13 +17,17 @@ from serve_app.routing.ring import stable_hash
 CALL_TIMEOUT_S = 30
 
 
-def engine_replica_actors() -> list[dict]:
-    """The engine deployment's replica actors alive now: ``name`` and ``namespace`` each."""
+def replica_actors(deployment: str) -> list[dict]:
+    """A deployment's replica actors alive now: ``name`` and ``namespace`` each."""
     return [
         actor
         for actor in ray.util.list_named_actors(all_namespaces=True)
-        if "EngineDeployment" in actor["name"]
+        if deployment in actor["name"]
     ]
+
+
+def engine_replica_actors() -> list[dict]:
+    return replica_actors("EngineDeployment")
 
 
 def replica_actor(actor: dict) -> ray.actor.ActorHandle:

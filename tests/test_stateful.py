@@ -11,6 +11,8 @@ import pytest
 import ray
 from openai import OpenAI
 
+from tests.replicas import replica_actor, replica_actors
+
 MODEL = "gpt-oss-120b"
 WEATHER_TOOL = {
     "type": "function",
@@ -146,14 +148,10 @@ def test_cancel_of_a_foreground_response_is_rejected(app_url: str, client: OpenA
 
 def test_stored_responses_survive_an_ingress_restart(app_cluster: None, client: OpenAI) -> None:
     created = client.responses.create(model=MODEL, input="SDK-TEXT: remember me")
-    names = [
-        actor
-        for actor in ray.util.list_named_actors(all_namespaces=True)
-        if "ResponsesIngress" in actor["name"]
-    ]
+    names = replica_actors("ResponsesIngress")
     assert names, "no ingress replica found"
     for actor in names:
-        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+        ray.kill(replica_actor(actor), no_restart=True)
     deadline = time.monotonic() + 60
     while True:  # Serve replaces the killed replica; the store is the SQLite file on disk
         try:
