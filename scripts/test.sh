@@ -17,6 +17,10 @@ python -m pip install -q -e '.[test]'
 if [ ! -d tests/codex/node_modules ] || [ tests/codex/package-lock.json -nt tests/codex/node_modules ]; then
   npm ci --prefix tests/codex --no-audit --no-fund --loglevel=error
 fi
+# The JavaScript Responses clients (Vercel AI SDK, zod) the end-to-end tests drive.
+if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
+  npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
+fi
 
 # PostgreSQL for the store tests: installed from Debian where possible; where it cannot be had,
 # those tests are skipped and say why.
