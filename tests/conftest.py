@@ -121,9 +121,12 @@ def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.
 
 
 @pytest.fixture(scope="session")
-def app_url(_serve_run: subprocess.Popen) -> str:
-    """Base URL of the app, started once per session by `serve run`."""
-    return _serve_run.url  # type: ignore[attr-defined]
+def app_url(request: pytest.FixtureRequest) -> str:
+    """Base URL of the app, started once per session by `serve run`; or, with
+    ``SERVE_APP_TEST_URL`` set, an app already running there (``python -m tests.local_app``)."""
+    if url := os.environ.get("SERVE_APP_TEST_URL"):
+        return url.rstrip("/")
+    return request.getfixturevalue("_serve_run").url
 
 
 def _gcs_address(serve_run_pid: int) -> str:

@@ -1,0 +1,64 @@
+"""The ingress's FastAPI app on uvicorn, without Ray: a fast loop for the app tests.
+
+    python -m tests.local_app --port 8123 &
+    SERVE_APP_TEST_URL=http://127.0.0.1:8123 python -m pytest tests/test_openai_sdk.py
+
+Same API, the same scripted simulated engine (tests/fixtures/engine_script.yaml) and reasoning
+key as the session app of tests/conftest.py, one process, a store in a temporary folder. Tests
+that look inside Ray (``engine_handle``, ``app_cluster``) still need the real app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+from pathlib import Path
+
+import uvicorn
+
+from serve_app.config import AppArgs
+from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
+from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.serving.auth import ApiKeys
+from serve_app.serving.engine_client import InProcessEngineClient
+from serve_app.serving.ingress import create_api
+from serve_app.store.sql import SqlResponseStore
+from tests.conftest import ENGINE_SCRIPT
+
+REASONING_KEY = "test-reasoning-key"
+
+
+async def serve(port: int, decode_tokens_per_s: float) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="serve_app_local_"))
+    store = SqlResponseStore(f"sqlite+aiosqlite:///{folder / 'responses.db'}")
+    await store.start()
+    engine = SimulatedEngine(
+        SimulatedEngineConfig(script=str(ENGINE_SCRIPT), decode_tokens_per_s=decode_tokens_per_s)
+    )
+    await engine.start()
+    api = create_api(
+        AppArgs(default_max_output_tokens=4096),
+        InProcessEngineClient(engine),
+        ReasoningVault(REASONING_KEY),
+        store,
+        api_keys=ApiKeys.from_env(),
+    )
+    server = uvicorn.Server(uvicorn.Config(api, host="127.0.0.1", port=port, log_level="warning"))
+    try:
+        await server.serve()
+    finally:
+        await engine.shutdown()
+        await store.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=8123)
+    parser.add_argument("--decode-tokens-per-s", type=float, default=2000)
+    args = parser.parse_args()
+    asyncio.run(serve(args.port, args.decode_tokens_per_s))
+
+
+if __name__ == "__main__":
+    main()
