@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 from ray.serve.exceptions import BackPressureError
 
 from serve_app.config import AppArgs
-from serve_app.engines.base import GenerateRequest, SamplingSettings
+from serve_app.engines.base import SERVER_ERROR, GenerateRequest, SamplingSettings
 from serve_app.harmony import compaction
 from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
 from serve_app.harmony.reasoning_vault import ReasoningVault
@@ -65,7 +65,8 @@ class Turn:
 
 class GenerationFailed(Exception):
     """The engines could not produce a non-streaming answer (a stream ends in
-    ``response.failed`` instead). The ingress answers 429 for ``rate_limit_exceeded``."""
+    ``response.failed`` instead). The ingress answers 429 for ``rate_limit_exceeded``, 400 for
+    the codes of a request the engine rejected (``CLIENT_ERROR_CODES``), else 500."""
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
@@ -229,7 +230,9 @@ class ResponsesService:
                 for event in translator.feed(chunk.token_ids):
                     yield event
                 if chunk.finish_reason == "error":
-                    terminal = translator.fail(chunk.error or "The engine failed.", "server_error")
+                    # The engine's code says whose fault it was (invalid_prompt: the client's).
+                    code = chunk.error_code or SERVER_ERROR
+                    terminal = translator.fail(chunk.error or "The engine failed.", code)
                 elif chunk.finish_reason is not None:
                     terminal = translator.finish(
                         chunk.finish_reason,
