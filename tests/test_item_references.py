@@ -18,6 +18,7 @@ import openai
 import pytest
 from openai import OpenAI
 
+from serve_app.protocol.requests import ItemReference, ResponsesRequest
 from serve_app.serving.auth import ApiKeys
 from tests.helpers import REPO, in_process_api, sdk_client
 
@@ -106,6 +107,16 @@ def test_an_item_sent_back_with_only_its_id_is_a_reference(client: OpenAI) -> No
     assert count(client, by_id) == count(client, whole)
     answer = client.responses.create(model=MODEL, input=by_id, store=False)
     assert answer.status == "completed" and answer.output_text == "Noted."
+
+
+def test_a_reference_may_leave_out_its_type_or_send_it_null() -> None:
+    items = [{"id": "a"}, {"id": "b", "type": None}, reference("c")]
+    parsed = ResponsesRequest.model_validate({"model": MODEL, "input": items}).input_items
+    assert [(type(item), item.type, item.id) for item in parsed] == [
+        (ItemReference, "item_reference", "a"),
+        (ItemReference, "item_reference", "b"),
+        (ItemReference, "item_reference", "c"),
+    ]
 
 
 def test_a_conversation_item_can_be_referenced(client: OpenAI) -> None:

@@ -134,8 +134,13 @@ class ItemReference(_Lenient):
     """A stored item named by its id; the service replaces it with that item before rendering.
     ``type`` is optional (the openai SDK's ``ItemReference``): an item with only an id is one."""
 
-    type: Literal["item_reference"] | None = "item_reference"
+    type: Literal["item_reference"] = "item_reference"
     id: str = Field(min_length=1)
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _null_type(cls, value: Any) -> Any:
+        return "item_reference" if value is None else value  # the SDK allows `type: null`
 
 
 class CompactionItem(_Lenient):
