@@ -129,6 +129,17 @@ def test_a_conversation_item_can_be_referenced(client: OpenAI) -> None:
     assert answer.output_text == "Noted."
 
 
+def test_compaction_resolves_references_too(client: OpenAI) -> None:
+    first = client.responses.create(model=MODEL, input="REF-TEXT: keep this question")
+    (question,) = client.responses.input_items.list(first.id).data
+    compacted = client.responses.compact(
+        model=MODEL, input=[reference(question.id), reference(first.output[0].id)]
+    )
+    # The kept user message is the referenced one, whole.
+    assert compacted.output[0].content[0].text == "REF-TEXT: keep this question"
+    assert compacted.output[-1].type == "compaction"
+
+
 def test_a_reference_to_nothing_is_a_400_naming_it(client: OpenAI) -> None:
     items = [{"role": "user", "content": "REF-TEXT: hi"}, reference("msg_nothing_by_this_id")]
     expected = {
