@@ -18,7 +18,9 @@ import openai
 import pytest
 from openai import OpenAI
 
-from serve_app.protocol.requests import ItemReference, ResponsesRequest
+from serve_app.harmony.render import render_request
+from serve_app.protocol.errors import InvalidRequest
+from serve_app.protocol.requests import ItemReference, MessageItem, ResponsesRequest
 from serve_app.serving.auth import ApiKeys
 from tests.helpers import REPO, in_process_api, sdk_client
 
@@ -117,6 +119,15 @@ def test_a_reference_may_leave_out_its_type_or_send_it_null() -> None:
         (ItemReference, "item_reference", "b"),
         (ItemReference, "item_reference", "c"),
     ]
+
+
+def test_rendering_refuses_a_reference_left_unresolved() -> None:
+    # The service resolves references before rendering; rendering never guesses at one.
+    request = ResponsesRequest.model_validate({"model": MODEL, "input": [reference("rs_1")]})
+    history = [MessageItem(role="user", content="earlier")]
+    with pytest.raises(InvalidRequest) as caught:
+        render_request(request, history=history)
+    assert (caught.value.param, caught.value.code) == ("input[0].id", "item_not_found")
 
 
 def test_a_conversation_item_can_be_referenced(client: OpenAI) -> None:
