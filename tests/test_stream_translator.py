@@ -2,7 +2,8 @@
 
 Every stream here is real harmony token ids from the gpt-oss encoding (well formed or broken
 the ways models break it). Each event goes through the SSE encoder, is parsed back from the
-wire and validated against the openai SDK's event models, then fed to the SDK's own stream
+wire and validated against the openai SDK's event models and the Open Responses specification
+(tests/open_responses.py, when it is on this machine), then fed to the SDK's own stream
 accumulator, whose final snapshot must equal the translator's Response.
 """
 
@@ -31,6 +32,7 @@ from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import dump_response, initial_response, new_response_id, usage
 from serve_app.protocol.sse import encode_event
+from tests import open_responses
 
 ENCODING = get_encoding()
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -154,8 +156,11 @@ def drive(
     wire = [decode_sse(encode_event(event)) for event in events]
     state = ResponseStreamState(input_tools=omit, text_format=omit)
     for data in wire:
-        # Exactly what a client gets: validated against the SDK's models from the JSON.
+        # Exactly what a client gets: validated against the SDK's models from the JSON, and
+        # against the specification (the fields every Response carries, what is never null).
         state.handle_event(EVENT.validate_python(data))
+        if open_responses.available():
+            open_responses.check_event(data)
     run = Run(translator, wire, state)
     check_stream(run)
     return run
@@ -361,8 +366,8 @@ def test_reasoning_then_text(sizes: tuple[int, ...]) -> None:
     reasoning = run.items()[0]
     assert reasoning["summary"] == []
     assert reasoning["content"] == [{"type": "reasoning_text", "text": thought}]
-    # Without sealing the key is there and null (clients resend it as is).
-    assert "encrypted_content" in reasoning and reasoning["encrypted_content"] is None
+    # Without sealing there is no key: the specification does not let it be null.
+    assert "encrypted_content" not in reasoning
     assert "status" not in reasoning
     usage_out = run.terminal["response"]["usage"]["output_tokens_details"]
     assert usage_out["reasoning_tokens"] == len(ENCODING.encode(thought))
@@ -573,7 +578,7 @@ def test_encrypted_content_only_when_sealing() -> None:
     assert sealed.response.output[0].encrypted_content == f"sealed:{len(thought)}"  # type: ignore[union-attr]
 
     plain = drive(ids)
-    assert plain.items()[0]["encrypted_content"] is None
+    assert "encrypted_content" not in plain.items()[0]
 
 
 def test_sealed_reasoning_opens_with_the_vault() -> None:
@@ -794,11 +799,12 @@ def test_sse_encoding_keeps_required_nulls_and_drops_unset_fields() -> None:
     assert raw.startswith(b"event: response.created\ndata: {")
     assert raw.endswith(b"}\n\n") and b"[DONE]" not in raw
     response = decode_sse(raw)["response"]
-    for key in ("error", "incomplete_details", "usage", "instructions"):
+    for key in ("error", "incomplete_details", "usage", "instructions", "completed_at"):
         assert key in response and response[key] is None
     assert response["background"] is False  # echoed, as OpenAI does
-    for key in ("service_tier", "truncation", "user", "conversation"):
-        assert key not in response
+    # Unset fields stay out: `conversation` only with a conversation, none of the SDK's
+    # fields for features this server has not (moderation, tool_usage...).
+    assert set(response) == open_responses.RESPONSE_FIELDS
     assert isinstance(response["created_at"], int)
     assert response["tools"][1] == {
         "type": "custom",
@@ -822,6 +828,8 @@ def test_dump_response_is_the_wire_form() -> None:
         "type": "json_schema",
         "name": "out",
         "schema": {"type": "object"},
+        "description": None,
+        "strict": False,
     }
     assert isinstance(data["created_at"], int) and isinstance(data["completed_at"], int)
     assert data["status"] == "completed" and data["error"] is None
@@ -841,3 +849,113 @@ def test_stop_token_constants_end_messages() -> None:
         run = drive([*tokens("<|channel|>final<|message|>hi"), stop])
         assert kinds(run) == [("final_answer", "hi")]
         assert run.items()[0]["status"] == "completed"
+
+
+# --- spec-complete Responses ---------------------------------------------------------------
+
+
+def wire_response(body: dict[str, Any]) -> dict[str, Any]:
+    request = ResponsesRequest.model_validate(body)
+    response = dump_response(initial_response(request, response_id="resp_x", model=MODEL))
+    if open_responses.available():
+        open_responses.check_response(response)
+    return response
+
+
+def test_a_response_carries_every_field_with_openai_defaults() -> None:
+    response = wire_response({"model": MODEL, "input": "hi"})
+    assert set(response) == open_responses.RESPONSE_FIELDS
+    defaults = open_responses.OPENAI_DEFAULTS
+    assert {key: response[key] for key in defaults} == defaults
+
+
+def test_a_response_echoes_the_request_fields() -> None:
+    body = {
+        "model": MODEL,
+        "input": "hi",
+        "truncation": "auto",
+        "presence_penalty": -1.5,
+        "frequency_penalty": 2,
+        "top_logprobs": 20,
+        "max_tool_calls": 3,
+        "service_tier": "auto",
+        "safety_identifier": "user-hash",
+        "user": "legacy-user",
+        "prompt_cache_retention": "24h",
+        "reasoning": {"effort": "low", "summary": "detailed"},
+        "text": {"verbosity": "low"},
+    }
+    response = wire_response(body)
+    expected = {key: body[key] for key in body if key not in ("model", "input", "text")}
+    expected["service_tier"] = "default"  # the tier that served it, as OpenAI reports "auto"
+    assert {key: response[key] for key in expected} == expected
+    assert response["text"] == {"format": {"type": "text"}, "verbosity": "low"}
+
+
+def test_tools_echo_every_field_and_strict() -> None:
+    tools = [
+        {"type": "function", "name": "plain"},
+        {"type": "function", "name": "loose", "strict": False, "description": "d"},
+        {"type": "function", "function": {"name": "nested", "parameters": {"type": "object"}}},
+    ]
+    response = wire_response({"model": MODEL, "input": "hi", "tools": tools})
+    assert response["tools"] == [
+        # The Responses API's default: strict.
+        {"type": "function", "name": "plain", "description": None, "parameters": None,
+         "strict": True},
+        {"type": "function", "name": "loose", "description": "d", "parameters": None,
+         "strict": False},
+        {"type": "function", "name": "nested", "description": None,
+         "parameters": {"type": "object"}, "strict": True},
+    ]  # fmt: skip
+
+
+def test_a_json_schema_format_is_echoed_whole() -> None:
+    text = {"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}}}
+    response = wire_response({"model": MODEL, "input": "hi", "text": text})
+    assert response["text"]["format"] == {
+        "type": "json_schema",
+        "name": "out",
+        "schema": {"type": "object"},
+        "description": None,
+        "strict": False,
+    }
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"presence_penalty": 2.5},
+        {"frequency_penalty": -3},
+        {"top_logprobs": 21},
+        {"top_logprobs": -1},
+        {"max_tool_calls": 0},
+        {"truncation": "sometimes"},
+        {"service_tier": "fastest"},
+        {"prompt_cache_retention": "1h"},
+        {"reasoning": {"summary": "verbose"}},
+        {"text": {"verbosity": "loud"}},
+        {"safety_identifier": "x" * 129},
+    ],
+    ids=str,
+)
+def test_request_fields_outside_openai_bounds_are_rejected(field: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        ResponsesRequest.model_validate({"model": MODEL, "input": "hi", **field})
+
+
+def test_streamed_responses_follow_the_open_responses_spec() -> None:
+    open_responses.require_spec()
+    ids = tokens(
+        "<|channel|>analysis<|message|>Plan it.<|end|>"
+        "<|start|>assistant<|channel|>commentary<|message|>Running it.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json"
+        '<|message|>{"cmd":"ls"}<|call|>'
+    )
+    run = drive(ids, seal=lambda text: "sealed", sizes=(3,))
+    for event in run.wire:
+        open_responses.check_event(event)
+    open_responses.check_response(dump_response(run.response))
+    # The check can fail: a null `encrypted_content` is not an Open Responses reasoning item.
+    with pytest.raises(AssertionError, match="ItemField"):
+        open_responses.check_item({**run.items()[0], "encrypted_content": None})

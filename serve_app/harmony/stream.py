@@ -806,9 +806,11 @@ class ResponseStreamTranslator:
             "type": "reasoning",
             "summary": [],
             "content": [ReasoningContent(type="reasoning_text", text=text)],
-            # null unless sealed: the key is expected by clients that resend reasoning.
-            "encrypted_content": self._sealed(text),
         }
+        sealed = self._sealed(text)
+        if sealed is not None:
+            # Only when sealed: the specification does not let `encrypted_content` be null.
+            fields["encrypted_content"] = sealed
         if status == "incomplete":
             # Reasoning items carry no status when complete (as OpenAI sends them).
             fields["status"] = "incomplete"
