@@ -98,12 +98,20 @@ def chunked(ids: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
 
 
 def new_translator(
-    seal: Callable[[str], str] | None = None, body: dict[str, Any] | None = None
+    seal: Callable[[str], str] | None = None,
+    body: dict[str, Any] | None = None,
+    *,
+    summarize: bool = False,
+    max_tool_calls: int | None = None,
 ) -> ResponseStreamTranslator:
     request = ResponsesRequest.model_validate(body or REQUEST_BODY)
     response = initial_response(request, response_id=new_response_id(), model=MODEL)
     return ResponseStreamTranslator(
-        response, ToolRegistry.from_request(request), seal_reasoning=seal
+        response,
+        ToolRegistry.from_request(request),
+        seal_reasoning=seal,
+        summarize_reasoning=summarize,
+        max_tool_calls=max_tool_calls,
     )
 
 
@@ -141,8 +149,10 @@ def drive(
     fail: tuple[str, str] | None = None,
     prompt_tokens: int = 100,
     cached_tokens: int = 0,
+    summarize: bool = False,
+    max_tool_calls: int | None = None,
 ) -> Run:
-    translator = new_translator(seal)
+    translator = new_translator(seal, summarize=summarize, max_tool_calls=max_tool_calls)
     events: list[ResponseStreamEvent] = translator.start()
     for chunk in chunked(ids, sizes):
         events += translator.feed(chunk)
@@ -195,6 +205,18 @@ ITEM_EVENT_ORDER = {
         "response.content_part.done",
         "response.output_item.done",
     ],
+    # With a summary asked for: summary part 0 beside the content part, each delta twice.
+    "reasoning+summary": [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_text.delta+response.reasoning_summary_text.delta*",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.output_item.done",
+    ],
     "function_call": [
         "response.output_item.added",
         "response.function_call_arguments.delta*",
@@ -213,7 +235,8 @@ ITEM_EVENT_ORDER = {
 def order_pattern(kind: str) -> re.Pattern[str]:
     parts = []
     for step in ITEM_EVENT_ORDER[kind]:
-        name = re.escape(step.rstrip("*") + ";")
+        # `a+b*`: the events a then b, repeated.
+        name = "".join(re.escape(event + ";") for event in step.rstrip("*").split("+"))
         parts.append(f"(?:{name})*" if step.endswith("*") else name)
     return re.compile("".join(parts))
 
@@ -245,6 +268,8 @@ def check_stream(run: Run) -> None:
     for index, events in by_index.items():
         added, done = events[0], events[-1]
         kind = added["item"]["type"]
+        if kind == "reasoning" and done["item"]["summary"]:
+            kind = "reasoning+summary"
         sequence = "".join(event["type"] + ";" for event in events)
         assert order_pattern(kind).fullmatch(sequence), sequence
         item_id = added["item"]["id"]
@@ -258,6 +283,8 @@ def check_stream(run: Run) -> None:
 
 
 def check_deltas_add_up(events: list[dict[str, Any]], item: dict[str, Any]) -> None:
+    check_summary(events, item)
+    events = [event for event in events if "reasoning_summary" not in event["type"]]
     streamed = "".join(event["delta"] for event in events if event["type"].endswith(".delta"))
     assert all(event["delta"] for event in events if event["type"].endswith(".delta"))
     assert "\ufffd" not in streamed or "\ufffd" in final_text(item)
@@ -270,6 +297,26 @@ def check_deltas_add_up(events: list[dict[str, Any]], item: dict[str, Any]) -> N
             assert event["text"] == final_text(item)
         if event["type"] == "response.content_part.done":
             assert event["part"]["text"] == final_text(item)
+
+
+def check_summary(events: list[dict[str, Any]], item: dict[str, Any]) -> None:
+    """A summarized reasoning item: one summary_text part, its deltas adding up to it."""
+    summary_events = [event for event in events if "reasoning_summary" in event["type"]]
+    if item["type"] != "reasoning" or not item["summary"]:
+        assert not summary_events
+        return
+    (part,) = item["summary"]
+    assert part["type"] == "summary_text"
+    assert all(event["summary_index"] == 0 for event in summary_events)
+    by_type = {event["type"]: event for event in summary_events}
+    assert by_type["response.reasoning_summary_part.added"]["part"] == {
+        "type": "summary_text",
+        "text": "",
+    }
+    deltas = [e["delta"] for e in summary_events if e["type"].endswith(".delta")]
+    assert all(deltas) and "".join(deltas) == part["text"]
+    assert by_type["response.reasoning_summary_text.done"]["text"] == part["text"]
+    assert by_type["response.reasoning_summary_part.done"]["part"] == part
 
 
 def final_text(item: dict[str, Any]) -> str:
@@ -952,10 +999,124 @@ def test_streamed_responses_follow_the_open_responses_spec() -> None:
         "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json"
         '<|message|>{"cmd":"ls"}<|call|>'
     )
-    run = drive(ids, seal=lambda text: "sealed", sizes=(3,))
-    for event in run.wire:
-        open_responses.check_event(event)
-    open_responses.check_response(dump_response(run.response))
+    for summarize in (False, True):
+        run = drive(ids, summarize=summarize, seal=lambda text: "sealed", sizes=(3,))
+        for event in run.wire:
+            open_responses.check_event(event)
+        open_responses.check_response(dump_response(run.response))
     # The check can fail: a null `encrypted_content` is not an Open Responses reasoning item.
     with pytest.raises(AssertionError, match="ItemField"):
         open_responses.check_item({**run.items()[0], "encrypted_content": None})
+
+
+# --- reasoning summaries -------------------------------------------------------------------
+
+THOUGHT = "The user wants a greeting. Ünïcødé 🎉 keeps it short."
+REASONING_THEN_TEXT = (
+    f"<|channel|>analysis<|message|>{THOUGHT}<|end|>"
+    f"<|start|>assistant<|channel|>final<|message|>{TEXT}<|return|>"
+)
+
+
+@pytest.mark.parametrize("sizes", CHUNK_SIZES, ids=str)
+def test_a_summary_holds_the_chain_of_thought_streamed(sizes: tuple[int, ...]) -> None:
+    run = drive(tokens(REASONING_THEN_TEXT), sizes=sizes, summarize=True)
+    reasoning = run.items()[0]
+    assert reasoning["summary"] == [{"type": "summary_text", "text": THOUGHT}]
+    # The content stays as it is: Codex and the chain-of-thought resend read it.
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": THOUGHT}]
+    item_events = [e["type"] for e in run.wire if e.get("output_index") == 0]
+    assert item_events[:3] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_summary_part.added",
+    ]
+    assert item_events[-5:] == [
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.output_item.done",
+    ]
+    summary_deltas = run.of_type("response.reasoning_summary_text.delta")
+    text_deltas = run.of_type("response.reasoning_text.delta")
+    # Streamed as generated: each reasoning delta is also a summary delta, right after it.
+    assert [e["delta"] for e in summary_deltas] == [e["delta"] for e in text_deltas]
+    assert all(e["item_id"] == reasoning["id"] for e in summary_deltas)
+    # The added item announces no summary yet; the message after it has none at all.
+    assert run.of_type("response.output_item.added")[0]["item"]["summary"] == []
+    assert "summary" not in run.items()[1]
+
+
+def test_without_a_summary_nothing_changes() -> None:
+    plain = drive(tokens(REASONING_THEN_TEXT), sizes=(2,))
+    summarized = drive(tokens(REASONING_THEN_TEXT), sizes=(2,), summarize=True)
+    assert not [t for t in plain.types if "reasoning_summary" in t]
+    assert plain.items()[0]["summary"] == []
+    # The summary events are added; the others are the same, in the same order.
+    assert [t for t in summarized.types if "reasoning_summary" not in t] == plain.types
+
+
+def test_a_cut_off_chain_of_thought_is_summarized_as_far_as_it_went() -> None:
+    ids = tokens("<|channel|>analysis<|message|>I will first look at the")
+    run = drive(ids, finish="length", summarize=True, sizes=(3,))
+    (reasoning,) = run.items()
+    assert reasoning["status"] == "incomplete"
+    assert reasoning["summary"] == [{"type": "summary_text", "text": "I will first look at the"}]
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_summaries_survive_malformed_harmony(name: str) -> None:
+    harmony, expected = MALFORMED[name]
+    run = drive(tokens(harmony), sizes=(2, 5), summarize=True)
+    assert kinds(run) == expected
+    for item in run.items():
+        if item["type"] == "reasoning":
+            assert item["summary"] == [{"type": "summary_text", "text": final_text(item)}]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("ending", ["stop", "length", "fail"])
+def test_garbage_with_summaries_gives_a_well_formed_stream(seed: int, ending: str) -> None:
+    ids = garbage(seed * 7 + 3, 600)
+    fail = ("boom", "server_error") if ending == "fail" else None
+    drive(ids, finish=ending, sizes=(1, 2, 3, 50), fail=fail, summarize=True)
+
+
+# --- max_tool_calls ------------------------------------------------------------------------
+
+THREE_CALLS = (
+    "<|channel|>analysis<|message|>Three commands.<|end|>"
+    + "".join(
+        "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json"
+        f'<|message|>{{"cmd":"{cmd}"}}<|call|>'
+        for cmd in ("ls", "pwd", "id")
+    )
+    + "<|start|>assistant<|channel|>final<|message|>after the calls<|return|>"
+)
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+@pytest.mark.parametrize("sizes", [(1,), (7,), (1000,)], ids=str)
+def test_max_tool_calls_ends_the_response_after_the_last_call(
+    limit: int, sizes: tuple[int, ...]
+) -> None:
+    ids = tokens(THREE_CALLS)
+    run = drive(ids, sizes=sizes, max_tool_calls=limit)
+    assert kinds(run) == [
+        ("reasoning", "Three commands."),
+        *[("function_call:exec_command", f'{{"cmd":"{cmd}"}}') for cmd in ("ls", "pwd")[:limit]],
+    ]
+    assert run.translator.tool_calls_exhausted
+    assert run.terminal["type"] == "response.completed"
+    # What the engine generated past the limit still counts as generated.
+    assert run.terminal["response"]["usage"]["output_tokens"] == len(ids)
+
+
+def test_without_max_tool_calls_every_call_is_made() -> None:
+    run = drive(tokens(THREE_CALLS))
+    assert [label for label, _ in kinds(run)].count("function_call:exec_command") == 3
+    assert kinds(run)[-1] == ("final_answer", "after the calls")
+    assert not run.translator.tool_calls_exhausted
+    # The third call of three allowed ends it too.
+    assert kinds(drive(tokens(THREE_CALLS), max_tool_calls=3))[-1][0] != "final_answer"
