@@ -1,5 +1,5 @@
-"""Spec-complete Response objects, reasoning summaries and max_tool_calls, through the openai
-SDK and the wire.
+"""Spec-complete Response objects, reasoning summaries, max_tool_calls and truncation, through
+the openai SDK and the wire.
 
 The ``app_url`` tests run against the app (the real one on Ray in CI, or
 ``python -m tests.local_app``) with the scripted turns marked ``SUM-`` in
@@ -25,12 +25,14 @@ from serve_app.config import AppArgs
 from serve_app.engines.base import GenerateChunk, GenerateRequest
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.harmony.truncation import truncate_to_fit
+from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.engine_client import InProcessEngineClient
 from serve_app.serving.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
 from tests import open_responses
 from tests.conftest import ENGINE_SCRIPT
-from tests.helpers import in_process_api, sdk_client
+from tests.helpers import decode, in_process_api, sdk_client
 
 MODEL = "gpt-oss-120b"
 SUMMARY_TEXT = "First I think about the question, then I answer it briefly."
@@ -233,3 +235,90 @@ def test_max_tool_calls_below_one_is_a_400(client: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model=MODEL, input="SUM-TEXT", max_tool_calls=0)
     assert caught.value.body["param"] == "max_tool_calls"  # type: ignore[index]
+
+
+# --- truncation ----------------------------------------------------------------------------
+
+INSTRUCTIONS = "You are the TRUNC-INSTRUCTIONS assistant."
+
+
+def long_conversation(turns: int) -> list[dict[str, Any]]:
+    """Developer instructions, then user/assistant turns with a tool call, then the task."""
+    items: list[dict[str, Any]] = [{"role": "developer", "content": INSTRUCTIONS}]
+    for turn in range(turns):
+        words = " ".join(f"turn{turn}-word{i}" for i in range(40))
+        items.append({"role": "user", "content": f"OLD-{turn} {words}"})
+        items.append({"role": "assistant", "content": f"answer {turn} {words}"})
+        if turn == 0:
+            items.append(
+                {"type": "function_call", "call_id": "call_0", "name": "exec_command",
+                 "arguments": '{"cmd":"ls"}'}
+            )  # fmt: skip
+            items.append({"type": "function_call_output", "call_id": "call_0", "output": "a b"})
+    items.append({"role": "user", "content": "NEWEST-TASK: say hi"})
+    return items
+
+
+def rendered(items: list[dict[str, Any]], fits_below: int) -> tuple[str, int]:
+    """The prompt ``truncate_to_fit`` makes of ``items``, and its length in tokens."""
+    request = ResponsesRequest.model_validate(
+        {"model": MODEL, "input": items, "tools": [EXEC_TOOL]}
+    )
+    prompt = truncate_to_fit(request, request.input_items, lambda tokens: tokens <= fits_below)
+    return decode(prompt.token_ids), len(prompt.token_ids)
+
+
+def test_truncation_drops_the_oldest_items_first() -> None:
+    items = long_conversation(6)
+    whole, length = rendered(items, fits_below=10**9)
+    assert all(f"OLD-{turn} " in whole for turn in range(6))
+    prompt, shorter = rendered(items, fits_below=length * 6 // 10)
+    assert shorter <= length * 6 // 10
+    kept = [turn for turn in range(6) if f"OLD-{turn} " in prompt]
+    assert kept and kept == list(range(kept[0], 6)) and kept[0] > 0  # the newest turns
+    # As few dropped as fit: one more turn would not.
+    assert shorter > length * 6 // 10 - 2 * length // 6
+    assert INSTRUCTIONS in prompt and "NEWEST-TASK" in prompt
+
+
+def test_truncation_keeps_the_instructions_and_the_task_when_nothing_fits() -> None:
+    prompt, _ = rendered(long_conversation(3), fits_below=1)
+    assert INSTRUCTIONS in prompt and "NEWEST-TASK" in prompt
+    assert "OLD-" not in prompt and "answer " not in prompt
+
+
+@pytest.mark.parametrize("limit_tokens", range(200, 1200, 50))
+def test_truncation_keeps_calls_with_their_outputs(limit_tokens: int) -> None:
+    prompt, _ = rendered(long_conversation(3), fits_below=limit_tokens)
+    # The call (`to=functions.exec_command`) and its output (from `functions.exec_command`)
+    # are dropped together.
+    has_call = '{"cmd":"ls"}' in prompt
+    has_output = "<|start|>functions.exec_command" in prompt
+    assert has_call == has_output
+    assert INSTRUCTIONS in prompt and "NEWEST-TASK" in prompt
+
+
+async def test_truncation_auto_fits_a_conversation_that_disabled_refuses(tmp_path: Path) -> None:
+    args = AppArgs(max_context_tokens=900, default_max_output_tokens=64)
+    body: dict[str, Any] = {"model": MODEL, "input": long_conversation(8), "tools": [EXEC_TOOL]}
+    async with in_process_api(tmp_path / "t.db", args) as api:
+        client = sdk_client(api)
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.responses.create(**body)
+        assert caught.value.code == "context_length_exceeded"
+        response = await client.responses.create(**body, truncation="auto")
+    assert response.status == "completed" and response.truncation == "auto"
+    assert response.usage is not None
+    # Room was left for the output allowance, as OpenAI leaves it.
+    assert response.usage.input_tokens + 64 <= 900
+    check_spec(response.to_dict())
+
+
+async def test_truncation_auto_leaves_a_fitting_prompt_alone(tmp_path: Path) -> None:
+    body: dict[str, Any] = {"model": MODEL, "input": long_conversation(2), "tools": [EXEC_TOOL]}
+    async with in_process_api(tmp_path / "t.db") as api:
+        client = sdk_client(api)
+        whole = await client.responses.create(**body)
+        auto = await client.responses.create(**body, truncation="auto")
+    assert whole.usage is not None and auto.usage is not None
+    assert auto.usage.input_tokens == whole.usage.input_tokens

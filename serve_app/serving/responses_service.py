@@ -24,6 +24,7 @@ from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import RenderedPrompt, render_request
 from serve_app.harmony.stream import ResponseStreamTranslator
+from serve_app.harmony.truncation import truncate_to_fit
 from serve_app.protocol.errors import InvalidRequest, NotFound, model_not_found
 from serve_app.protocol.requests import InputItem, MessageItem, ResponsesRequest
 from serve_app.protocol.responses import (
@@ -101,6 +102,7 @@ class ResponsesService:
             raise InvalidRequest(
                 "Background responses are stored: they need `store` true.", param="store"
             )
+        prompt = self._truncated(request, history, prompt)
         max_tokens = self._max_output_tokens(request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
         key = routing_key(request.prompt_cache_key, prompt.token_ids)
@@ -207,6 +209,27 @@ class ResponsesService:
         """A summary was asked for, and the operator lets the chain of thought fill it."""
         asked = request.reasoning is not None and request.reasoning.summary is not None
         return asked and self._args.reasoning_summary == "chain_of_thought"
+
+    def _truncated(
+        self, request: ResponsesRequest, history: list[InputItem], prompt: RenderedPrompt
+    ) -> RenderedPrompt:
+        """With ``truncation: "auto"``, the prompt with the oldest items dropped until it leaves
+        room for the output allowance (as OpenAI, which subtracts it from the context); a
+        prompt that fits stays as it is. ``disabled``: the prompt as it is."""
+        if request.truncation != "auto":
+            return prompt
+        context = self._args.max_context_tokens
+        allowance = min(
+            request.max_output_tokens or self._args.default_max_output_tokens, context - 1
+        )
+
+        def fits(prompt_tokens: int) -> bool:
+            return prompt_tokens + allowance <= context
+
+        if fits(len(prompt.token_ids)):
+            return prompt
+        # When nothing fits, the shortest prompt: it gets what room is left, or the 400 below.
+        return truncate_to_fit(request, [*history, *request.input_items], fits, self._vault)
 
     def _max_output_tokens(self, request: ResponsesRequest, prompt_tokens: int) -> int:
         room = self._args.max_context_tokens - prompt_tokens
