@@ -6,6 +6,7 @@ through an `EngineClient`, so the whole protocol path runs in tests without a cl
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -17,12 +18,13 @@ from pydantic import TypeAdapter
 from ray.serve.exceptions import BackPressureError
 
 from serve_app.config import AppArgs
-from serve_app.engines.base import SERVER_ERROR, GenerateRequest, SamplingSettings
+from serve_app.engines.base import SERVER_ERROR, GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.harmony import compaction
 from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import RenderedPrompt, render_request
 from serve_app.harmony.stream import ResponseStreamTranslator
+from serve_app.harmony.truncation import truncate_to_fit
 from serve_app.protocol.errors import InvalidRequest, NotFound, model_not_found
 from serve_app.protocol.requests import InputItem, MessageItem, ResponsesRequest
 from serve_app.protocol.responses import (
@@ -111,6 +113,7 @@ class ResponsesService:
             raise InvalidRequest(
                 "Background responses are stored: they need `store` true.", param="store"
             )
+        prompt = self._truncated(request, history, prompt)
         max_tokens = self._max_output_tokens(request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
         key = routing_key(request.prompt_cache_key, prompt.token_ids)
@@ -129,7 +132,13 @@ class ResponsesService:
             ),
             session_id=key,
         )
-        translator = ResponseStreamTranslator(response, prompt.tools, seal_reasoning=seal)
+        translator = ResponseStreamTranslator(
+            response,
+            prompt.tools,
+            seal_reasoning=seal,
+            summarize_reasoning=self._summarize_reasoning(request),
+            max_tool_calls=request.max_tool_calls,
+        )
         logger.info(
             "response %s: %d prompt tokens, max %d output tokens, conversation %s",
             response.id,
@@ -229,6 +238,32 @@ class ResponsesService:
         items = [item for stored in chain for item in [*stored.input_items, *stored.output_items]]
         return _INPUT_ITEMS.validate_python(items)
 
+    def _summarize_reasoning(self, request: ResponsesRequest) -> bool:
+        """A summary was asked for, and the operator lets the chain of thought fill it."""
+        asked = request.reasoning is not None and request.reasoning.summary is not None
+        return asked and self._args.reasoning_summary == "chain_of_thought"
+
+    def _truncated(
+        self, request: ResponsesRequest, history: list[InputItem], prompt: RenderedPrompt
+    ) -> RenderedPrompt:
+        """With ``truncation: "auto"``, the prompt with the oldest items dropped until it leaves
+        room for the output allowance (as OpenAI, which subtracts it from the context); a
+        prompt that fits stays as it is. ``disabled``: the prompt as it is."""
+        if request.truncation != "auto":
+            return prompt
+        context = self._args.max_context_tokens
+        allowance = min(
+            request.max_output_tokens or self._args.default_max_output_tokens, context - 1
+        )
+
+        def fits(prompt_tokens: int) -> bool:
+            return prompt_tokens + allowance <= context
+
+        if fits(len(prompt.token_ids)):
+            return prompt
+        # When nothing fits, the shortest prompt: it gets what room is left, or the 400 below.
+        return truncate_to_fit(request, [*history, *request.input_items], fits, self._vault)
+
     def _max_output_tokens(self, request: ResponsesRequest, prompt_tokens: int) -> int:
         room = self._args.max_context_tokens - prompt_tokens
         if room <= 0:
@@ -251,7 +286,7 @@ class ResponsesService:
         first_token_seen = False
         replica = None
         try:
-            async for chunk in self._engine.stream(turn.generate):
+            async for chunk in self._engine_chunks(turn):
                 replica = replica or chunk.replica
                 prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
                 cached_tokens = max(cached_tokens, chunk.num_cached_tokens)
@@ -295,6 +330,19 @@ class ResponsesService:
             yield event
         routing_metrics.record_prompt(replica, prompt_tokens, cached_tokens)
         self._record(turn)
+
+    async def _engine_chunks(self, turn: Turn) -> AsyncIterator[GenerateChunk]:
+        """The engine's chunks, until the translator has made the ``max_tool_calls`` calls
+        allowed: then a ``stop`` in place of the rest, and the engine request is aborted."""
+        async with contextlib.aclosing(self._engine.stream(turn.generate)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+                if turn.translator.tool_calls_exhausted:
+                    # Closing the engine stream unfinished cancels the engine request.
+                    yield GenerateChunk(finish_reason="stop")
+                    return
 
     async def run(self, turn: Turn) -> Response:
         """The non-streaming form: the same Response the stream's terminal event carries."""
