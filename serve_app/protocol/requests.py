@@ -4,7 +4,9 @@ Lenient where real clients differ (Codex 0.169 and 0.63, the openai SDK, the Age
 ``input`` as a string or items, message content as a string or parts, tools flat or nested
 Chat-Completions style, hosted tools this server cannot run. Strict where a mistake would
 silently change the conversation: unknown item types, missing call ids, calls without outputs.
-Unknown top-level fields are ignored, as OpenAI ignores them.
+Unknown top-level fields are ignored, as OpenAI ignores them. Types are as strict as OpenAI's:
+``temperature: true``, ``stream: 0`` or ``max_output_tokens: "5"`` is a 400 naming the field,
+never coerced (JSON's integers still pass for numbers).
 """
 
 from __future__ import annotations
@@ -20,10 +22,17 @@ from serve_app.protocol.errors import InvalidRequest
 logger = logging.getLogger(__name__)
 
 
-class _Lenient(BaseModel):
-    """Ignore fields we do not use (clients send many: ids, status, client_metadata...)."""
+# Pydantic's strict mode: no coercion between JSON types (a boolean is not a number, a number
+# not a string), as OpenAI answers; an integer still passes where a number is expected. Every
+# request model sets it, so fields added later inherit it.
+STRICT_TYPES = ConfigDict(strict=True)
 
-    model_config = ConfigDict(extra="ignore")
+
+class _Lenient(BaseModel):
+    """Ignore fields we do not use (clients send many: ids, status, client_metadata...), but
+    take the ones we use only with their JSON type."""
+
+    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
 
 
 # --- content parts -------------------------------------------------------------------------
@@ -233,7 +242,7 @@ class NamespaceTool(_Lenient):
 class HostedTool(BaseModel):
     """A tool OpenAI runs server-side (web_search, file_search...): accepted, not rendered."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(**STRICT_TYPES, extra="allow")
     type: str
 
 
@@ -271,7 +280,7 @@ class NamedToolChoice(_Lenient):
 class OtherToolChoice(BaseModel):
     """allowed_tools, hosted tool choices...: accepted and treated as ``auto``."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(**STRICT_TYPES, extra="allow")
     type: str
 
 
