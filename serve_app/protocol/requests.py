@@ -14,8 +14,18 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic import Discriminator as PydanticDiscriminator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from serve_app.protocol.errors import InvalidRequest
 
@@ -198,6 +208,26 @@ ToolOutputItem = FunctionCallOutputItem | CustomToolCallOutputItem
 # --- tools ---------------------------------------------------------------------------------
 
 
+def _validate_function_form(value: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+    """Validate the Chat-Completions form ``{"type": "function", "function": {...}}`` as its
+    flat Responses twin, with errors located where the client wrote the field
+    (``tools[0].function.strict``, not ``tools[0].strict``)."""
+    if not (isinstance(value, dict) and isinstance(value.get("function"), dict)):
+        return handler(value)
+    try:
+        return handler({"type": "function", **value["function"]})
+    except ValidationError as exc:
+        moved = [
+            InitErrorDetails(
+                type=PydanticCustomError(error["type"], error["msg"]),
+                loc=("function", *error["loc"]),
+                input=error["input"],
+            )
+            for error in exc.errors()
+        ]
+        raise ValidationError.from_exception_data(exc.title, moved) from None
+
+
 class FunctionTool(_Lenient):
     """A function tool, flat (Responses) or nested ``{"function": {...}}`` (Chat Completions)."""
 
@@ -207,12 +237,10 @@ class FunctionTool(_Lenient):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _flatten_nested(cls, value: Any) -> Any:
-        if isinstance(value, dict) and isinstance(value.get("function"), dict):
-            return {"type": "function", **value["function"]}
-        return value
+    def _flatten_nested(cls, value: Any, handler: ModelWrapValidatorHandler[FunctionTool]) -> Any:
+        return _validate_function_form(value, handler)
 
 
 class CustomToolFormat(_Lenient):
@@ -269,12 +297,12 @@ class NamedToolChoice(_Lenient):
     type: Literal["function", "custom"]
     name: str
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _flatten_nested(cls, value: Any) -> Any:
-        if isinstance(value, dict) and isinstance(value.get("function"), dict):
-            return {"type": "function", "name": value["function"].get("name")}
-        return value
+    def _flatten_nested(
+        cls, value: Any, handler: ModelWrapValidatorHandler[NamedToolChoice]
+    ) -> Any:
+        return _validate_function_form(value, handler)
 
 
 class OtherToolChoice(BaseModel):
@@ -282,6 +310,14 @@ class OtherToolChoice(BaseModel):
 
     model_config = ConfigDict(**STRICT_TYPES, extra="allow")
     type: str
+
+    @field_validator("type")
+    @classmethod
+    def _not_a_named_choice(cls, value: str) -> str:
+        # A malformed function or custom choice is the client's error, not `auto`.
+        if value in ("function", "custom"):
+            raise ValueError(f"a {value} tool choice needs a string `name`")
+        return value
 
 
 ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice | OtherToolChoice
