@@ -233,11 +233,17 @@ def test_a_prewarm_is_continued_by_its_id_with_its_whole_context(client) -> None
     assert done.response.previous_response_id == prewarm.id
 
 
-def test_generate_must_be_a_boolean(app_url: str) -> None:
+def test_prompt_cache_prewarm_is_a_prewarm_and_the_options_are_strict(app_url: str) -> None:
     with connect(socket_url(app_url)) as socket:
+        # `prompt_cache_options.prewarm: true` is a prewarm too, whatever `generate` says.
+        create = {"type": "response.create", "model": MODEL, "input": "SDK-SLOW: hold"}
+        socket.send(json.dumps({**create, "prompt_cache_options": {"prewarm": True}}))
+        events = [json.loads(socket.recv(timeout=5)) for _ in range(2)]
+        assert [event["type"] for event in events] == ["response.created", "response.completed"]
         for bad, param in [
             ({"generate": "false"}, "generate"),
             ({"generate": 0}, "generate"),
+            ({"prompt_cache_options": {"prewarm": "yes"}}, "prompt_cache_options.prewarm"),
             ({"temperature": True}, "temperature"),
         ]:
             create = {"type": "response.create", "model": MODEL, "input": "SDK-TEXT", **bad}

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from openai.types.responses import ResponseCompletedEvent, ResponseCreatedEvent
 from openai.types.responses.responses_server_event import ResponseWsError, ResponseWsErrorError
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from serve_app.protocol.errors import APIError, InvalidRequest, from_validation_errors
-from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.protocol.requests import STRICT_TYPES, InputItem, ResponsesRequest
 from serve_app.protocol.sse import event_json
 from serve_app.serving import metrics
 from serve_app.serving.auth import ApiKeys
@@ -219,24 +219,29 @@ def _parse_create(text: str) -> _Create:
     return _Create(request, generate)
 
 
+class _PromptCacheOptions(BaseModel):
+    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
+    prewarm: bool | None = None
+
+
+class _Generation(BaseModel):
+    """The WebSocket-only fields of ``response.create`` that say whether to generate."""
+
+    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
+    generate: bool | None = None  # default true
+    prompt_cache_options: _PromptCacheOptions | None = None  # `prewarm: true` overrides
+
+    @property
+    def wanted(self) -> bool:
+        prewarm = self.prompt_cache_options.prewarm if self.prompt_cache_options else None
+        return self.generate is not False and prewarm is not True
+
+
 def _generate(body: dict) -> bool:
-    """``generate`` (a boolean, default true), false too with ``prompt_cache_options.prewarm``."""
-    generate = body.get("generate")
-    if generate is not None and not isinstance(generate, bool):
-        raise InvalidRequest(
-            "Invalid value for 'generate': Input should be a valid boolean",
-            param="generate",
-            code="invalid_value",
-        )
-    options = body.get("prompt_cache_options")
-    prewarm = options.get("prewarm") if isinstance(options, dict) else None
-    if prewarm is not None and not isinstance(prewarm, bool):
-        raise InvalidRequest(
-            "Invalid value for 'prompt_cache_options.prewarm': Input should be a valid boolean",
-            param="prompt_cache_options.prewarm",
-            code="invalid_value",
-        )
-    return generate is not False and prewarm is not True
+    try:
+        return _Generation.model_validate(body).wanted
+    except ValidationError as exc:
+        raise from_validation_errors(list(exc.errors())) from exc
 
 
 async def _send_error(socket: WebSocket, error: APIError) -> None:
