@@ -1,5 +1,5 @@
-"""Fuzzing: 10,000+ malformed or hostile requests; every answer is a 4xx in OpenAI's error shape
-or a valid response, never a 5xx, never a hang.
+"""Fuzzing: 10,000+ malformed or hostile requests, compressed ones too; every answer is a 4xx in
+OpenAI's error shape or a valid response, never a 5xx, never a hang.
 
 Runs the ingress's own FastAPI app in-process (the app every ingress replica serves) with the
 simulated engine, so the volume fits in CI.
@@ -7,6 +7,7 @@ simulated engine, so the volume fits in CI.
 
 from __future__ import annotations
 
+import gzip
 import json
 import tempfile
 import warnings
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import schemathesis
+import zstandard
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
@@ -195,6 +197,27 @@ def test_mutated_requests(http: TestClient, input_, tool_list, extra) -> None:
 )
 def test_raw_bytes_and_invalid_utf8(http: TestClient, raw: bytes, content_type: str) -> None:
     check(http.post("/v1/responses", content=raw, headers={"content-type": content_type}))
+
+
+ENCODINGS = ["gzip", "zstd", "identity", "GZIP", "x-gzip", "br", "deflate", "gzip, zstd", ""]
+COMPRESSORS = {"gzip": gzip.compress, "zstd": zstandard.ZstdCompressor().compress}
+
+
+@settings(FUZZ, max_examples=EXAMPLES // 4)
+@given(
+    body=json_values,
+    encoding=st.sampled_from(ENCODINGS),
+    compress_as=st.sampled_from([*COMPRESSORS, None]),
+    cut=st.integers(min_value=0, max_value=40),
+    noise=st.binary(max_size=64),
+)
+def test_compressed_bodies(http: TestClient, body, encoding, compress_as, cut, noise) -> None:
+    """Bodies compressed one way and labelled another, cut short, or followed by noise."""
+    raw = json.dumps({"model": MODEL, "input": body}).encode()
+    content = COMPRESSORS[compress_as](raw) if compress_as else raw
+    content = content[: len(content) - cut] + noise
+    headers = {"content-type": "application/json", "content-encoding": encoding}
+    check(http.post("/v1/responses", content=content, headers=headers))
 
 
 @FUZZ

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+import time
+
 import httpx
 import pytest
+import zstandard
 
 from tests.helpers import scrape_metrics
 
@@ -143,5 +148,78 @@ def test_chunked_body_within_the_limit_is_served(app_url: str) -> None:
         timeout=60,
         headers={"content-type": "application/json"},
     )
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "completed"
+
+
+COMPRESS = {"gzip": gzip.compress, "zstd": zstandard.ZstdCompressor().compress}
+
+
+def post_encoded(app_url: str, content: bytes, encoding: str) -> httpx.Response:
+    return httpx.post(
+        f"{app_url}/v1/responses",
+        content=content,
+        timeout=60,
+        headers={"content-type": "application/json", "content-encoding": encoding},
+    )
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "zstd", "identity"])
+def test_compressed_bodies_are_answered_like_plain_ones(app_url: str, encoding: str) -> None:
+    body = json.dumps({"model": MODEL, "input": "SDK-TEXT", "metadata": {"via": encoding}})
+    content = COMPRESS.get(encoding, bytes)(body.encode())
+    response = post_encoded(app_url, content, encoding)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["status"] == "completed" and answer["metadata"] == {"via": encoding}
+    assert answer["output"][-1]["content"][0]["text"] == "Hello from the scripted engine."
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "zstd"])
+def test_a_decompression_bomb_is_413_quickly(app_url: str, encoding: str) -> None:
+    # 100 MB of zeros in ~100 kB (gzip) or ~3 kB (zstd): far within the limit on the wire,
+    # far past it decoded. The server stops decoding at the limit.
+    bomb = COMPRESS[encoding](bytes(100 * ONE_MIB))
+    assert len(bomb) < ONE_MIB
+    started = time.monotonic()
+    response = post_encoded(app_url, bomb, encoding)
+    assert time.monotonic() - started < 10
+    assert "16777216 bytes" in assert_openai_error(response, 413)["message"]
+
+
+@pytest.mark.parametrize("encoding", ["br", "foo", "gzip, br"])
+def test_an_unknown_content_encoding_is_415(app_url: str, encoding: str) -> None:
+    body = json.dumps({"model": MODEL, "input": "SDK-TEXT"}).encode()
+    error = assert_openai_error(post_encoded(app_url, body, encoding), 415)
+    assert error["type"] == "invalid_request_error"
+    assert encoding in error["message"]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "zstd"])
+def test_a_body_that_does_not_decode_is_400(app_url: str, encoding: str) -> None:
+    body = json.dumps({"model": MODEL, "input": "SDK-TEXT"}).encode()
+    for content in (body, COMPRESS[encoding](body)[:-4]):  # not compressed; cut short
+        error = assert_openai_error(post_encoded(app_url, content, encoding), 400)
+        assert encoding in error["message"]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "zstd"])
+def test_a_compressed_body_in_pieces_and_members_is_decoded(app_url: str, encoding: str) -> None:
+    # Two gzip members (zstd frames), each half of the JSON, sent chunked in 7-byte pieces:
+    # decoding goes on across messages and members.
+    body = json.dumps({"model": MODEL, "input": "SDK-TEXT"}).encode()
+    content = COMPRESS[encoding](body[:20]) + COMPRESS[encoding](body[20:])
+
+    def pieces():
+        for start in range(0, len(content), 7):
+            yield content[start : start + 7]
+
+    response = httpx.post(
+        f"{app_url}/v1/responses",
+        content=pieces(),
+        timeout=60,
+        headers={"content-type": "application/json", "content-encoding": encoding},
+    )
+    assert "content-length" not in response.request.headers
     assert response.status_code == 200, response.text
     assert response.json()["status"] == "completed"

@@ -4,6 +4,7 @@ the running app."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
@@ -18,6 +19,11 @@ from tests.replicas import engine_ongoing
 
 MODEL = "gpt-oss-120b"
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
 
 
 @pytest.fixture
@@ -173,3 +179,75 @@ def test_a_client_flooding_messages_is_closed(app_url: str, app_cluster: None) -
     assert closed.value.rcvd.code == 1008
     # The response that was streaming is gone from the engine too.
     assert wait_for(lambda: engine_ongoing(key) == 0)
+
+
+def test_a_prewarm_is_answered_at_once_without_the_engine(client) -> None:
+    # Codex opens each WebSocket session with `generate: false`. Were the engine called, this
+    # turn would stream reasoning and then pause for a minute (SDK-SLOW).
+    with client.responses.connect() as connection:
+        started = time.monotonic()
+        connection.response.create(
+            model=MODEL,
+            input="SDK-SLOW: hold",
+            generate=False,
+            store=False,
+            prompt_cache_key="prewarm-no-engine",
+            tools=[WEATHER_TOOL],
+        )
+        created = connection.recv()
+        completed = connection.recv()
+        elapsed = time.monotonic() - started
+    assert [created.type, completed.type] == ["response.created", "response.completed"]
+    assert elapsed < 5, elapsed
+    response = completed.response
+    assert response.id == created.response.id
+    assert response.status == "completed" and response.output == []
+    usage = response.usage
+    assert (usage.input_tokens, usage.output_tokens, usage.total_tokens) == (0, 0, 0)
+    # The request's echo, as on any response.
+    assert response.prompt_cache_key == "prewarm-no-engine"
+    assert [tool.name for tool in response.tools] == ["get_weather"]
+    assert [created.sequence_number, completed.sequence_number] == [0, 1]
+
+
+def test_a_prewarm_is_continued_by_its_id_with_its_whole_context(client) -> None:
+    context = [
+        {"role": "developer", "content": "Be friendly."},
+        {"role": "user", "content": "SDK-REASON: hello"},
+    ]
+    with client.responses.connect() as connection:
+        # The same context sent whole: the prompt the continuation must render.
+        whole = respond(connection, input=context, store=False)
+        connection.response.create(model=MODEL, input=context, generate=False, store=False)
+        prewarm = until_done(connection)[-1].response
+        # As Codex does next: the prewarm's id and only the items added since (none).
+        connection.response.create(
+            model=MODEL, input=[], store=False, previous_response_id=prewarm.id
+        )
+        events = until_done(connection)
+    done = events[-1]
+    assert done.type == "response.completed", done
+    # The engine saw the prewarm's messages: it answered the last one, from the same prompt.
+    assert done.response.output_text == whole.output_text == "Hi there."
+    assert done.response.usage.input_tokens == whole.usage.input_tokens
+    assert done.response.previous_response_id == prewarm.id
+
+
+def test_prompt_cache_prewarm_is_a_prewarm_and_the_options_are_strict(app_url: str) -> None:
+    with connect(socket_url(app_url)) as socket:
+        # `prompt_cache_options.prewarm: true` is a prewarm too, whatever `generate` says.
+        create = {"type": "response.create", "model": MODEL, "input": "SDK-SLOW: hold"}
+        socket.send(json.dumps({**create, "prompt_cache_options": {"prewarm": True}}))
+        events = [json.loads(socket.recv(timeout=5)) for _ in range(2)]
+        assert [event["type"] for event in events] == ["response.created", "response.completed"]
+        for bad, param in [
+            ({"generate": "false"}, "generate"),
+            ({"generate": 0}, "generate"),
+            ({"prompt_cache_options": {"prewarm": "yes"}}, "prompt_cache_options.prewarm"),
+            ({"temperature": True}, "temperature"),
+        ]:
+            create = {"type": "response.create", "model": MODEL, "input": "SDK-TEXT", **bad}
+            socket.send(json.dumps(create))
+            error = json.loads(socket.recv(timeout=30))
+            assert error["type"] == "error" and error["status"] == 400, error
+            assert error["error"]["param"] == param

@@ -68,24 +68,35 @@ def param_path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
-# Pydantic names union branches in error locations ("str", "list[...]", an item's tag after
-# its index); OpenAI's `param` names only the fields the client wrote.
+# Pydantic names union branches in error locations ("str", "list[...]", a model's class name,
+# an item's tag after its index); OpenAI's `param` names only the fields the client wrote.
 _TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
 def _client_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
     # Imported here: the request models import this module for InvalidRequest.
-    from serve_app.protocol.requests import INPUT_ITEM_TYPES, TOOL_TAGS
+    from pydantic import BaseModel
 
-    tags = {*INPUT_ITEM_TYPES, *TOOL_TAGS}
+    from serve_app.protocol import requests
+
+    tags = {*requests.INPUT_ITEM_TYPES, *requests.TOOL_TAGS}
+    models = {
+        name
+        for name, value in vars(requests).items()
+        if isinstance(value, type) and issubclass(value, BaseModel)
+    }
     cleaned: list[int | str] = []
-    for part in loc:
+    for index, part in enumerate(loc):
         if part == "body" and not cleaned:
             continue
         if isinstance(part, str):
             if part in _TYPE_LABELS or "[" in part or "(" in part:
                 continue
-            if part in tags and cleaned and isinstance(cleaned[-1], int):
+            # The tag right after an index; a field of that name after it stays
+            # (`tools[0].function.name` in the Chat-Completions form).
+            if part in tags and index and isinstance(loc[index - 1], int):
+                continue
+            if part in models and cleaned:  # `conversation: str | ConversationRef`
                 continue
         cleaned.append(part)
     return tuple(cleaned)

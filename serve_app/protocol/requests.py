@@ -4,7 +4,9 @@ Lenient where real clients differ (Codex 0.169 and 0.63, the openai SDK, the Age
 ``input`` as a string or items, message content as a string or parts, tools flat or nested
 Chat-Completions style, hosted tools this server cannot run. Strict where a mistake would
 silently change the conversation: unknown item types, missing call ids, calls without outputs.
-Unknown top-level fields are ignored, as OpenAI ignores them.
+Unknown top-level fields are ignored, as OpenAI ignores them. Types are as strict as OpenAI's:
+``temperature: true``, ``stream: 0`` or ``max_output_tokens: "5"`` is a 400 naming the field,
+never coerced (JSON's integers still pass for numbers).
 """
 
 from __future__ import annotations
@@ -12,18 +14,35 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic import Discriminator as PydanticDiscriminator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from serve_app.protocol.errors import InvalidRequest
 
 logger = logging.getLogger(__name__)
 
 
-class _Lenient(BaseModel):
-    """Ignore fields we do not use (clients send many: ids, status, client_metadata...)."""
+# Pydantic's strict mode: no coercion between JSON types (a boolean is not a number, a number
+# not a string), as OpenAI answers; an integer still passes where a number is expected. Every
+# request model sets it, so fields added later inherit it.
+STRICT_TYPES = ConfigDict(strict=True)
 
-    model_config = ConfigDict(extra="ignore")
+
+class _Lenient(BaseModel):
+    """Ignore fields we do not use (clients send many: ids, status, client_metadata...), but
+    take the ones we use only with their JSON type."""
+
+    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
 
 
 # --- content parts -------------------------------------------------------------------------
@@ -200,6 +219,26 @@ ToolOutputItem = FunctionCallOutputItem | CustomToolCallOutputItem
 # --- tools ---------------------------------------------------------------------------------
 
 
+def _validate_function_form(value: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+    """Validate the Chat-Completions form ``{"type": "function", "function": {...}}`` as its
+    flat Responses twin, with errors located where the client wrote the field
+    (``tools[0].function.strict``, not ``tools[0].strict``)."""
+    if not (isinstance(value, dict) and isinstance(value.get("function"), dict)):
+        return handler(value)
+    try:
+        return handler({"type": "function", **value["function"]})
+    except ValidationError as exc:
+        moved = [
+            InitErrorDetails(
+                type=PydanticCustomError(error["type"], error["msg"]),
+                loc=("function", *error["loc"]),
+                input=error["input"],
+            )
+            for error in exc.errors()
+        ]
+        raise ValidationError.from_exception_data(exc.title, moved) from None
+
+
 class FunctionTool(_Lenient):
     """A function tool, flat (Responses) or nested ``{"function": {...}}`` (Chat Completions)."""
 
@@ -209,12 +248,10 @@ class FunctionTool(_Lenient):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _flatten_nested(cls, value: Any) -> Any:
-        if isinstance(value, dict) and isinstance(value.get("function"), dict):
-            return {"type": "function", **value["function"]}
-        return value
+    def _flatten_nested(cls, value: Any, handler: ModelWrapValidatorHandler[FunctionTool]) -> Any:
+        return _validate_function_form(value, handler)
 
 
 class CustomToolFormat(_Lenient):
@@ -244,7 +281,7 @@ class NamespaceTool(_Lenient):
 class HostedTool(BaseModel):
     """A tool OpenAI runs server-side (web_search, file_search...): accepted, not rendered."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(**STRICT_TYPES, extra="allow")
     type: str
 
 
@@ -271,19 +308,27 @@ class NamedToolChoice(_Lenient):
     type: Literal["function", "custom"]
     name: str
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _flatten_nested(cls, value: Any) -> Any:
-        if isinstance(value, dict) and isinstance(value.get("function"), dict):
-            return {"type": "function", "name": value["function"].get("name")}
-        return value
+    def _flatten_nested(
+        cls, value: Any, handler: ModelWrapValidatorHandler[NamedToolChoice]
+    ) -> Any:
+        return _validate_function_form(value, handler)
 
 
 class OtherToolChoice(BaseModel):
     """allowed_tools, hosted tool choices...: accepted and treated as ``auto``."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(**STRICT_TYPES, extra="allow")
     type: str
+
+    @field_validator("type")
+    @classmethod
+    def _not_a_named_choice(cls, value: str) -> str:
+        # A malformed function or custom choice is the client's error, not `auto`.
+        if value in ("function", "custom"):
+            raise ValueError(f"a {value} tool choice needs a string `name`")
+        return value
 
 
 ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice | OtherToolChoice

@@ -1,4 +1,5 @@
-"""A request-body size limit that answers 413 in OpenAI's error shape.
+"""A request-body size limit that answers 413 in OpenAI's error shape, on the body as received
+and, for a compressed body (``content_encoding.py``), on the decoded body too.
 
 Pure ASGI, so it sees bodies sent without a Content-Length (chunked) as they arrive, and never
 buffers more than the limit. Starlette's own limiter (FastAPI's `max_body_size`) answers a
@@ -14,6 +15,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.protocol.errors import error_body
+from serve_app.serving import content_encoding
 
 
 class BodyTooLarge(HTTPException):
@@ -33,11 +35,25 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = Headers(scope=scope).get("content-length", "")
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
             # Refused before a byte of the body is read.
-            await self._refuse(scope, receive, send)
+            await _refuse(BodyTooLarge(self.max_bytes), scope, receive, send)
             return
+        try:
+            decoder = content_encoding.decoder_for(headers)
+        except content_encoding.UnsupportedEncoding as unsupported:
+            await _refuse(unsupported, scope, receive, send)
+            return
+        receive = self._within_limit(receive)
+        if decoder is not None:
+            # The decoded body too: a small compressed body can decode to gigabytes.
+            scope = content_encoding.without_encoding(scope)
+            receive = self._within_limit(content_encoding.decoded_receive(receive, decoder))
+        await self.app(scope, receive, send)
+
+    def _within_limit(self, receive: Receive) -> Receive:
         received = 0
 
         async def receive_within_limit() -> Message:
@@ -48,9 +64,9 @@ class BodySizeLimit:
                 raise BodyTooLarge(self.max_bytes)
             return message
 
-        await self.app(scope, receive_within_limit, send)
+        return receive_within_limit
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = BodyTooLarge(self.max_bytes)
-        response = JSONResponse(error_body(error.detail, "invalid_request_error"), status_code=413)
-        await response(scope, receive, send)
+
+async def _refuse(error: HTTPException, scope: Scope, receive: Receive, send: Send) -> None:
+    body = error_body(error.detail, "invalid_request_error")
+    await JSONResponse(body, status_code=error.status_code)(scope, receive, send)

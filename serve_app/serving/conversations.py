@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from serve_app.protocol.errors import NotFound
-from serve_app.protocol.requests import InputItem
+from serve_app.protocol.requests import STRICT_TYPES, InputItem
 from serve_app.serving.auth import Owner
 from serve_app.serving.pagination import page
 from serve_app.serving.responses_service import stored_item
@@ -20,18 +20,18 @@ MAX_ITEMS_PER_CALL = 20  # OpenAI's limit for items added in one call
 
 
 class ConversationCreate(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
     items: list[InputItem] = Field(default_factory=list, max_length=MAX_ITEMS_PER_CALL)
     metadata: dict[str, str] | None = None
 
 
 class ConversationUpdate(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
     metadata: dict[str, str]
 
 
 class ItemsCreate(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
     items: list[InputItem] = Field(min_length=1, max_length=MAX_ITEMS_PER_CALL)
 
 

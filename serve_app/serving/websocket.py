@@ -6,6 +6,12 @@ A connection remembers the context of the responses it produced (bounded, newest
 with the connection, after which such an id is ``previous_response_not_found``. A turn that
 fails forgets what it continued from: the client resends the whole history rather than build on
 a state the server may not hold as the client thinks.
+
+A ``response.create`` with ``generate: false`` (Codex opens each session with one, a prewarm)
+is answered as OpenAI answers it: ``response.created`` and ``response.completed`` with no output
+and zero usage, without calling the engine. Its id is remembered like any response's, with the
+input it carried, so the next turn can continue it by ``previous_response_id`` with only its new
+items.
 """
 
 from __future__ import annotations
@@ -15,17 +21,19 @@ import json
 import logging
 from collections import OrderedDict
 from contextlib import aclosing
+from dataclasses import dataclass
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from openai.types.responses import ResponseCompletedEvent, ResponseCreatedEvent
 from openai.types.responses.responses_server_event import ResponseWsError, ResponseWsErrorError
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from serve_app.protocol.errors import APIError, InvalidRequest, from_validation_errors
-from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.protocol.requests import STRICT_TYPES, InputItem, ResponsesRequest
 from serve_app.protocol.sse import event_json
 from serve_app.serving import metrics
 from serve_app.serving.auth import ApiKeys
-from serve_app.serving.responses_service import ResponsesService
+from serve_app.serving.responses_service import ResponsesService, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -128,15 +136,19 @@ async def _serve_message(
 ) -> None:
     """One client message: a response streamed back, or an error event."""
     try:
-        request = _parse_create(text)
+        create = _parse_create(text)
     except APIError as error:
         await _send_error(socket, error)
         return
+    request = create.request
     try:
         turn = await service.prepare(request, owner, recent)
     except APIError as error:
         recent.pop(request.previous_response_id or "", None)
         await _send_error(socket, error)
+        return
+    if not create.generate:
+        await _prewarm(socket, turn, service, recent)
         return
     metrics.WEBSOCKET_RESPONSES.inc()
     async with aclosing(service.events(turn)) as events:
@@ -150,7 +162,36 @@ async def _serve_message(
         recent.remember(turn.response.id, service.continuation(turn))
 
 
-def _parse_create(text: str) -> ResponsesRequest:
+async def _prewarm(
+    socket: WebSocket, turn: Turn, service: ResponsesService, recent: RecentResponses
+) -> None:
+    """A ``generate: false`` turn: validated and rendered like any (so its errors are the same),
+    answered at once with an empty completed response; the engine is not called."""
+    created = turn.response
+    # No tokens: the translator's completed response has no output and zero usage.
+    turn.translator.finish("stop", prompt_tokens=0, cached_tokens=0)
+    if turn.request.store:
+        await service.save(turn)  # so HTTP and other sockets can continue it too
+    recent.remember(turn.response.id, service.continuation(turn))
+    logger.info("websocket: prewarm %s answered without generating", turn.response.id)
+    for event in (
+        ResponseCreatedEvent(type="response.created", response=created, sequence_number=0),
+        ResponseCompletedEvent(
+            type="response.completed", response=turn.response, sequence_number=1
+        ),
+    ):
+        await socket.send_text(event_json(event))
+
+
+@dataclass
+class _Create:
+    """A ``response.create`` message: the request, and whether to generate its answer."""
+
+    request: ResponsesRequest
+    generate: bool
+
+
+def _parse_create(text: str) -> _Create:
     try:
         message = json.loads(text)
     except ValueError as exc:
@@ -165,8 +206,40 @@ def _parse_create(text: str) -> ResponsesRequest:
         raise InvalidRequest(
             "Background responses are created over HTTP, not WebSocket.", param="background"
         )
+    generate = _generate(body)
+    if not generate and body.get("conversation") is not None:
+        # A prewarm's input would have to join the conversation with no answer after it.
+        raise InvalidRequest(
+            "`generate: false` is not supported with `conversation`.", param="generate"
+        )
     try:
-        return ResponsesRequest.model_validate({**body, "stream": True})
+        request = ResponsesRequest.model_validate({**body, "stream": True})
+    except ValidationError as exc:
+        raise from_validation_errors(list(exc.errors())) from exc
+    return _Create(request, generate)
+
+
+class _PromptCacheOptions(BaseModel):
+    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
+    prewarm: bool | None = None
+
+
+class _Generation(BaseModel):
+    """The WebSocket-only fields of ``response.create`` that say whether to generate."""
+
+    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
+    generate: bool | None = None  # default true
+    prompt_cache_options: _PromptCacheOptions | None = None  # `prewarm: true` overrides
+
+    @property
+    def wanted(self) -> bool:
+        prewarm = self.prompt_cache_options.prewarm if self.prompt_cache_options else None
+        return self.generate is not False and prewarm is not True
+
+
+def _generate(body: dict) -> bool:
+    try:
+        return _Generation.model_validate(body).wanted
     except ValidationError as exc:
         raise from_validation_errors(list(exc.errors())) from exc
 
