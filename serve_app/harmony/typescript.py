@@ -149,9 +149,11 @@ class _Renderer:
         """``{ ... }`` with properties at ``indent`` and the closing brace at ``close``."""
         properties = schema.get("properties")
         required = schema.get("required")
-        required = set(required) if isinstance(required, list) else set()
+        required = (
+            {n for n in required if isinstance(n, str)} if isinstance(required, list) else set()
+        )
         out = "{\n"
-        if schema.get("title") in self.recursive:
+        if _text(schema.get("title")) and schema["title"] in self.recursive:
             out += f"{indent}// type {schema['title']} = this object\n"
         if isinstance(properties, dict):
             for name, value in properties.items():
