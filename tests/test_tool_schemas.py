@@ -30,6 +30,7 @@ from serve_app.harmony import schemas
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.render import render_request
 from serve_app.harmony.typescript import NamespaceText, ToolText, schema_text, tools_section
+from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
 from tests.helpers import CAPTURES, REPO, capture_body, decode, in_process_api, sdk_client
 
@@ -433,6 +434,31 @@ def test_resolve_bounds_an_exponential_schema() -> None:
     resolved = schemas.resolve(root, max_depth=100, max_nodes=500)
     assert len(json.dumps(resolved)) < 100_000
     assert len(schema_text(resolved)) < 100_000
+
+
+def nested_objects(levels: int) -> dict[str, Any]:
+    nested: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        nested = {"type": "object", "properties": {"a": nested}}
+    return nested
+
+
+def test_a_schema_deeper_than_the_bound_renders_any_past_it() -> None:
+    text = tool_section(function_tool(nested_objects(40)))  # 81 levels of JSON
+    assert "type save = (_: {\na?: {\n    a?: {" in text
+    assert "a?: any," in text and "string" not in text
+
+
+def test_tool_parameters_harmony_could_not_parse_are_still_a_400() -> None:
+    # Harmony's JSON parser took parameters up to 120 levels deep; deeper ones were a 400.
+    nested: Any = "x"
+    for index in range(119):
+        nested = [nested] if index % 2 else {"a": nested}
+    assert schemas.nesting_depth({"a": nested}, 200) == 120
+    tool_section(function_tool({"a": nested}))
+    with pytest.raises(InvalidRequest) as caught:
+        tool_section(function_tool({"a": [nested]}))
+    assert caught.value.status_code == 400 and "nest deeper than 120" in str(caught.value)
 
 
 json_values = st.recursive(

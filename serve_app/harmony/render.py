@@ -67,6 +67,9 @@ _EFFORTS = {
     "high": ReasoningEffort.HIGH,
 }
 _JSON_CONTENT_TYPE = "<|constrain|>json"
+# Tool parameters nested deeper than this were a 400 when harmony parsed them (its JSON parser's
+# recursion limit); they stay one: the response could not echo much deeper ones back anyway.
+_MAX_PARAMETERS_NESTING = 120
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,15 @@ def _namespace_description(request: ResponsesRequest, namespace: str) -> str | N
 
 def _tool_text(spec: ToolSpec) -> ToolText:
     if spec.kind == "function":
+        if (
+            schemas.nesting_depth(spec.parameters, _MAX_PARAMETERS_NESTING)
+            > _MAX_PARAMETERS_NESTING
+        ):
+            raise InvalidRequest(
+                f"The parameters of tool '{spec.name}' nest deeper than "
+                f"{_MAX_PARAMETERS_NESTING} levels.",
+                param="tools",
+            )
         return ToolText(spec.name, spec.description, schemas.resolve(spec.parameters))
     # Harmony has no freeform tool type: a tool without parameters whose message body is the
     # raw input, and a description saying so.

@@ -67,6 +67,21 @@ def resolve(schema: Any, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NOD
     return resolved
 
 
+def nesting_depth(value: Any, limit: int) -> int:
+    """How deeply JSON ``value`` nests objects and arrays, counted up to ``limit + 1`` (without
+    recursion, so any depth is safe to measure)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, dict | list) or depth > limit + 1:
+            continue
+        deepest = max(deepest, depth)
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def ref_name(pointer: str) -> str:
     """The last segment of a local reference: ``#/$defs/TreeNode`` -> ``TreeNode``."""
     segment = pointer.rsplit("/", 1)[-1]
