@@ -206,7 +206,7 @@ class _Renderer:
             if isinstance(variant, dict):
                 own = variant.get("description")
                 if _text(own) and own != description and not (index == 0 and above):
-                    trailing.append(" ".join(_lines(own)))
+                    trailing.append(" ".join(line for line in _lines(own) if line))
                 if "default" in variant:
                     trailing.append(f"default: {_default(variant)}")
             out += f" // {' '.join(trailing)}\n" if trailing else "\n"
