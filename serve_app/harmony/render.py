@@ -5,7 +5,10 @@ Layout of the prompt (gpt-oss's harmony format):
 - a system message: reasoning effort and the current date;
 - a developer message: ``instructions`` plus the leading system/developer input messages (Codex
   sends its base prompt as ``input[0]``), and the tools: function tools in ``functions``,
-  custom (freeform) tools as tools whose input is raw text, namespace tools as namespaces;
+  custom (freeform) tools as tools whose input is raw text, namespace tools as namespaces; then
+  a ``text.format`` json_schema as harmony's ``# Response Formats``. We write this message's text
+  (tool schemas via typescript.py) and render the system message with harmony's note that calls
+  go to the commentary channel, which harmony adds only when it sees the tools itself;
 - the history items in order, tool results as messages from ``functions.NAME``;
 - ``<|start|>assistant`` for the completion.
 
@@ -25,21 +28,20 @@ from datetime import UTC, datetime
 from openai_harmony import (
     Author,
     Conversation,
-    DeveloperContent,
     HarmonyError,
     Message,
     ReasoningEffort,
     RenderConversationConfig,
+    RenderOptions,
     Role,
     SystemContent,
-    ToolDescription,
-    ToolNamespaceConfig,
 )
 
-from serve_app.harmony import compaction
+from serve_app.harmony import compaction, schemas
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec
+from serve_app.harmony.typescript import NamespaceText, ToolText, tools_section
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import (
     CompactionItem,
@@ -65,6 +67,9 @@ _EFFORTS = {
     "high": ReasoningEffort.HIGH,
 }
 _JSON_CONTENT_TYPE = "<|constrain|>json"
+# Tool parameters nested deeper than this were a 400 when harmony parsed them (its JSON parser's
+# recursion limit); they stay one: the response could not echo much deeper ones back anyway.
+_MAX_PARAMETERS_NESTING = 120
 
 
 @dataclass(frozen=True)
@@ -88,19 +93,24 @@ def render_request(
     tools = ToolRegistry.from_request(request)
     leading, rest = _split_leading_instructions(items)
     messages = [
-        _system_message(request, now or datetime.now(UTC)),
         *_developer_message(request, leading, tools),
         *_history_messages(rest, tools, vault),
     ]
+    encoding = get_encoding()
+    # The developer message is our text (see typescript.py), so harmony cannot see the function
+    # tools that make its system message route tool calls to the commentary channel: say so.
+    has_functions = any(spec.recipient.startswith(f"{DEFAULT_NAMESPACE}.") for spec in tools.tools)
     try:
-        token_ids = get_encoding().render_conversation_for_completion(
+        token_ids = encoding.render(
+            _system_message(request, now or datetime.now(UTC)),
+            RenderOptions(conversation_has_function_tools=has_functions),
+        ) + encoding.render_conversation_for_completion(
             Conversation.from_messages(messages),
             Role.ASSISTANT,
             RenderConversationConfig(auto_drop_analysis=False),
         )
     except (ValueError, HarmonyError) as error:
-        # Only client content can make rendering fail (e.g. a tool schema nested deeper than
-        # harmony's JSON parser goes): the request is at fault, not the server.
+        # Only client content can make rendering fail: the request is at fault, not the server.
         raise InvalidRequest(f"The request cannot be rendered for the model: {error}") from error
     return RenderedPrompt(token_ids=token_ids, tools=tools)
 
@@ -141,25 +151,26 @@ def _system_message(request: ResponsesRequest, now: datetime) -> Message:
 def _developer_message(
     request: ResponsesRequest, leading: list[MessageItem], tools: ToolRegistry
 ) -> list[Message]:
+    """Harmony's developer message: ``# Instructions``, ``# Tools`` rendered by typescript.py
+    (harmony's own renders Pydantic and zod schemas as ``any``), ``# Response Formats``."""
     instructions = _instructions(request, leading, tools)
-    if not instructions and not tools.tools:
-        return []
-    content = DeveloperContent.new()
-    if instructions:
-        content = content.with_instructions(instructions)
-    for namespace, specs in tools.namespaces().items():
-        descriptions = [_tool_description(spec) for spec in specs]
-        if namespace is None:
-            content = content.with_function_tools(descriptions)
-        else:
-            content = content.with_tools(
-                ToolNamespaceConfig(
-                    name=namespace,
-                    description=_namespace_description(request, namespace),
-                    tools=descriptions,
-                )
+    sections = ["# Instructions", instructions] if instructions else []
+    if tools.tools:
+        namespaces = [
+            NamespaceText(
+                name=namespace or DEFAULT_NAMESPACE,
+                description=_namespace_description(request, namespace) if namespace else None,
+                tools=[_tool_text(spec) for spec in specs],
             )
-    return [Message.from_role_and_content(Role.DEVELOPER, content)]
+            for namespace, specs in tools.namespaces().items()
+        ]
+        sections.append(tools_section(namespaces))
+    response_format = _response_format(request)
+    if response_format:
+        sections.append(response_format)
+    if not sections:
+        return []
+    return [Message.from_role_and_content(Role.DEVELOPER, "\n\n".join(sections))]
 
 
 def _instructions(
@@ -173,12 +184,24 @@ def _instructions(
         else:
             parts.append("You must call one of the tools now.")
     text_format = request.text.format if request.text else None
-    if text_format is not None and text_format.type == "json_schema":
-        schema = json.dumps(text_format.schema_ or {}, separators=(",", ":"))
-        parts.append(f"Answer with a JSON object that follows this JSON schema: {schema}")
-    elif text_format is not None and text_format.type == "json_object":
+    if text_format is not None and text_format.type == "json_object":
         parts.append("Answer with a JSON object.")
     return "\n\n".join(part for part in parts if part)
+
+
+def _response_format(request: ResponsesRequest) -> str | None:
+    """A ``text.format`` json_schema as gpt-oss was trained to read it (harmony's format.md,
+    "Structured output"): a ``# Response Formats`` section at the end of the developer message,
+    ``## name``, the description as a comment, then the schema as compact JSON. The schema is
+    resolved first, so the nested models behind Pydantic's ``$ref``s are in it."""
+    text_format = request.text.format if request.text else None
+    if text_format is None or text_format.type != "json_schema":
+        return None
+    schema = schemas.resolve(text_format.schema_ or {})
+    lines = ["# Response Formats", "", f"## {text_format.name or 'response'}", ""]
+    lines += [f"// {line}" for line in (text_format.description or "").splitlines()]
+    lines.append(json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
+    return "\n".join(lines)
 
 
 def _namespace_description(request: ResponsesRequest, namespace: str) -> str | None:
@@ -188,16 +211,25 @@ def _namespace_description(request: ResponsesRequest, namespace: str) -> str | N
     return None
 
 
-def _tool_description(spec: ToolSpec) -> ToolDescription:
+def _tool_text(spec: ToolSpec) -> ToolText:
     if spec.kind == "function":
-        return ToolDescription.new(spec.name, spec.description, parameters=spec.parameters)
+        if (
+            schemas.nesting_depth(spec.parameters, _MAX_PARAMETERS_NESTING)
+            > _MAX_PARAMETERS_NESTING
+        ):
+            raise InvalidRequest(
+                f"The parameters of tool '{spec.name}' nest deeper than "
+                f"{_MAX_PARAMETERS_NESTING} levels.",
+                param="tools",
+            )
+        return ToolText(spec.name, spec.description, schemas.resolve(spec.parameters))
     # Harmony has no freeform tool type: a tool without parameters whose message body is the
     # raw input, and a description saying so.
     note = "This is a FREEFORM tool: send the raw input text as the message, not JSON."
     if spec.grammar:
         note += f" The input must match this grammar:\n{spec.grammar}"
     description = f"{spec.description}\n{note}" if spec.description else note
-    return ToolDescription.new(spec.name, description, parameters=None)
+    return ToolText(spec.name, description, parameters=None)
 
 
 # --- history -------------------------------------------------------------------------------
