@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.helpers import REPO
@@ -65,6 +66,31 @@ def input_shape(request: dict[str, Any]) -> list[str]:
     return shape
 
 
+def input_tokens_inlined(app_url: str, request: dict[str, Any], response_ids: list[str]) -> int:
+    """The prompt size of ``request`` sent again with each item reference replaced by the item
+    it names (from the earlier responses' output) and nothing stored: what the references must
+    resolve to."""
+    headers = {"Authorization": "Bearer sk-test"}
+    items = {}
+    for response_id in response_ids:
+        response = httpx.get(f"{app_url}/v1/responses/{response_id}", headers=headers, timeout=30)
+        response.raise_for_status()
+        items.update({item["id"]: item for item in response.json()["output"]})
+    body = request["body"]
+    inlined = [
+        items[item["id"]] if item.get("type") == "item_reference" else item
+        for item in body["input"]
+    ]
+    response = httpx.post(
+        f"{app_url}/v1/responses",
+        json={**body, "input": inlined, "store": False, "stream": False},
+        headers=headers,
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["usage"]["input_tokens"]
+
+
 def assert_all_stored(requests: list[dict[str, Any]]) -> None:
     """Every request went to POST /v1/responses at the default `store: true` and succeeded."""
     for request in requests:
@@ -85,7 +111,10 @@ def test_tool_loop_over_three_steps_with_item_references(app_url: str, scenario:
         {"city": "Lyon"},
         {"city": "Marseille"},
     ]
-    assert steps[1]["toolResults"][0]["output"] == "AISDK-POPULATION LYON: 522000"
+    assert [result["output"] for step in steps for result in step["toolResults"]] == [
+        "AISDK-POPULATION LYON: 522000",
+        "AISDK-POPULATION MARSEILLE: 873000",
+    ]
     expected = "Marseille is larger: 873000 people against 522000 in Lyon."
     assert result["text"] == steps[2]["text"] == expected
     assert len({step["responseId"] for step in steps}) == 3
@@ -102,6 +131,11 @@ def test_tool_loop_over_three_steps_with_item_references(app_url: str, scenario:
             *["ref:rs", "function_call", "function_call_output"],
         ],
     ]
+    # The references were resolved to the items they name, not dropped: the prompt is as long as
+    # with those items sent whole.
+    response_ids = [step["responseId"] for step in steps]
+    for step, request in zip(steps[1:], requests[1:], strict=True):
+        assert step["inputTokens"] == input_tokens_inlined(app_url, request, response_ids)
     if scenario == "tool-loop-stream":
         assert all(request["body"].get("stream") is True for request in requests)
         assert {"tool-input-delta", "tool-call", "tool-result", "text-delta"} <= set(
@@ -119,6 +153,9 @@ def test_two_turn_chat_from_response_messages(app_url: str) -> None:
         ["user"],
         ["user", "ref:rs", "ref:msg", "user"],
     ]
+    result = output["result"]
+    inlined = input_tokens_inlined(app_url, requests[1], result["responseIds"][:1])
+    assert result["inputTokens"][1] == inlined
 
 
 @pytest.mark.parametrize("scenario", ["reasoning-summary", "reasoning-summary-stream"])

@@ -64,6 +64,7 @@ function summarizeSteps(steps) {
       output: result.output,
     })),
     responseId: step.response?.id ?? null,
+    inputTokens: step.usage?.inputTokens ?? null,
   }));
 }
 
@@ -109,6 +110,8 @@ const scenarios = {
     const second = await generateText({ model, messages: secondMessages });
     return {
       texts: [first.text, second.text],
+      responseIds: [first.response.id, second.response.id],
+      inputTokens: [first.usage.inputTokens, second.usage.inputTokens],
       responseMessageRoles: first.response.messages.map((message) => message.role),
     };
   },
