@@ -9,7 +9,8 @@
 // tests/fixtures/engine_script.yaml:
 //   tool-loop, tool-loop-stream      generateText / streamText, a tool, stopWhen: stepCountIs(3)
 //   chat                             two turns, the second from result.response.messages
-//   reasoning-summary(-stream)       providerOptions.openai.reasoningSummary: 'auto'
+//   reasoning-summary(-stream)       providerOptions.openai.reasoningSummary: 'auto' (with
+//                                    forceReasoning: the SDK does not know gpt-oss reasons)
 // All at the SDK's default `store: true`.
 
 import { createOpenAI } from '@ai-sdk/openai';
@@ -116,6 +117,8 @@ const scenarios = {
     };
   },
 
+  // The SDK sends `reasoning` only to models it knows to reason (o-series, gpt-5 and later):
+  // for gpt-oss it drops `reasoningSummary` with a warning unless `forceReasoning` is set.
   async 'reasoning-summary'() {
     const result = await generateText({
       model,
