@@ -1,11 +1,13 @@
-"""The engine deployment's stream: coalesces what a slow reader has not taken, adds no delay."""
+"""The engine deployment's stream: coalesces what a slow reader has not taken, adds no delay,
+and ends with an error chunk keeping the engine error's code (as the in-process client does)."""
 
 from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
 
-from serve_app.engines.base import GenerateChunk
+from serve_app.engines.base import EngineError, GenerateChunk
+from serve_app.serving.engine_client import InProcessEngineClient
 from serve_app.serving.engine_deployment import _END, EngineDeployment
 
 Replica = EngineDeployment.func_or_class  # the plain class behind the Serve deployment
@@ -73,3 +75,32 @@ async def test_an_engine_that_models_its_time_keeps_its_first_token_time() -> No
     queue: asyncio.Queue = asyncio.Queue()
     await Replica._produce(replica, None, queue)
     assert queue.get_nowait().engine_ttft_s == 0.25  # not the few microseconds it took here
+
+
+class _FailingEngine:
+    """Raises ``error`` after one token, as an engine rejecting or failing a request does."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def generate(self, request):
+        yield GenerateChunk(token_ids=[1])
+        raise self.error
+
+    async def abort(self, request_id: str) -> None:
+        pass
+
+
+async def test_an_engine_error_ends_the_stream_with_its_code_on_a_replica_and_in_process() -> None:
+    request = SimpleNamespace(request_id="r1")
+    for error, code, message in (
+        (EngineError("too long", code="invalid_prompt"), "invalid_prompt", "too long"),
+        (RuntimeError("internal detail"), "server_error", "RuntimeError"),
+    ):
+        queue: asyncio.Queue = asyncio.Queue()
+        await Replica._produce(SimpleNamespace(_engine=_FailingEngine(error)), request, queue)
+        on_replica = [queue.get_nowait() for _ in range(2)]
+        in_process = [c async for c in InProcessEngineClient(_FailingEngine(error)).stream(request)]
+        for chunks in (on_replica, in_process):
+            assert [chunk.finish_reason for chunk in chunks] == [None, "error"]
+            assert (chunks[-1].error, chunks[-1].error_code) == (message, code)

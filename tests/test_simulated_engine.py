@@ -52,6 +52,7 @@ SCRIPT = {
             ],
         },
         {"match": "BREAK", "items": [{"text": "partial"}, {"fail": "boom"}]},
+        {"match": "REJECT", "items": [{"fail": {"message": "bad", "code": "invalid_prompt"}}]},
         {"match": "NAP", "items": [{"reasoning": "Wait."}, {"sleep": 60}, {"text": "late"}]},
         {"match": "RAW", "items": [{"raw": "<|channel|>final<|message|>no end"}]},
     ]
@@ -196,6 +197,15 @@ async def test_fail_raises_mid_stream_after_the_tokens_before_it() -> None:
     (final,) = parse(tokens_of(seen))
     assert final.content[0].text == "partial"
     assert sim.num_ongoing_requests() == 0
+
+
+async def test_fail_with_a_code_raises_an_engine_error_with_that_code() -> None:
+    with pytest.raises(EngineError, match="bad") as caught:
+        await collect(engine(), request(prompt(user("REJECT it"))))
+    assert caught.value.code == "invalid_prompt"
+    with pytest.raises(EngineError) as plain:
+        await collect(engine(), request(prompt(user("BREAK it"))))
+    assert plain.value.code == "server_error"
 
 
 # -- Default answer ---------------------------------------------------------------------------

@@ -135,3 +135,45 @@ async def test_conversation_items_keep_their_order_across_appends(store) -> None
     assert await store.delete_conversation("conv_1") is True
     assert await store.get_conversation("conv_1") is None
     assert await store.conversation_items("conv_1") == []
+
+
+async def test_items_are_found_by_id_and_owner(store) -> None:
+    from serve_app.store.base import StoredConversation
+
+    # A response's input and output items, of owner "a"; the latest item with an id wins.
+    # Ids may be long (clients choose some).
+    owned = response("r_items", text="first")
+    long_id = "item_" + "x" * 500
+    inputs = [*owned.input_items, {"id": long_id, "type": "message"}]
+    await store.put(StoredResponse(owned.id, None, owned.response, inputs, "a"))
+    await store.put(StoredResponse("r_again", None, owned.response, [], "a"))
+    found = await store.find_items(["in_r_items", "msg_r_items", "missing"], "a")
+    assert set(found) == {"in_r_items", "msg_r_items"}
+    assert found["msg_r_items"]["content"][0]["text"] == "first"
+    assert await store.find_items(["msg_r_items"], "b") == {}
+    assert await store.find_items(["msg_r_items"], None) == {}
+    assert list(await store.find_items([long_id], "a")) == [long_id]
+    # Conversation items, of the conversation's owner.
+    await store.put_conversation(StoredConversation("conv_items", 1, {}, owner="a"))
+    await store.append_items("conv_items", [{"id": "ci_1", "type": "message"}])
+    assert list(await store.find_items(["ci_1"], "a")) == ["ci_1"]
+    assert await store.find_items(["ci_1"], None) == {}
+    # Deleting what holds an item removes it from the index.
+    assert await store.delete_item("conv_items", "ci_1")
+    assert await store.find_items(["ci_1"], "a") == {}
+    await store.delete("r_items")
+    assert list(await store.find_items(["in_r_items", "msg_r_items"], "a")) == ["msg_r_items"]
+    await store.delete("r_again")
+    assert await store.find_items(["msg_r_items"], "a") == {}
+    await store.delete_conversation("conv_items")
+
+
+async def test_a_new_snapshot_of_a_response_replaces_its_items(store) -> None:
+    early = response("r_snap", text="early")
+    early.response["output"][0]["id"] = "msg_early"
+    await store.put(early)
+    await store.put(response("r_snap", text="final"))
+    found = await store.find_items(["msg_r_snap", "msg_early"], None)
+    assert list(found) == ["msg_r_snap"]
+    assert found["msg_r_snap"]["content"][0]["text"] == "final"
+    await store.delete("r_snap")

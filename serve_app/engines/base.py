@@ -8,11 +8,18 @@ lean and lets any token-level engine sit behind the ingress.
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+logger = logging.getLogger(__name__)
+
 FinishReason = Literal["stop", "length", "abort", "error"]
+SERVER_ERROR = "server_error"
+# Codes of an `EngineError` that is the client's fault (vLLM rejecting the prompt or the
+# request): a 400 `invalid_request_error` with that code, not a 500 `server_error`.
+CLIENT_ERROR_CODES = frozenset({"invalid_prompt", "invalid_request"})
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,9 @@ class GenerateChunk:
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    # On an "error" chunk: what failed, and its code (an `EngineError`'s, e.g. invalid_prompt).
     error: str | None = None
+    error_code: str | None = None
     # The engine replica that served the request (set on the first chunk by the deployment).
     replica: str | None = None
     # Seconds from the request reaching the engine replica to its first output token, on the
@@ -62,6 +71,7 @@ class GenerateChunk:
             num_prompt_tokens=later.num_prompt_tokens or self.num_prompt_tokens,
             num_cached_tokens=max(self.num_cached_tokens, later.num_cached_tokens),
             error=later.error or self.error,
+            error_code=later.error_code or self.error_code,
             replica=self.replica or later.replica,
             engine_ttft_s=self.engine_ttft_s
             if self.engine_ttft_s is not None
@@ -70,11 +80,23 @@ class GenerateChunk:
 
 
 class EngineError(RuntimeError):
-    """The engine failed to serve a request (surfaced to clients as ``response.failed``)."""
+    """The engine failed to serve a request (surfaced to clients as ``response.failed``).
+    ``code`` in `CLIENT_ERROR_CODES`: the request was at fault, not the engine."""
 
-    def __init__(self, message: str, code: str = "server_error") -> None:
+    def __init__(self, message: str, code: str = SERVER_ERROR) -> None:
         super().__init__(message)
         self.code = code
+
+
+def error_chunk(request_id: str, exc: Exception) -> GenerateChunk:
+    """The last chunk of a request the engine raised ``exc`` for, wherever the engine runs
+    (an engine replica, or in-process): an `EngineError` keeps its message and code; anything
+    else is a server fault, named by its type only (its text may show internals)."""
+    if isinstance(exc, EngineError):
+        logger.warning("request %s failed in the engine (%s): %s", request_id, exc.code, exc)
+        return GenerateChunk(finish_reason="error", error=str(exc), error_code=exc.code)
+    logger.error("request %s: unexpected engine error", request_id, exc_info=exc)
+    return GenerateChunk(finish_reason="error", error=type(exc).__name__, error_code=SERVER_ERROR)
 
 
 class Engine(abc.ABC):

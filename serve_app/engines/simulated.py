@@ -24,6 +24,7 @@ What it says:
             - raw: "<|channel|>final<|message|>harmony text, specials included"
             - sleep: 0.5                # seconds, cut short by abort
             - fail: "EngineError message raised at this point"
+            - fail: {message: "prompt rejected", code: invalid_prompt}   # with the error's code
 
   The script comes from ``config.script`` (a YAML/JSON path or the mapping itself), else the
   file ``$SERVE_APP_SIM_SCRIPT`` names. A turn plays out whole: stop tokens inside it (one
@@ -57,6 +58,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from serve_app.engines.base import (
+    SERVER_ERROR,
     Engine,
     EngineError,
     FinishReason,
@@ -140,10 +142,22 @@ class RawItem(_Item):
     raw: str
 
 
-class FailItem(_Item):
-    """The engine raises ``EngineError(fail)`` here, after streaming the items before it."""
+class Failure(_Item):
+    message: str
+    # ``server_error``: the engine failed; ``invalid_prompt`` / ``invalid_request``: vLLM
+    # rejected the request as the client's fault (a 400 for the client).
+    code: str = SERVER_ERROR
 
-    fail: str
+
+class FailItem(_Item):
+    """The engine raises ``EngineError`` here, after streaming the items before it: a message
+    (a ``server_error``), or ``{message, code}``."""
+
+    fail: str | Failure
+
+    @property
+    def failure(self) -> Failure:
+        return self.fail if isinstance(self.fail, Failure) else Failure(message=self.fail)
 
 
 class SleepItem(_Item):
@@ -279,6 +293,7 @@ class _Emit:
 @dataclass(frozen=True)
 class _Fail:
     message: str
+    code: str
 
 
 @dataclass(frozen=True)
@@ -335,7 +350,7 @@ class _Harmony:
         emitted = False
         for item in turn.items:
             if isinstance(item, FailItem):
-                steps.append(_Fail(item.fail))
+                steps.append(_Fail(item.failure.message, item.failure.code))
             elif isinstance(item, SleepItem):
                 steps.append(_Sleep(item.sleep))
             else:
@@ -592,7 +607,7 @@ class SimulatedEngine(Engine):
                     if pending:
                         yield pending, None
                         pending = []
-                    raise EngineError(step.message)
+                    raise EngineError(step.message, code=step.code)
                 if isinstance(step, _Sleep):
                     if pending:
                         yield pending, None

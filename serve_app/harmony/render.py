@@ -82,7 +82,7 @@ def render_request(
 ) -> RenderedPrompt:
     """Prompt token ids for ``history`` (earlier stored items, if any) + the request's input."""
     items = [*history, *request.input_items]
-    _reject_unresolved_references(items)
+    _reject_unresolved_references(items, first_input=len(history))
     check_tool_call_pairs(items, first_input=len(history))
     check_tool_choice(request)
     tools = ToolRegistry.from_request(request)
@@ -105,12 +105,14 @@ def render_request(
     return RenderedPrompt(token_ids=token_ids, tools=tools)
 
 
-def _reject_unresolved_references(items: Sequence[InputItem]) -> None:
+def _reject_unresolved_references(items: Sequence[InputItem], first_input: int) -> None:
+    """Defensive: the service replaces references with stored items before rendering
+    (serve_app.serving.references); one left here names nothing that can be rendered."""
     for index, item in enumerate(items):
         if isinstance(item, ItemReference):
             raise InvalidRequest(
-                f"Item with id '{item.id}' not found. Item references need stored responses.",
-                param=f"input[{index}].id",
+                f"Item with id '{item.id}' not found.",
+                param=f"input[{index - first_input}].id" if index >= first_input else "input",
                 code="item_not_found",
             )
 

@@ -131,8 +131,16 @@ class CustomToolCallOutputItem(_ToolOutput):
 
 
 class ItemReference(_Lenient):
-    type: Literal["item_reference"]
+    """A stored item named by its id; the service replaces it with that item before rendering.
+    ``type`` is optional (the openai SDK's ``ItemReference``): an item with only an id is one."""
+
+    type: Literal["item_reference"] = "item_reference"
     id: str = Field(min_length=1)
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _null_type(cls, value: Any) -> Any:
+        return "item_reference" if value is None else value  # the SDK allows `type: null`
 
 
 class CompactionItem(_Lenient):
@@ -158,10 +166,13 @@ INPUT_ITEM_TYPES = (
 
 def _item_tag(value: Any) -> str | None:
     # Messages may omit `type` (the SDK's EasyInputMessage): a `role` makes them messages.
+    # Item references may too: an item with neither is a reference by its `id`.
     if isinstance(value, dict):
         item_type = value.get("type")
         if item_type is None and "role" in value:
             return "message"
+        if item_type is None and "id" in value:
+            return "item_reference"
         return item_type if item_type in INPUT_ITEM_TYPES else None
     return getattr(value, "type", None)
 

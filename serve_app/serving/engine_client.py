@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest
+from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest, error_chunk
 
 
 class EngineClient(Protocol):
@@ -39,7 +39,8 @@ class HandleEngineClient:
 
 
 class InProcessEngineClient:
-    """Runs an engine in the caller's process: the ingress app without Ray (tests, debugging)."""
+    """Runs an engine in the caller's process: the ingress app without Ray (tests, debugging).
+    An engine's exception ends the stream with an error chunk, as the engine deployment's does."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -50,6 +51,9 @@ class InProcessEngineClient:
             async for chunk in self._engine.generate(request):
                 yield chunk
                 finished = chunk.finish_reason is not None
+        except Exception as exc:
+            finished = True  # the engine is done with the request
+            yield error_chunk(request.request_id, exc)
         finally:
             if not finished:
                 await self._engine.abort(request.request_id)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,11 +11,9 @@ from typing import Any
 from ray import serve
 
 from serve_app.config import EngineConfig
-from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest
+from serve_app.engines.base import GenerateChunk, GenerateRequest, error_chunk
 from serve_app.engines.factory import make_engine
 from serve_app.routing.directory import ServedConversations
-
-logger = logging.getLogger(__name__)
 
 _END = object()
 
@@ -70,14 +67,10 @@ class EngineDeployment:
                         chunk.engine_ttft_s = time.monotonic() - arrived
                     first_token = False
                 queue.put_nowait(chunk)
-        except EngineError as exc:
-            logger.warning("request %s failed in the engine: %s", request.request_id, exc)
-            queue.put_nowait(GenerateChunk(finish_reason="error", error=str(exc)))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            logger.exception("request %s: unexpected engine error", request.request_id)
-            queue.put_nowait(GenerateChunk(finish_reason="error", error=type(exc).__name__))
+            queue.put_nowait(error_chunk(request.request_id, exc))
         finally:
             queue.put_nowait(_END)
 

@@ -17,6 +17,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app.config import AppArgs
+from serve_app.engines.base import CLIENT_ERROR_CODES
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.protocol.errors import (
     APIError,
@@ -184,6 +185,8 @@ def _failure(message: str, code: str) -> JSONResponse:
             status_code=429,
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
+    if code in CLIENT_ERROR_CODES:  # the engine rejected the request: retrying cannot help
+        return JSONResponse(error_body(message, "invalid_request_error", None, code), 400)
     return JSONResponse(error_body(message, "server_error", None, code), status_code=500)
 
 

@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 from ray.serve.exceptions import BackPressureError
 
 from serve_app.config import AppArgs
-from serve_app.engines.base import GenerateRequest, SamplingSettings
+from serve_app.engines.base import SERVER_ERROR, GenerateRequest, SamplingSettings
 from serve_app.harmony import compaction
 from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
 from serve_app.harmony.reasoning_vault import ReasoningVault
@@ -35,6 +35,7 @@ from serve_app.routing import metrics as routing_metrics
 from serve_app.routing.keys import key_digest, routing_key
 from serve_app.serving import metrics
 from serve_app.serving.engine_client import EngineClient
+from serve_app.serving.references import resolve_references
 from serve_app.store.base import ResponseStore, StoredResponse
 
 logger = logging.getLogger(__name__)
@@ -63,9 +64,18 @@ class Turn:
         return self.translator.response
 
 
+@dataclass(frozen=True)
+class Context:
+    """A request with its item references resolved, and the stored items it continues."""
+
+    request: ResponsesRequest
+    history: list[InputItem]
+
+
 class GenerationFailed(Exception):
     """The engines could not produce a non-streaming answer (a stream ends in
-    ``response.failed`` instead). The ingress answers 429 for ``rate_limit_exceeded``."""
+    ``response.failed`` instead). The ingress answers 429 for ``rate_limit_exceeded``, 400 for
+    the codes of a request the engine rejected (``CLIENT_ERROR_CODES``), else 500."""
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
@@ -94,7 +104,8 @@ class ResponsesService:
         ``recent``: contexts of responses not in the store (a WebSocket connection's), by id.
         ``check_limits`` false: the server built the request (compaction's), so its item count
         is not the client's to keep within ``max_input_items``."""
-        history = await self.history(request, owner, recent, check_limits=check_limits)
+        context = await self.context(request, owner, recent, check_limits=check_limits)
+        request, history = context.request, context.history
         prompt = render_request(request, history=history, vault=self._vault)
         if request.background and not request.store:
             raise InvalidRequest(
@@ -133,8 +144,29 @@ class ResponsesService:
 
     async def render(self, request: ResponsesRequest, owner: str | None = None) -> RenderedPrompt:
         """The prompt for a request: its stored history (if it continues one) and its input."""
-        history = await self.history(request, owner)
-        return render_request(request, history=history, vault=self._vault)
+        context = await self.context(request, owner)
+        return render_request(context.request, history=context.history, vault=self._vault)
+
+    async def context(
+        self,
+        request: ResponsesRequest,
+        owner: str | None,
+        recent: Mapping[str, list[InputItem]] | None = None,
+        *,
+        check_limits: bool = True,
+    ) -> Context:
+        """The items a request continues, and the request, with the item references in both
+        replaced by the stored items they name (checked against its limits and model first).
+        Before rendering: a referenced tool call must pair with an output like a whole one."""
+        history = await self.history(request, owner, recent, check_limits=check_limits)
+        history_param = "conversation" if request.conversation_id else "previous_response_id"
+        given = request.input_items
+        history, inputs = await resolve_references(
+            self._store, owner, history, given, history_param=history_param
+        )
+        if inputs is not given:
+            request = request.model_copy(update={"input": inputs})
+        return Context(request, history)
 
     async def history(
         self,
@@ -144,7 +176,8 @@ class ResponsesService:
         *,
         check_limits: bool = True,
     ) -> list[InputItem]:
-        """The items a request continues (checked against its limits and model first)."""
+        """The items a request continues as stored, references unresolved (checked against
+        its limits and model first); ``context`` resolves them."""
         if request.model not in self._args.served_names():
             raise model_not_found(request.model)
         if check_limits:
@@ -229,7 +262,9 @@ class ResponsesService:
                 for event in translator.feed(chunk.token_ids):
                     yield event
                 if chunk.finish_reason == "error":
-                    terminal = translator.fail(chunk.error or "The engine failed.", "server_error")
+                    # The engine's code says whose fault it was (invalid_prompt: the client's).
+                    code = chunk.error_code or SERVER_ERROR
+                    terminal = translator.fail(chunk.error or "The engine failed.", code)
                 elif chunk.finish_reason is not None:
                     terminal = translator.finish(
                         chunk.finish_reason,
@@ -270,7 +305,8 @@ class ResponsesService:
     async def compact(self, request: ResponsesRequest, owner: str | None = None) -> dict[str, Any]:
         """``POST /v1/responses/compact``: the model summarizes the history; the answer keeps
         the user's messages and one sealed ``compaction`` item standing in for the rest."""
-        items = [*await self.history(request, owner), *request.input_items]
+        context = await self.context(request, owner)
+        items = [*context.history, *context.request.input_items]
         ask = request.model_copy(
             update={
                 "input": [*items, MessageItem(role="user", content=compaction.SUMMARY_REQUEST)],

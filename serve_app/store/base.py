@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,12 @@ class ResponseStore(abc.ABC):
     @abc.abstractmethod
     async def delete(self, response_id: str) -> bool:
         """Remove a response; True if it existed. Responses continuing it keep their own items."""
+
+    @abc.abstractmethod
+    async def find_items(self, item_ids: Collection[str], owner: str | None) -> dict[str, dict]:
+        """Stored items by id, for item references: the input and output items of stored
+        responses and the items of conversations, of ``owner`` only. Ids not found are absent;
+        an id stored more than once (clients choose some ids) gives the latest such item."""
 
     async def chain(self, response_id: str) -> list[StoredResponse] | None:
         """The response and its ancestors, oldest first; None if ``response_id`` is unknown.

@@ -2,19 +2,24 @@
 
 SQLite runs in WAL mode so readers never block the writer and a crash loses no committed
 response; PostgreSQL lets many ingress replicas share one store. Each response is one row
-written in one transaction.
+written in one transaction, together with the index of its items (``items``), which item
+references are resolved through.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
+from collections.abc import Collection, Iterable
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Index,
     Integer,
     String,
     Text,
@@ -25,7 +30,12 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from serve_app.store.base import ResponseStore, StoredConversation, StoredResponse
@@ -77,6 +87,55 @@ class ConversationItemRow(_Base):
     item_json: Mapped[str] = mapped_column(Text)
 
 
+class ItemRow(_Base):
+    """A stored item by its id, for item references: each input and output item of a stored
+    response and each conversation item, with its owner.
+
+    Ids are not unique (clients choose some, and a referenced item is stored again as the
+    input of the response that referenced it) and may be long: rows are keyed by a surrogate,
+    and looked up by a digest of the id with the owner.
+    """
+
+    __tablename__ = "items"
+    __table_args__ = (Index("ix_items_item_key_owner", "item_key", "owner"),)
+
+    # BIGINT on PostgreSQL; SQLite autoincrements only an INTEGER primary key.
+    row_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    item_key: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str | None] = mapped_column(String(64))
+    # Where the item is stored (one of the two), so deleting that removes it from the index.
+    response_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    conversation_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    item_json: Mapped[str] = mapped_column(Text)
+
+
+def _item_key(item_id: str) -> str:
+    return hashlib.sha256(item_id.encode()).hexdigest()
+
+
+def _item_rows(
+    items: Iterable[dict[str, Any]],
+    owner: str | None,
+    *,
+    response_id: str | None = None,
+    conversation_id: str | None = None,
+) -> list[ItemRow]:
+    # A reference is not an item of its own: indexing it would let it resolve to itself.
+    return [
+        ItemRow(
+            item_key=_item_key(item["id"]),
+            owner=owner,
+            response_id=response_id,
+            conversation_id=conversation_id,
+            item_json=json.dumps(item),
+        )
+        for item in items
+        if isinstance(item.get("id"), str) and item.get("type") != "item_reference"
+    ]
+
+
 class SqlResponseStore(ResponseStore):
     def __init__(self, url: str) -> None:
         self.url = url
@@ -108,7 +167,15 @@ class SqlResponseStore(ResponseStore):
             existing = await session.get(ResponseRow, stored.id)
             if existing is not None:  # a background response's later snapshot: keep its flag
                 row.cancel_requested = existing.cancel_requested
+                await session.execute(delete(ItemRow).where(ItemRow.response_id == stored.id))
             await session.merge(row)
+            session.add_all(
+                _item_rows(
+                    [*stored.input_items, *stored.output_items],
+                    stored.owner,
+                    response_id=stored.id,
+                )
+            )
 
     async def get(self, response_id: str) -> StoredResponse | None:
         async with self._session() as session:
@@ -127,7 +194,31 @@ class SqlResponseStore(ResponseStore):
         async with self._session() as session, session.begin():
             result = await session.execute(delete(ResponseRow).where(ResponseRow.id == response_id))
             await session.execute(delete(EventRow).where(EventRow.response_id == response_id))
+            await session.execute(delete(ItemRow).where(ItemRow.response_id == response_id))
         return result.rowcount > 0
+
+    async def find_items(
+        self, item_ids: Collection[str], owner: str | None
+    ) -> dict[str, dict[str, Any]]:
+        wanted = set(item_ids)
+        if not wanted:
+            return {}
+        query = (
+            select(ItemRow.item_json)
+            .where(
+                ItemRow.item_key.in_([_item_key(item_id) for item_id in wanted]),
+                ItemRow.owner.is_not_distinct_from(owner),
+            )
+            .order_by(ItemRow.row_id)
+        )
+        async with self._session() as session:
+            rows = (await session.scalars(query)).all()
+        found: dict[str, dict[str, Any]] = {}
+        for data in rows:  # oldest first: the latest item with an id wins
+            item = json.loads(data)
+            if item["id"] in wanted:  # not merely the same digest
+                found[item["id"]] = item
+        return found
 
     async def append_events(self, response_id: str, events: list[tuple[int, str]]) -> None:
         if not events:
@@ -190,6 +281,7 @@ class SqlResponseStore(ResponseStore):
                     ConversationItemRow.conversation_id == conversation_id
                 )
             )
+            await session.execute(delete(ItemRow).where(ItemRow.conversation_id == conversation_id))
         return result.rowcount > 0
 
     async def append_items(self, conversation_id: str, items: list[dict]) -> None:
@@ -209,6 +301,8 @@ class SqlResponseStore(ResponseStore):
                 )
                 for offset, item in enumerate(items, start=1)
             )
+            owner = await self._conversation_owner(session, conversation_id)
+            session.add_all(_item_rows(items, owner, conversation_id=conversation_id))
 
     async def conversation_items(self, conversation_id: str) -> list[dict]:
         query = (
@@ -227,7 +321,19 @@ class SqlResponseStore(ResponseStore):
                     ConversationItemRow.item_id == item_id,
                 )
             )
+            await session.execute(
+                delete(ItemRow).where(
+                    ItemRow.conversation_id == conversation_id,
+                    ItemRow.item_key == _item_key(item_id),
+                )
+            )
         return result.rowcount > 0
+
+    @staticmethod
+    async def _conversation_owner(session: AsyncSession, conversation_id: str) -> str | None:
+        return await session.scalar(
+            select(ConversationRow.owner).where(ConversationRow.id == conversation_id)
+        )
 
     async def ids(self) -> list[str]:
         async with self._session() as session:
