@@ -58,6 +58,14 @@ class AppArgs(BaseModel):
     max_context_tokens: int = Field(default=131072, gt=0)
     # Used when a request sets no max_output_tokens (bounded by what the context leaves).
     default_max_output_tokens: int = Field(default=32768, gt=0)
+    # What a reasoning item's `summary` holds when a request asks for one (`reasoning.summary`:
+    # auto, concise or detailed). gpt-oss writes no summary, and clients that show reasoning read
+    # only summaries (the AI SDK's reasoningText, LangChain, Codex's reasoning display), so
+    # "chain_of_thought" fills it with the model's raw chain of thought (the analysis text, one
+    # summary_text part streamed as it is generated, besides the reasoning_text content).
+    # "none": summaries stay empty, for operators who won't show the chain of thought to
+    # summary readers (it still goes to clients that read `content`).
+    reasoning_summary: Literal["chain_of_thought", "none"] = "chain_of_thought"
 
     def served_names(self) -> set[str]:
         return {self.model, *self.model_aliases}

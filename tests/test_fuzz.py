@@ -29,6 +29,7 @@ from serve_app.protocol.requests import INPUT_ITEM_TYPES
 from serve_app.serving.engine_client import InProcessEngineClient
 from serve_app.serving.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
+from tests import open_responses
 
 MODEL = "gpt-oss-120b"
 EXAMPLES = 2600  # per test; four tests: over 10,000 requests in all
@@ -86,15 +87,22 @@ def check(response: httpx.Response) -> None:
 
 
 def check_answer(status: int, content_type: str, content: bytes) -> None:
-    """The one property: a valid response or stream, or a 4xx in OpenAI's error shape."""
+    """The one property: a valid response or stream, or a 4xx in OpenAI's error shape.
+    Valid: by the openai SDK's models, and by the Open Responses specification when it is on
+    this machine (tests/open_responses.py)."""
     assert status < 500, content[:500]
+    spec = open_responses.available()
     if content_type.startswith("text/event-stream"):
         data = [line[6:] for line in content.decode().splitlines() if line.startswith("data: ")]
         assert json.loads(data[-1])["type"] in TERMINAL_EVENTS, data[-1][:500]
+        for event in data if spec else ():
+            open_responses.check_event(json.loads(event))
     elif status == 200 and content_type.startswith("application/json"):
         body = json.loads(content)
         if body.get("object") == "response":
             Response.model_validate(body)
+            if spec:
+                open_responses.check_response(body)
     elif status != 200:
         error = json.loads(content)["error"]
         assert set(error) == {"message", "type", "param", "code"}

@@ -2,7 +2,8 @@
 
 Every stream here is real harmony token ids from the gpt-oss encoding (well formed or broken
 the ways models break it). Each event goes through the SSE encoder, is parsed back from the
-wire and validated against the openai SDK's event models, then fed to the SDK's own stream
+wire and validated against the openai SDK's event models and the Open Responses specification
+(tests/open_responses.py, when it is on this machine), then fed to the SDK's own stream
 accumulator, whose final snapshot must equal the translator's Response.
 """
 
@@ -31,6 +32,7 @@ from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import dump_response, initial_response, new_response_id, usage
 from serve_app.protocol.sse import encode_event
+from tests import open_responses
 
 ENCODING = get_encoding()
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -96,12 +98,20 @@ def chunked(ids: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
 
 
 def new_translator(
-    seal: Callable[[str], str] | None = None, body: dict[str, Any] | None = None
+    seal: Callable[[str], str] | None = None,
+    body: dict[str, Any] | None = None,
+    *,
+    summarize: bool = False,
+    max_tool_calls: int | None = None,
 ) -> ResponseStreamTranslator:
     request = ResponsesRequest.model_validate(body or REQUEST_BODY)
     response = initial_response(request, response_id=new_response_id(), model=MODEL)
     return ResponseStreamTranslator(
-        response, ToolRegistry.from_request(request), seal_reasoning=seal
+        response,
+        ToolRegistry.from_request(request),
+        seal_reasoning=seal,
+        summarize_reasoning=summarize,
+        max_tool_calls=max_tool_calls,
     )
 
 
@@ -139,8 +149,10 @@ def drive(
     fail: tuple[str, str] | None = None,
     prompt_tokens: int = 100,
     cached_tokens: int = 0,
+    summarize: bool = False,
+    max_tool_calls: int | None = None,
 ) -> Run:
-    translator = new_translator(seal)
+    translator = new_translator(seal, summarize=summarize, max_tool_calls=max_tool_calls)
     events: list[ResponseStreamEvent] = translator.start()
     for chunk in chunked(ids, sizes):
         events += translator.feed(chunk)
@@ -154,8 +166,11 @@ def drive(
     wire = [decode_sse(encode_event(event)) for event in events]
     state = ResponseStreamState(input_tools=omit, text_format=omit)
     for data in wire:
-        # Exactly what a client gets: validated against the SDK's models from the JSON.
+        # Exactly what a client gets: validated against the SDK's models from the JSON, and
+        # against the specification (the fields every Response carries, what is never null).
         state.handle_event(EVENT.validate_python(data))
+        if open_responses.available():
+            open_responses.check_event(data)
     run = Run(translator, wire, state)
     check_stream(run)
     return run
@@ -190,6 +205,18 @@ ITEM_EVENT_ORDER = {
         "response.content_part.done",
         "response.output_item.done",
     ],
+    # With a summary asked for: summary part 0 beside the content part, each delta twice.
+    "reasoning+summary": [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_text.delta+response.reasoning_summary_text.delta*",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.output_item.done",
+    ],
     "function_call": [
         "response.output_item.added",
         "response.function_call_arguments.delta*",
@@ -208,7 +235,8 @@ ITEM_EVENT_ORDER = {
 def order_pattern(kind: str) -> re.Pattern[str]:
     parts = []
     for step in ITEM_EVENT_ORDER[kind]:
-        name = re.escape(step.rstrip("*") + ";")
+        # `a+b*`: the events a then b, repeated.
+        name = "".join(re.escape(event + ";") for event in step.rstrip("*").split("+"))
         parts.append(f"(?:{name})*" if step.endswith("*") else name)
     return re.compile("".join(parts))
 
@@ -240,6 +268,8 @@ def check_stream(run: Run) -> None:
     for index, events in by_index.items():
         added, done = events[0], events[-1]
         kind = added["item"]["type"]
+        if kind == "reasoning" and done["item"]["summary"]:
+            kind = "reasoning+summary"
         sequence = "".join(event["type"] + ";" for event in events)
         assert order_pattern(kind).fullmatch(sequence), sequence
         item_id = added["item"]["id"]
@@ -253,6 +283,8 @@ def check_stream(run: Run) -> None:
 
 
 def check_deltas_add_up(events: list[dict[str, Any]], item: dict[str, Any]) -> None:
+    check_summary(events, item)
+    events = [event for event in events if "reasoning_summary" not in event["type"]]
     streamed = "".join(event["delta"] for event in events if event["type"].endswith(".delta"))
     assert all(event["delta"] for event in events if event["type"].endswith(".delta"))
     assert "\ufffd" not in streamed or "\ufffd" in final_text(item)
@@ -265,6 +297,26 @@ def check_deltas_add_up(events: list[dict[str, Any]], item: dict[str, Any]) -> N
             assert event["text"] == final_text(item)
         if event["type"] == "response.content_part.done":
             assert event["part"]["text"] == final_text(item)
+
+
+def check_summary(events: list[dict[str, Any]], item: dict[str, Any]) -> None:
+    """A summarized reasoning item: one summary_text part, its deltas adding up to it."""
+    summary_events = [event for event in events if "reasoning_summary" in event["type"]]
+    if item["type"] != "reasoning" or not item["summary"]:
+        assert not summary_events
+        return
+    (part,) = item["summary"]
+    assert part["type"] == "summary_text"
+    assert all(event["summary_index"] == 0 for event in summary_events)
+    by_type = {event["type"]: event for event in summary_events}
+    assert by_type["response.reasoning_summary_part.added"]["part"] == {
+        "type": "summary_text",
+        "text": "",
+    }
+    deltas = [e["delta"] for e in summary_events if e["type"].endswith(".delta")]
+    assert all(deltas) and "".join(deltas) == part["text"]
+    assert by_type["response.reasoning_summary_text.done"]["text"] == part["text"]
+    assert by_type["response.reasoning_summary_part.done"]["part"] == part
 
 
 def final_text(item: dict[str, Any]) -> str:
@@ -361,8 +413,8 @@ def test_reasoning_then_text(sizes: tuple[int, ...]) -> None:
     reasoning = run.items()[0]
     assert reasoning["summary"] == []
     assert reasoning["content"] == [{"type": "reasoning_text", "text": thought}]
-    # Without sealing the key is there and null (clients resend it as is).
-    assert "encrypted_content" in reasoning and reasoning["encrypted_content"] is None
+    # Without sealing there is no key: the specification does not let it be null.
+    assert "encrypted_content" not in reasoning
     assert "status" not in reasoning
     usage_out = run.terminal["response"]["usage"]["output_tokens_details"]
     assert usage_out["reasoning_tokens"] == len(ENCODING.encode(thought))
@@ -573,7 +625,7 @@ def test_encrypted_content_only_when_sealing() -> None:
     assert sealed.response.output[0].encrypted_content == f"sealed:{len(thought)}"  # type: ignore[union-attr]
 
     plain = drive(ids)
-    assert plain.items()[0]["encrypted_content"] is None
+    assert "encrypted_content" not in plain.items()[0]
 
 
 def test_sealed_reasoning_opens_with_the_vault() -> None:
@@ -794,11 +846,12 @@ def test_sse_encoding_keeps_required_nulls_and_drops_unset_fields() -> None:
     assert raw.startswith(b"event: response.created\ndata: {")
     assert raw.endswith(b"}\n\n") and b"[DONE]" not in raw
     response = decode_sse(raw)["response"]
-    for key in ("error", "incomplete_details", "usage", "instructions"):
+    for key in ("error", "incomplete_details", "usage", "instructions", "completed_at"):
         assert key in response and response[key] is None
     assert response["background"] is False  # echoed, as OpenAI does
-    for key in ("service_tier", "truncation", "user", "conversation"):
-        assert key not in response
+    # Unset fields stay out: `conversation` only with a conversation, none of the SDK's
+    # fields for features this server has not (moderation, tool_usage...).
+    assert set(response) == open_responses.RESPONSE_FIELDS
     assert isinstance(response["created_at"], int)
     assert response["tools"][1] == {
         "type": "custom",
@@ -822,6 +875,8 @@ def test_dump_response_is_the_wire_form() -> None:
         "type": "json_schema",
         "name": "out",
         "schema": {"type": "object"},
+        "description": None,
+        "strict": False,
     }
     assert isinstance(data["created_at"], int) and isinstance(data["completed_at"], int)
     assert data["status"] == "completed" and data["error"] is None
@@ -841,3 +896,227 @@ def test_stop_token_constants_end_messages() -> None:
         run = drive([*tokens("<|channel|>final<|message|>hi"), stop])
         assert kinds(run) == [("final_answer", "hi")]
         assert run.items()[0]["status"] == "completed"
+
+
+# --- spec-complete Responses ---------------------------------------------------------------
+
+
+def wire_response(body: dict[str, Any]) -> dict[str, Any]:
+    request = ResponsesRequest.model_validate(body)
+    response = dump_response(initial_response(request, response_id="resp_x", model=MODEL))
+    if open_responses.available():
+        open_responses.check_response(response)
+    return response
+
+
+def test_a_response_carries_every_field_with_openai_defaults() -> None:
+    response = wire_response({"model": MODEL, "input": "hi"})
+    assert set(response) == open_responses.RESPONSE_FIELDS
+    defaults = open_responses.OPENAI_DEFAULTS
+    assert {key: response[key] for key in defaults} == defaults
+
+
+def test_a_response_echoes_the_request_fields() -> None:
+    body = {
+        "model": MODEL,
+        "input": "hi",
+        "truncation": "auto",
+        "presence_penalty": -1.5,
+        "frequency_penalty": 2,
+        "top_logprobs": 20,
+        "max_tool_calls": 3,
+        "service_tier": "auto",
+        "safety_identifier": "user-hash",
+        "user": "legacy-user",
+        "prompt_cache_retention": "24h",
+        "reasoning": {"effort": "low", "summary": "detailed"},
+        "text": {"verbosity": "low"},
+    }
+    response = wire_response(body)
+    expected = {key: body[key] for key in body if key not in ("model", "input", "text")}
+    expected["service_tier"] = "default"  # the tier that served it, as OpenAI reports "auto"
+    assert {key: response[key] for key in expected} == expected
+    assert response["text"] == {"format": {"type": "text"}, "verbosity": "low"}
+
+
+def test_tools_echo_every_field_and_strict() -> None:
+    tools = [
+        {"type": "function", "name": "plain"},
+        {"type": "function", "name": "loose", "strict": False, "description": "d"},
+        {"type": "function", "function": {"name": "nested", "parameters": {"type": "object"}}},
+    ]
+    response = wire_response({"model": MODEL, "input": "hi", "tools": tools})
+    assert response["tools"] == [
+        # The Responses API's default: strict.
+        {"type": "function", "name": "plain", "description": None, "parameters": None,
+         "strict": True},
+        {"type": "function", "name": "loose", "description": "d", "parameters": None,
+         "strict": False},
+        {"type": "function", "name": "nested", "description": None,
+         "parameters": {"type": "object"}, "strict": True},
+    ]  # fmt: skip
+
+
+def test_a_json_schema_format_is_echoed_whole() -> None:
+    text = {"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}}}
+    response = wire_response({"model": MODEL, "input": "hi", "text": text})
+    assert response["text"]["format"] == {
+        "type": "json_schema",
+        "name": "out",
+        "schema": {"type": "object"},
+        "description": None,
+        "strict": False,
+    }
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"presence_penalty": 2.5},
+        {"frequency_penalty": -3},
+        {"top_logprobs": 21},
+        {"top_logprobs": -1},
+        {"max_tool_calls": 0},
+        {"truncation": "sometimes"},
+        {"service_tier": "fastest"},
+        {"prompt_cache_retention": "1h"},
+        {"reasoning": {"summary": "verbose"}},
+        {"text": {"verbosity": "loud"}},
+        {"safety_identifier": "x" * 129},
+    ],
+    ids=str,
+)
+def test_request_fields_outside_openai_bounds_are_rejected(field: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        ResponsesRequest.model_validate({"model": MODEL, "input": "hi", **field})
+
+
+def test_streamed_responses_follow_the_open_responses_spec() -> None:
+    open_responses.require_spec()
+    ids = tokens(
+        "<|channel|>analysis<|message|>Plan it.<|end|>"
+        "<|start|>assistant<|channel|>commentary<|message|>Running it.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json"
+        '<|message|>{"cmd":"ls"}<|call|>'
+    )
+    for summarize in (False, True):
+        run = drive(ids, summarize=summarize, seal=lambda text: "sealed", sizes=(3,))
+        for event in run.wire:
+            open_responses.check_event(event)
+        open_responses.check_response(dump_response(run.response))
+    # The check can fail: a null `encrypted_content` is not an Open Responses reasoning item.
+    with pytest.raises(AssertionError, match="ItemField"):
+        open_responses.check_item({**run.items()[0], "encrypted_content": None})
+
+
+# --- reasoning summaries -------------------------------------------------------------------
+
+THOUGHT = "The user wants a greeting. Ünïcødé 🎉 keeps it short."
+REASONING_THEN_TEXT = (
+    f"<|channel|>analysis<|message|>{THOUGHT}<|end|>"
+    f"<|start|>assistant<|channel|>final<|message|>{TEXT}<|return|>"
+)
+
+
+@pytest.mark.parametrize("sizes", CHUNK_SIZES, ids=str)
+def test_a_summary_holds_the_chain_of_thought_streamed(sizes: tuple[int, ...]) -> None:
+    run = drive(tokens(REASONING_THEN_TEXT), sizes=sizes, summarize=True)
+    reasoning = run.items()[0]
+    assert reasoning["summary"] == [{"type": "summary_text", "text": THOUGHT}]
+    # The content stays as it is: Codex and the chain-of-thought resend read it.
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": THOUGHT}]
+    item_events = [e["type"] for e in run.wire if e.get("output_index") == 0]
+    assert item_events[:3] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_summary_part.added",
+    ]
+    assert item_events[-5:] == [
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.output_item.done",
+    ]
+    summary_deltas = run.of_type("response.reasoning_summary_text.delta")
+    text_deltas = run.of_type("response.reasoning_text.delta")
+    # Streamed as generated: each reasoning delta is also a summary delta, right after it.
+    assert [e["delta"] for e in summary_deltas] == [e["delta"] for e in text_deltas]
+    assert all(e["item_id"] == reasoning["id"] for e in summary_deltas)
+    # The added item announces no summary yet; the message after it has none at all.
+    assert run.of_type("response.output_item.added")[0]["item"]["summary"] == []
+    assert "summary" not in run.items()[1]
+
+
+def test_without_a_summary_nothing_changes() -> None:
+    plain = drive(tokens(REASONING_THEN_TEXT), sizes=(2,))
+    summarized = drive(tokens(REASONING_THEN_TEXT), sizes=(2,), summarize=True)
+    assert not [t for t in plain.types if "reasoning_summary" in t]
+    assert plain.items()[0]["summary"] == []
+    # The summary events are added; the others are the same, in the same order.
+    assert [t for t in summarized.types if "reasoning_summary" not in t] == plain.types
+
+
+def test_a_cut_off_chain_of_thought_is_summarized_as_far_as_it_went() -> None:
+    ids = tokens("<|channel|>analysis<|message|>I will first look at the")
+    run = drive(ids, finish="length", summarize=True, sizes=(3,))
+    (reasoning,) = run.items()
+    assert reasoning["status"] == "incomplete"
+    assert reasoning["summary"] == [{"type": "summary_text", "text": "I will first look at the"}]
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_summaries_survive_malformed_harmony(name: str) -> None:
+    harmony, expected = MALFORMED[name]
+    run = drive(tokens(harmony), sizes=(2, 5), summarize=True)
+    assert kinds(run) == expected
+    for item in run.items():
+        if item["type"] == "reasoning":
+            assert item["summary"] == [{"type": "summary_text", "text": final_text(item)}]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("ending", ["stop", "length", "fail"])
+def test_garbage_with_summaries_gives_a_well_formed_stream(seed: int, ending: str) -> None:
+    ids = garbage(seed * 7 + 3, 600)
+    fail = ("boom", "server_error") if ending == "fail" else None
+    drive(ids, finish=ending, sizes=(1, 2, 3, 50), fail=fail, summarize=True)
+
+
+# --- max_tool_calls ------------------------------------------------------------------------
+
+THREE_CALLS = (
+    "<|channel|>analysis<|message|>Three commands.<|end|>"
+    + "".join(
+        "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json"
+        f'<|message|>{{"cmd":"{cmd}"}}<|call|>'
+        for cmd in ("ls", "pwd", "id")
+    )
+    + "<|start|>assistant<|channel|>final<|message|>after the calls<|return|>"
+)
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+@pytest.mark.parametrize("sizes", [(1,), (7,), (1000,)], ids=str)
+def test_max_tool_calls_ends_the_response_after_the_last_call(
+    limit: int, sizes: tuple[int, ...]
+) -> None:
+    ids = tokens(THREE_CALLS)
+    run = drive(ids, sizes=sizes, max_tool_calls=limit)
+    assert kinds(run) == [
+        ("reasoning", "Three commands."),
+        *[("function_call:exec_command", f'{{"cmd":"{cmd}"}}') for cmd in ("ls", "pwd")[:limit]],
+    ]
+    assert run.translator.tool_calls_exhausted
+    assert run.terminal["type"] == "response.completed"
+    # What the engine generated past the limit still counts as generated.
+    assert run.terminal["response"]["usage"]["output_tokens"] == len(ids)
+
+
+def test_without_max_tool_calls_every_call_is_made() -> None:
+    run = drive(tokens(THREE_CALLS))
+    assert [label for label, _ in kinds(run)].count("function_call:exec_command") == 3
+    assert kinds(run)[-1] == ("final_answer", "after the calls")
+    assert not run.translator.tool_calls_exhausted
+    # The third call of three allowed ends it too.
+    assert kinds(drive(tokens(THREE_CALLS), max_tool_calls=3))[-1][0] != "final_answer"

@@ -3,7 +3,9 @@
 The prompt ends with ``<|start|>assistant``, so the completion starts inside a message header
 (``<|channel|>analysis<|message|>...``). Each harmony message becomes one output item:
 
-- ``analysis`` without a recipient: a ``reasoning`` item (``content: [reasoning_text]``);
+- ``analysis`` without a recipient: a ``reasoning`` item (``content: [reasoning_text]``; with
+  ``summarize_reasoning``, also ``summary: [summary_text]`` holding the same text, since gpt-oss
+  writes no summary and clients that show reasoning read only summaries);
 - ``final`` (or no channel): a ``message`` with ``phase: "final_answer"``;
 - ``commentary`` without a recipient: a ``message`` with ``phase: "commentary"`` (a preamble);
 - any channel with a recipient: a ``custom_tool_call`` when the recipient resolves to a custom
@@ -12,7 +14,15 @@ The prompt ends with ``<|start|>assistant``, so the completion starts inside a m
 
 Events follow OpenAI's order: ``output_item.added`` -> (``content_part.added`` -> deltas ->
 ``*.done`` -> ``content_part.done``) or (argument/input deltas -> ``*.done``) ->
-``output_item.done`` with the complete item, and exactly one terminal event.
+``output_item.done`` with the complete item, and exactly one terminal event. A summarized
+reasoning item also opens summary part 0 (``reasoning_summary_part.added``) after its content
+part, sends each ``reasoning_text.delta`` again as a ``reasoning_summary_text.delta``, and
+closes it (``reasoning_summary_text.done``, ``reasoning_summary_part.done``) after its content
+part, before ``output_item.done``.
+
+``max_tool_calls``: once that many tool calls are done, the rest of the completion is not
+translated (``tool_calls_exhausted`` tells the caller to stop the engine) and the response ends
+with the calls made so far.
 
 A harmony ``StreamableParser`` (``strict=True``) decodes each message; this module drives it
 one message at a time and owns recovery, because models emit malformed harmony and the parser
@@ -68,6 +78,10 @@ from openai.types.responses import (
     ResponseOutputMessage,
     ResponseOutputText,
     ResponseReasoningItem,
+    ResponseReasoningSummaryPartAddedEvent,
+    ResponseReasoningSummaryPartDoneEvent,
+    ResponseReasoningSummaryTextDeltaEvent,
+    ResponseReasoningSummaryTextDoneEvent,
     ResponseReasoningTextDeltaEvent,
     ResponseReasoningTextDoneEvent,
     ResponseStreamEvent,
@@ -83,6 +97,13 @@ from openai.types.responses.response_content_part_done_event import (
 )
 from openai.types.responses.response_error import ResponseError
 from openai.types.responses.response_reasoning_item import Content as ReasoningContent
+from openai.types.responses.response_reasoning_item import Summary as ReasoningSummary
+from openai.types.responses.response_reasoning_summary_part_added_event import (
+    Part as AddedSummaryPart,
+)
+from openai.types.responses.response_reasoning_summary_part_done_event import (
+    Part as DoneSummaryPart,
+)
 from openai_harmony import HarmonyEncoding, Message, Role, StreamableParser
 from pydantic import ValidationError
 
@@ -225,6 +246,8 @@ class ResponseStreamTranslator:
         tools: ToolRegistry,
         *,
         seal_reasoning: Callable[[str], str] | None = None,
+        summarize_reasoning: bool = False,
+        max_tool_calls: int | None = None,
     ) -> None:
         self._encoding: HarmonyEncoding = get_encoding()
         self._tok = _tokens()
@@ -232,6 +255,9 @@ class ResponseStreamTranslator:
         self._response = response
         self._tools = tools
         self._seal = seal_reasoning
+        self._summarize = summarize_reasoning
+        self._max_tool_calls = max_tool_calls
+        self._tool_calls = 0
         self._sequence = 0
         self._started = False
         self._state = _State.EXPECT_START
@@ -261,6 +287,11 @@ class ResponseStreamTranslator:
         """The items finished so far (``output_item.done`` sent), in output order."""
         return list(self._items)
 
+    @property
+    def tool_calls_exhausted(self) -> bool:
+        """Whether ``max_tool_calls`` calls are done: what the engine writes next is dropped."""
+        return self._max_tool_calls is not None and self._tool_calls >= self._max_tool_calls
+
     def start(self) -> list[ResponseStreamEvent]:
         """``response.created`` then ``response.in_progress``."""
         if self._started:
@@ -286,6 +317,8 @@ class ResponseStreamTranslator:
         events = self.start()
         for token in token_ids:
             self._completion_tokens += 1
+            if self.tool_calls_exhausted:
+                continue  # generated (and counted), but past the last call allowed
             try:
                 self._step(int(token), events)
             except Exception:
@@ -570,6 +603,17 @@ class ResponseStreamTranslator:
                     sequence_number=self._seq(),
                 )
             )
+        if self._summarized(item):
+            events.append(
+                ResponseReasoningSummaryPartAddedEvent(
+                    type="response.reasoning_summary_part.added",
+                    item_id=item.item_id,
+                    output_index=item.output_index,
+                    summary_index=0,
+                    part=AddedSummaryPart(type="summary_text", text=""),
+                    sequence_number=self._seq(),
+                )
+            )
         # Open only once announced, so recovery never closes an item the client never saw.
         self._item = item
 
@@ -623,6 +667,17 @@ class ResponseStreamTranslator:
         delta = text[len(item.text) :]
         item.text = text
         events.append(self._delta_event(item, delta))
+        if self._summarized(item):
+            events.append(
+                ResponseReasoningSummaryTextDeltaEvent(
+                    type="response.reasoning_summary_text.delta",
+                    item_id=item.item_id,
+                    output_index=item.output_index,
+                    summary_index=0,
+                    delta=delta,
+                    sequence_number=self._seq(),
+                )
+            )
 
     def _close_message(
         self,
@@ -697,6 +752,8 @@ class ResponseStreamTranslator:
             events.append(
                 self._part_done(DoneReasoningPart(type="reasoning_text", text=text), common)
             )
+            if self._summarized(item):
+                self._summary_done(text, common, events)
         elif item.kind is _Kind.FUNCTION_CALL:
             events.append(
                 ResponseFunctionCallArgumentsDoneEvent(
@@ -716,6 +773,8 @@ class ResponseStreamTranslator:
                 )
             )
         final = self._item_model(item, text, status, done=True)
+        if item.kind in (_Kind.FUNCTION_CALL, _Kind.CUSTOM_TOOL_CALL):
+            self._tool_calls += 1
         self._items.append(final)
         events.append(
             ResponseOutputItemDoneEvent(
@@ -725,6 +784,31 @@ class ResponseStreamTranslator:
                 sequence_number=self._seq(),
             )
         )
+
+    def _summary_done(
+        self, text: str, common: dict[str, Any], events: list[ResponseStreamEvent]
+    ) -> None:
+        events.append(
+            ResponseReasoningSummaryTextDoneEvent(
+                type="response.reasoning_summary_text.done",
+                summary_index=0,
+                text=text,
+                sequence_number=self._seq(),
+                **common,
+            )
+        )
+        events.append(
+            ResponseReasoningSummaryPartDoneEvent(
+                type="response.reasoning_summary_part.done",
+                summary_index=0,
+                part=DoneSummaryPart(type="summary_text", text=text),
+                sequence_number=self._seq(),
+                **common,
+            )
+        )
+
+    def _summarized(self, item: _OpenItem) -> bool:
+        return self._summarize and item.kind is _Kind.REASONING
 
     def _part_done(self, part: Any, common: dict[str, Any]) -> ResponseContentPartDoneEvent:
         return ResponseContentPartDoneEvent(
@@ -801,14 +885,17 @@ class ResponseStreamTranslator:
     ) -> ResponseReasoningItem:
         if not done:
             return ResponseReasoningItem(id=item.item_id, type="reasoning", summary=[], content=[])
+        summary = [ReasoningSummary(type="summary_text", text=text)] if self._summarize else []
         fields: dict[str, Any] = {
             "id": item.item_id,
             "type": "reasoning",
-            "summary": [],
+            "summary": summary,
             "content": [ReasoningContent(type="reasoning_text", text=text)],
-            # null unless sealed: the key is expected by clients that resend reasoning.
-            "encrypted_content": self._sealed(text),
         }
+        sealed = self._sealed(text)
+        if sealed is not None:
+            # Only when sealed: the specification does not let `encrypted_content` be null.
+            fields["encrypted_content"] = sealed
         if status == "incomplete":
             # Reasoning items carry no status when complete (as OpenAI sends them).
             fields["status"] = "incomplete"

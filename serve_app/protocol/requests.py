@@ -294,9 +294,12 @@ ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice | OtherToolCh
 ReasoningEffortName = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
+ReasoningSummaryName = Literal["auto", "concise", "detailed"]
+
+
 class ReasoningOptions(_Lenient):
     effort: ReasoningEffortName | None = None
-    summary: str | None = None
+    summary: ReasoningSummaryName | None = None
 
 
 class TextFormat(_Lenient):
@@ -309,7 +312,7 @@ class TextFormat(_Lenient):
 
 class TextOptions(_Lenient):
     format: TextFormat | None = None
-    verbosity: str | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
 
 
 class ConversationRef(_Lenient):
@@ -338,6 +341,15 @@ class ResponsesRequest(_Lenient):
     stream: bool = False
     background: bool = False
     user: str | None = None
+    # Accepted and echoed as OpenAI does (see protocol/responses.py::initial_response).
+    truncation: Literal["auto", "disabled"] = "disabled"
+    max_tool_calls: int | None = Field(default=None, ge=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    safety_identifier: str | None = Field(default=None, max_length=128)
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
 
     @field_validator("metadata")
     @classmethod

@@ -1,9 +1,10 @@
 """Builders of ``openai.types.responses`` objects that know nothing of harmony.
 
-Every field a client may read is set explicitly, even when null (``error``,
-``incomplete_details``, ``usage``...): the SSE encoder and the non-streaming endpoint dump
+Every field of OpenAI's Response object is set explicitly, with the request's value or OpenAI's
+default, nulls included where the specification makes the field nullable (``error``,
+``completed_at``, ``max_tool_calls``...): the SSE encoder and the non-streaming endpoint dump
 with ``exclude_unset``, so what is set here is exactly what goes on the wire, as OpenAI sends
-it, and optional fields nobody asked for stay out.
+it. Fields the specification does not let be null are left out rather than sent as null.
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ logger = logging.getLogger(__name__)
 # Sampling defaults the engine uses when the request leaves them out; echoed like OpenAI does.
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
+# OpenAI's defaults for the other echoed request fields.
+DEFAULT_PENALTY = 0.0
+DEFAULT_TOP_LOGPROBS = 0
+DEFAULT_EFFORT = "medium"
+DEFAULT_VERBOSITY = "medium"
+# One processing tier serves every request; OpenAI reports the tier used ("auto" resolves to
+# "default"), which may differ from the one asked for.
+SERVICE_TIER = "default"
+# The Responses API's default for a function tool's `strict`.
+DEFAULT_FUNCTION_STRICT = True
 
 _TOOL = TypeAdapter(Tool)
 _TOOL_CHOICE = TypeAdapter(ToolChoice)
@@ -98,10 +109,8 @@ def initial_response(request: ResponsesRequest, *, response_id: str, model: str)
         "incomplete_details": None,
         "instructions": request.instructions,
         "metadata": request.metadata or {},
-        "temperature": (
-            DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
-        ),
-        "top_p": DEFAULT_TOP_P if request.top_p is None else request.top_p,
+        "temperature": _or(request.temperature, DEFAULT_TEMPERATURE),
+        "top_p": _or(request.top_p, DEFAULT_TOP_P),
         "max_output_tokens": request.max_output_tokens,
         "parallel_tool_calls": request.parallel_tool_calls,
         "tool_choice": _tool_choice(request),
@@ -113,10 +122,24 @@ def initial_response(request: ResponsesRequest, *, response_id: str, model: str)
         "text": _text(request),
         # `store` is not a field of the SDK's Response (it allows extras); OpenAI sends it.
         "store": request.store,
+        "completed_at": None,
+        "truncation": request.truncation,
+        "max_tool_calls": request.max_tool_calls,
+        "presence_penalty": _or(request.presence_penalty, DEFAULT_PENALTY),
+        "frequency_penalty": _or(request.frequency_penalty, DEFAULT_PENALTY),
+        "top_logprobs": _or(request.top_logprobs, DEFAULT_TOP_LOGPROBS),
+        "service_tier": SERVICE_TIER,
+        "safety_identifier": request.safety_identifier,
+        "user": request.user,
+        "prompt_cache_retention": request.prompt_cache_retention,
     }
     if request.conversation_id is not None:  # only then: OpenAI leaves it out otherwise
         fields["conversation"] = {"id": request.conversation_id}
     return Response(**fields)
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def _tools(request: ResponsesRequest) -> list[Tool]:
@@ -148,7 +171,14 @@ def _tools(request: ResponsesRequest) -> list[Tool]:
 
 
 def _tool_dict(tool: FunctionTool | CustomTool) -> dict[str, Any]:
-    return tool.model_dump(exclude_none=True, by_alias=True)
+    data = tool.model_dump(exclude_none=True, by_alias=True)
+    if isinstance(tool, FunctionTool):
+        # OpenAI echoes every field of a function tool, nulls included, and `strict` with its
+        # default when the request left it out.
+        data.setdefault("description", None)
+        data.setdefault("parameters", None)
+        data.setdefault("strict", DEFAULT_FUNCTION_STRICT)
+    return data
 
 
 def _tool_choice(request: ResponsesRequest) -> ToolChoice:
@@ -166,27 +196,32 @@ def _tool_choice(request: ResponsesRequest) -> ToolChoice:
     return "auto"
 
 
-def _reasoning(request: ResponsesRequest) -> Reasoning | None:
-    if request.reasoning is None:
-        return None
-    raw = request.reasoning.model_dump(exclude_none=True)
-    try:
-        return Reasoning.model_validate(raw)
-    except ValidationError:
-        # e.g. a summary mode the SDK does not know: keep the effort, which is what we used.
-        return Reasoning.model_validate({"effort": raw.get("effort")})
+def _reasoning(request: ResponsesRequest) -> Reasoning:
+    """``{effort, summary}`` as asked (gpt-oss always reasons: effort defaults to medium)."""
+    options = request.reasoning
+    return Reasoning(
+        effort=(options.effort if options else None) or DEFAULT_EFFORT,
+        summary=options.summary if options else None,
+    )
 
 
 def _text(request: ResponsesRequest) -> ResponseTextConfig:
-    default = ResponseTextConfig.model_validate({"format": {"type": "text"}})
-    if request.text is None:
-        return default
+    """The text format as asked (a json_schema format with all its fields) and verbosity."""
+    options = request.text
+    text_format: dict[str, Any] = {"type": "text"}
+    if options is not None and options.format is not None:
+        text_format = options.format.model_dump(exclude_none=True, by_alias=True)
+        if text_format["type"] == "json_schema":
+            text_format.setdefault("description", None)
+            text_format["strict"] = bool(options.format.strict)
+    verbosity = (options.verbosity if options else None) or DEFAULT_VERBOSITY
     try:
-        return ResponseTextConfig.model_validate(
-            request.text.model_dump(exclude_none=True, by_alias=True)
-        )
+        return ResponseTextConfig.model_validate({"format": text_format, "verbosity": verbosity})
     except ValidationError:
-        return default
+        # e.g. a json_schema format without a name: echo the verbosity with a text format.
+        return ResponseTextConfig.model_validate(
+            {"format": {"type": "text"}, "verbosity": verbosity}
+        )
 
 
 # --- the wire form -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ through an `EngineClient`, so the whole protocol path runs in tests without a cl
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -17,7 +18,12 @@ from pydantic import TypeAdapter
 from ray.serve.exceptions import BackPressureError
 
 from serve_app.config import AppArgs
-from serve_app.engines.base import SERVER_ERROR, GenerateRequest, SamplingSettings
+from serve_app.engines.base import (
+    SERVER_ERROR,
+    GenerateChunk,
+    GenerateRequest,
+    SamplingSettings,
+)
 from serve_app.harmony import compaction
 from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
 from serve_app.harmony.reasoning_vault import ReasoningVault
@@ -129,7 +135,13 @@ class ResponsesService:
             ),
             session_id=key,
         )
-        translator = ResponseStreamTranslator(response, prompt.tools, seal_reasoning=seal)
+        translator = ResponseStreamTranslator(
+            response,
+            prompt.tools,
+            seal_reasoning=seal,
+            summarize_reasoning=self._summarize_reasoning(request),
+            max_tool_calls=request.max_tool_calls,
+        )
         logger.info(
             "response %s: %d prompt tokens, max %d output tokens, conversation %s",
             response.id,
@@ -229,6 +241,11 @@ class ResponsesService:
         items = [item for stored in chain for item in [*stored.input_items, *stored.output_items]]
         return _INPUT_ITEMS.validate_python(items)
 
+    def _summarize_reasoning(self, request: ResponsesRequest) -> bool:
+        """A summary was asked for, and the operator lets the chain of thought fill it."""
+        asked = request.reasoning is not None and request.reasoning.summary is not None
+        return asked and self._args.reasoning_summary == "chain_of_thought"
+
     def _max_output_tokens(self, request: ResponsesRequest, prompt_tokens: int) -> int:
         room = self._args.max_context_tokens - prompt_tokens
         if room <= 0:
@@ -251,7 +268,7 @@ class ResponsesService:
         first_token_seen = False
         replica = None
         try:
-            async for chunk in self._engine.stream(turn.generate):
+            async for chunk in self._engine_chunks(turn):
                 replica = replica or chunk.replica
                 prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
                 cached_tokens = max(cached_tokens, chunk.num_cached_tokens)
@@ -295,6 +312,19 @@ class ResponsesService:
             yield event
         routing_metrics.record_prompt(replica, prompt_tokens, cached_tokens)
         self._record(turn)
+
+    async def _engine_chunks(self, turn: Turn) -> AsyncIterator[GenerateChunk]:
+        """The engine's chunks, until the translator has made the ``max_tool_calls`` calls
+        allowed: then a ``stop`` in place of the rest, and the engine request is aborted."""
+        async with contextlib.aclosing(self._engine.stream(turn.generate)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+                if turn.translator.tool_calls_exhausted:
+                    # Closing the engine stream unfinished cancels the engine request.
+                    yield GenerateChunk(finish_reason="stop")
+                    return
 
     async def run(self, turn: Turn) -> Response:
         """The non-streaming form: the same Response the stream's terminal event carries."""

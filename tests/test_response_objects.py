@@ -1,0 +1,235 @@
+"""Spec-complete Response objects, reasoning summaries and max_tool_calls, through the openai
+SDK and the wire.
+
+The ``app_url`` tests run against the app (the real one on Ray in CI, or
+``python -m tests.local_app``) with the scripted turns marked ``SUM-`` in
+tests/fixtures/engine_script.yaml. Tests that need other app args (``reasoning_summary: none``,
+a small context) run the ingress app in-process. Every Response and event read here is also
+checked against the Open Responses specification when it is on this machine
+(tests/open_responses.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from serve_app.config import AppArgs
+from serve_app.engines.base import GenerateChunk, GenerateRequest
+from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
+from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.serving.engine_client import InProcessEngineClient
+from serve_app.serving.ingress import create_api
+from serve_app.store.sql import SqlResponseStore
+from tests import open_responses
+from tests.conftest import ENGINE_SCRIPT
+from tests.helpers import in_process_api, sdk_client
+
+MODEL = "gpt-oss-120b"
+SUMMARY_TEXT = "First I think about the question, then I answer it briefly."
+EXEC_TOOL = {
+    "type": "function",
+    "name": "exec_command",
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+}
+
+
+@pytest.fixture
+def client(app_url: str) -> OpenAI:
+    return OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0, timeout=60)
+
+
+def http(app_url: str) -> httpx.Client:
+    return httpx.Client(base_url=app_url, headers={"authorization": "Bearer sk-test"}, timeout=60)
+
+
+def sse(app_url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events of a streamed response, as JSON from the wire."""
+    with (
+        http(app_url) as session,
+        session.stream("POST", "/v1/responses", json={**body, "stream": True}) as reply,
+    ):
+        assert reply.status_code == 200, reply.read()
+        lines = [line for line in reply.iter_lines() if line.startswith("data: ")]
+    return [json.loads(line.removeprefix("data: ")) for line in lines]
+
+
+def check_spec(response: dict[str, Any] | None = None, events: Any = ()) -> None:
+    if not open_responses.available():
+        return
+    if response is not None:
+        open_responses.check_response(response)
+    for event in events:
+        open_responses.check_event(event)
+
+
+def check_fields(response: dict[str, Any]) -> None:
+    """Every field of OpenAI's Response, with OpenAI's default where the request set none."""
+    assert set(response) == open_responses.RESPONSE_FIELDS
+    for key, default in open_responses.OPENAI_DEFAULTS.items():
+        if key not in ("store", "completed_at", "reasoning"):
+            assert response[key] == default, key
+    check_spec(response)
+
+
+# --- every field, everywhere ---------------------------------------------------------------
+
+
+def test_every_response_field_is_there_in_every_form(app_url: str) -> None:
+    body = {"model": MODEL, "input": "SUM-TEXT please"}
+    with http(app_url) as session:
+        created = session.post("/v1/responses", json=body)
+        assert created.status_code == 200, created.text
+        plain = created.json()
+        retrieved = session.get(f"/v1/responses/{plain['id']}").json()
+    events = sse(app_url, body)
+    first, last = events[0], events[-1]
+    assert (first["type"], last["type"]) == ("response.created", "response.completed")
+    for response in (plain, retrieved, first["response"], last["response"]):
+        check_fields(response)
+    check_spec(events=events)
+    # completed_at: null until completed, then set.
+    assert first["response"]["completed_at"] is None
+    assert isinstance(last["response"]["completed_at"], int)
+    assert plain["completed_at"] == retrieved["completed_at"] and plain["completed_at"]
+    assert plain["reasoning"] == {"effort": "medium", "summary": None}
+
+
+def test_reasoning_items_carry_encrypted_content_only_when_sealed(app_url: str) -> None:
+    body = {"model": MODEL, "input": "SUM-REASON now", "store": False}
+    with http(app_url) as session:
+        plain = session.post("/v1/responses", json=body).json()
+        sealed = session.post(
+            "/v1/responses", json={**body, "include": ["reasoning.encrypted_content"]}
+        ).json()
+    assert plain["output"][0]["type"] == "reasoning"
+    assert "encrypted_content" not in plain["output"][0]
+    assert isinstance(sealed["output"][0]["encrypted_content"], str)
+    check_spec(plain)
+    check_spec(sealed)
+
+
+# --- reasoning summaries -------------------------------------------------------------------
+
+
+def test_a_summary_asked_for_holds_the_chain_of_thought(client: OpenAI) -> None:
+    types: list[str] = []
+    with client.responses.stream(
+        model=MODEL, input="SUM-REASON now", reasoning={"effort": "low", "summary": "auto"}
+    ) as stream:
+        for event in stream:
+            types.append(event.type)
+            if not hasattr(event, "response"):  # (those carry the SDK's parsed snapshot)
+                check_spec(events=[event.to_dict()])
+        final = stream.get_final_response()
+    reasoning = final.output[0]
+    assert reasoning.type == "reasoning"
+    assert [(part.type, part.text) for part in reasoning.summary] == [
+        ("summary_text", SUMMARY_TEXT)
+    ]
+    assert reasoning.content is not None and reasoning.content[0].text == SUMMARY_TEXT
+    assert final.reasoning is not None and final.reasoning.summary == "auto"
+    summary_events = [t for t in types if "reasoning_summary" in t]
+    assert summary_events[0] == "response.reasoning_summary_part.added"
+    assert summary_events[-2:] == [
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+    ]
+    assert "response.reasoning_summary_text.delta" in summary_events
+
+
+def test_without_a_summary_there_are_no_summary_events(app_url: str) -> None:
+    events = sse(app_url, {"model": MODEL, "input": "SUM-REASON now"})
+    assert not [e for e in events if "reasoning_summary" in e["type"]]
+    assert events[-1]["response"]["output"][0]["summary"] == []
+
+
+async def stream_summary(api: Any) -> tuple[list[str], Any]:
+    async with sdk_client(api).responses.stream(
+        model=MODEL, input="hello", reasoning={"effort": "low", "summary": "detailed"}
+    ) as stream:
+        types = [event.type async for event in stream]
+        return types, await stream.get_final_response()
+
+
+async def test_operators_can_keep_summaries_empty(tmp_path: Path) -> None:
+    async with in_process_api(tmp_path / "on.db") as api:
+        types, final = await stream_summary(api)
+    assert "response.reasoning_summary_text.delta" in types
+    assert final.output[0].summary[0].text == final.output[0].content[0].text
+    async with in_process_api(tmp_path / "off.db", AppArgs(reasoning_summary="none")) as api:
+        types, final = await stream_summary(api)
+    assert not [t for t in types if "reasoning_summary" in t]
+    assert final.output[0].type == "reasoning" and final.output[0].summary == []
+    assert final.output[0].content  # the chain of thought still reaches `content` readers
+
+
+# --- max_tool_calls ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [1, 2, None])
+def test_max_tool_calls_bounds_the_calls_of_a_response(client: OpenAI, limit: int | None) -> None:
+    extra = {} if limit is None else {"max_tool_calls": limit}
+    response = client.responses.create(
+        model=MODEL, input="SUM-CALLS go", tools=[EXEC_TOOL], **extra
+    )
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert len(calls) == (3 if limit is None else limit)
+    commands = [json.loads(call.arguments)["cmd"] for call in calls]
+    assert commands == ["ls", "pwd", "id"][: len(calls)]
+    assert response.status == "completed" and response.max_tool_calls == limit
+    # Past the limit nothing follows the last call, not even the text the model went on to.
+    assert (response.output_text == "") is (limit is not None)
+    check_spec(response.to_dict())
+
+
+class RecordingEngineClient:
+    """An in-process engine client that records how each engine stream ended."""
+
+    def __init__(self, inner: InProcessEngineClient) -> None:
+        self._inner = inner
+        self.finishes: list[str | None] = []
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        finish = None
+        try:
+            async for chunk in self._inner.stream(request):
+                finish = chunk.finish_reason
+                yield chunk
+        finally:
+            self.finishes.append(finish)
+
+
+async def test_the_engine_request_ends_at_the_last_call_allowed(tmp_path: Path) -> None:
+    store = SqlResponseStore(f"sqlite+aiosqlite:///{tmp_path / 'calls.db'}")
+    await store.start()
+    # Slow enough that the turn comes in many chunks.
+    engine = SimulatedEngine(SimulatedEngineConfig(script=str(ENGINE_SCRIPT)))
+    await engine.start()
+    engines = RecordingEngineClient(InProcessEngineClient(engine))
+    api = create_api(AppArgs(), engines, ReasoningVault("k"), store)  # type: ignore[arg-type]
+    body: dict[str, Any] = {"model": MODEL, "input": "SUM-CALLS go", "tools": [EXEC_TOOL]}
+    try:
+        client = sdk_client(api)
+        whole = await client.responses.create(**body)
+        bounded = await client.responses.create(**body, max_tool_calls=1)
+    finally:
+        await engine.shutdown()
+        await store.close()
+    # The bounded request was closed before the engine finished the turn (which aborts it).
+    assert engines.finishes == ["stop", None]
+    assert whole.usage is not None and bounded.usage is not None
+    assert bounded.usage.output_tokens < whole.usage.output_tokens
+
+
+def test_max_tool_calls_below_one_is_a_400(client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input="SUM-TEXT", max_tool_calls=0)
+    assert caught.value.body["param"] == "max_tool_calls"  # type: ignore[index]
