@@ -8,9 +8,6 @@ turns ``REF-*``), and in-process with two API keys for ownership.
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,7 +19,7 @@ from serve_app.harmony.render import render_request
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ItemReference, MessageItem, ResponsesRequest
 from serve_app.serving.auth import ApiKeys
-from tests.helpers import REPO, in_process_api, sdk_client
+from tests.helpers import in_process_api, sdk_client
 
 MODEL = "gpt-oss-120b"
 WEATHER_TOOL = {
@@ -167,27 +164,6 @@ def test_a_reference_to_nothing_is_a_400_naming_it(client: OpenAI) -> None:
     assert counted.value.body == expected
 
 
-JS_CLIENTS = REPO / "tests" / "js"
-
-
-@pytest.mark.skipif(
-    shutil.which("node") is None or not (JS_CLIENTS / "node_modules" / "ai").is_dir(),
-    reason="node and the JS clients (tests/js, installed by scripts/test.sh) are needed",
-)
-def test_the_vercel_ai_sdk_tool_loop_sends_reasoning_by_reference(app_url: str) -> None:
-    run = subprocess.run(
-        ["node", str(JS_CLIENTS / "item_references.mjs"), f"{app_url}/v1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=JS_CLIENTS,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout)
-    assert result["steps"] == 2
-    assert result["text"] == "It is raining in Rome."
-    # The second step's input named the first step's reasoning by reference only.
-    assert "item_reference" in {item.get("type") for item in result["inputs"][1]}
 
 
 # --- ownership: in-process, with two API keys --------------------------------------------------
