@@ -18,15 +18,17 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
+from fastapi import FastAPI
 
+from serve_app.serving.auth import ApiKeys
 from tests import postgres
-from tests.helpers import REPO
+from tests.helpers import REPO, in_process_api
 
 ENGINE_SCRIPT = REPO / "tests" / "fixtures" / "engine_script.yaml"
 STARTUP_TIMEOUT_S = 180
@@ -118,6 +120,14 @@ def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.
         _stop(process)
         if postgres_data is not None:
             postgres.stop(postgres_data)
+
+
+@pytest.fixture
+async def two_keys_api(tmp_path: Path) -> AsyncIterator[FastAPI]:
+    """The in-process app with two API keys, ``key-alice`` and ``key-bob``."""
+    keys = ApiKeys(["key-alice", "key-bob"])
+    async with in_process_api(tmp_path / "two_keys.db", api_keys=keys) as api:
+        yield api
 
 
 @pytest.fixture(scope="session")

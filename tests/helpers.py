@@ -28,6 +28,17 @@ REPO = Path(__file__).resolve().parents[1]
 # Real Codex requests (0.169 and 0.63), captured against a local server: by scenario, in order.
 CODEX_CAPTURES = REPO / "tests" / "fixtures" / "codex"
 CAPTURES = sorted(CODEX_CAPTURES.glob("*/req_*.json"))
+# The function tool the scripted engine calls on "SDK-TOOL" and "REF-TOOL" turns.
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
 
 
 def capture_body(name: str) -> dict[str, Any]:

@@ -6,30 +6,22 @@ simulated engine, through the openai SDK.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import openai
 import pytest
 
-from serve_app.serving.auth import ApiKeys
-from tests.helpers import in_process_api, sdk_client
+from tests.helpers import sdk_client
 
 MODEL = "gpt-oss-120b"
 
 
-@pytest.fixture
-async def api(tmp_path) -> AsyncIterator:
-    keys = ApiKeys(["key-alice", "key-bob"])
-    async with in_process_api(tmp_path / "auth.db", api_keys=keys) as api:
-        yield api
 
 
-async def test_a_wrong_or_missing_key_is_401_in_openai_shape(api) -> None:
+async def test_a_wrong_or_missing_key_is_401_in_openai_shape(two_keys_api) -> None:
     with pytest.raises(openai.AuthenticationError) as caught:
-        await sdk_client(api, "key-mallory").responses.create(model=MODEL, input="hi")
+        await sdk_client(two_keys_api, "key-mallory").responses.create(model=MODEL, input="hi")
     assert caught.value.body["code"] == "invalid_api_key"
-    transport = httpx.ASGITransport(app=api)
+    transport = httpx.ASGITransport(app=two_keys_api)
     async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
         missing = await http.post("/v1/responses", json={"model": MODEL, "input": "hi"})
         assert missing.status_code == 401
@@ -37,8 +29,8 @@ async def test_a_wrong_or_missing_key_is_401_in_openai_shape(api) -> None:
         assert (await http.get("/health")).status_code == 200  # probes need no key
 
 
-async def test_stored_responses_belong_to_the_key_that_made_them(api) -> None:
-    alice, bob = sdk_client(api, "key-alice"), sdk_client(api, "key-bob")
+async def test_stored_responses_belong_to_the_key_that_made_them(two_keys_api) -> None:
+    alice, bob = sdk_client(two_keys_api, "key-alice"), sdk_client(two_keys_api, "key-bob")
     created = await alice.responses.create(model=MODEL, input="hello")
     assert (await alice.responses.retrieve(created.id)).id == created.id
     with pytest.raises(openai.NotFoundError):
@@ -53,8 +45,8 @@ async def test_stored_responses_belong_to_the_key_that_made_them(api) -> None:
     assert continued.status == "completed"
 
 
-async def test_conversations_belong_to_the_key_that_made_them(api) -> None:
-    alice, bob = sdk_client(api, "key-alice"), sdk_client(api, "key-bob")
+async def test_conversations_belong_to_the_key_that_made_them(two_keys_api) -> None:
+    alice, bob = sdk_client(two_keys_api, "key-alice"), sdk_client(two_keys_api, "key-bob")
     conversation = await alice.conversations.create(metadata={"x": "y"})
     with pytest.raises(openai.NotFoundError):
         await bob.conversations.retrieve(conversation.id)
@@ -63,11 +55,11 @@ async def test_conversations_belong_to_the_key_that_made_them(api) -> None:
     assert (await alice.conversations.retrieve(conversation.id)).metadata == {"x": "y"}
 
 
-def test_a_websocket_without_a_valid_key_gets_401_and_is_closed(api) -> None:
+def test_a_websocket_without_a_valid_key_gets_401_and_is_closed(two_keys_api) -> None:
     from starlette.testclient import TestClient
     from starlette.websockets import WebSocketDisconnect
 
-    with TestClient(api) as http:
+    with TestClient(two_keys_api) as http:
         for headers in ({}, {"Authorization": "Bearer key-mallory"}):
             with http.websocket_connect("/v1/responses", headers=headers) as socket:
                 error = socket.receive_json()

@@ -8,7 +8,6 @@ turns ``REF-*``), and in-process with two API keys for ownership.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
@@ -18,20 +17,9 @@ from openai import OpenAI
 from serve_app.harmony.render import render_request
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ItemReference, MessageItem, ResponsesRequest
-from serve_app.serving.auth import ApiKeys
-from tests.helpers import in_process_api, sdk_client
+from tests.helpers import WEATHER_TOOL, sdk_client
 
 MODEL = "gpt-oss-120b"
-WEATHER_TOOL = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 
 
 def reference(item_id: str) -> dict[str, str]:
@@ -169,15 +157,10 @@ def test_a_reference_to_nothing_is_a_400_naming_it(client: OpenAI) -> None:
 # --- ownership: in-process, with two API keys --------------------------------------------------
 
 
-@pytest.fixture
-async def api(tmp_path) -> AsyncIterator:
-    keys = ApiKeys(["key-alice", "key-bob"])
-    async with in_process_api(tmp_path / "references.db", api_keys=keys) as api:
-        yield api
 
 
-async def test_another_keys_items_are_not_found(api) -> None:
-    alice, bob = sdk_client(api, "key-alice"), sdk_client(api, "key-bob")
+async def test_another_keys_items_are_not_found(two_keys_api) -> None:
+    alice, bob = sdk_client(two_keys_api, "key-alice"), sdk_client(two_keys_api, "key-bob")
     created = await alice.responses.create(model=MODEL, input="hello")
     message = created.output[-1]
     conversation = await alice.conversations.create(items=[{"role": "user", "content": "note"}])

@@ -8,17 +8,9 @@ import uuid
 import pytest
 from openai import OpenAI
 
+from tests.helpers import WEATHER_TOOL
+
 MODEL = "gpt-oss-120b"
-WEATHER_TOOL = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 
 
 @pytest.fixture(scope="module")
