@@ -321,8 +321,8 @@ class SqlResponseStore(ResponseStore):
             # (a primary key conflict, once a 500) and each call's items stay together, in
             # order. PostgreSQL locks the conversation's row until commit (FOR UPDATE); SQLite
             # has no row locks (it drops FOR UPDATE) but this transaction began IMMEDIATE,
-            # holding the database's write lock. A lock, not retries: appends are short, and a
-            # waiting writer cannot fail.
+            # holding the database's write lock. A lock, not retries: appends are short, so a
+            # writer waits its turn rather than failing (on SQLite up to busy_timeout, 5 s).
             conversation = (
                 await session.execute(
                     select(ConversationRow.owner)
