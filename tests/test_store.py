@@ -177,3 +177,102 @@ async def test_a_new_snapshot_of_a_response_replaces_its_items(store) -> None:
     assert list(found) == ["msg_r_snap"]
     assert found["msg_r_snap"]["content"][0]["text"] == "final"
     await store.delete("r_snap")
+
+
+def assert_each_call_contiguous(stored_ids: list[str], calls: list[list[str]]) -> None:
+    """Every item of every call kept once, each call's items together and in its order."""
+    assert sorted(stored_ids) == sorted(item_id for call in calls for item_id in call)
+    for call in calls:
+        start = stored_ids.index(call[0])
+        assert stored_ids[start : start + len(call)] == call
+
+
+async def test_concurrent_appends_keep_every_item_in_call_order(store) -> None:
+    from serve_app.store.base import StoredConversation
+
+    await store.put_conversation(StoredConversation("conv_race", 1, {}))
+    calls = [[f"c{call}_{index}" for index in range(3)] for call in range(50)]
+    results = await asyncio.gather(
+        *(
+            store.append_items("conv_race", [{"id": item_id, "type": "message"} for item_id in ids])
+            for ids in calls
+        ),
+        return_exceptions=True,
+    )
+    failed = [result for result in results if isinstance(result, BaseException)]
+    stored_ids = [item["id"] for item in await store.conversation_items("conv_race")]
+    assert not failed, f"{len(failed)} of 50 appends failed ({failed[0]!r}); {len(stored_ids)} kept"
+    assert_each_call_contiguous(stored_ids, calls)
+    await store.delete_conversation("conv_race")
+
+
+# Client-chosen ids may be long and may repeat (a client resends an item, a reference names
+# one already there): paging still ends and visits every item once, in both orders.
+LONG_ID = "msg_" + "x" * 196
+REPEATING_IDS = ["a", "b", "a", "a", LONG_ID, "b", "c", LONG_ID, "a", "d", "d"]
+
+
+async def walk_pages(fetch, limit: int) -> list[str]:
+    """Follow ``after`` = the last id of each page until ``has_more`` is false (or give up)."""
+    seen: list[str] = []
+    after = None
+    for _ in range(3 * len(REPEATING_IDS)):
+        page = await fetch(after, limit)
+        assert page.items or not page.has_more
+        seen += [item["id"] for item in page.items]
+        if not page.has_more:
+            return seen
+        after = page.items[-1]["id"]
+    raise AssertionError(f"paging never ended: {len(seen)} items seen")
+
+
+@pytest.mark.parametrize("order", ["asc", "desc"])
+@pytest.mark.parametrize("limit", [1, 2, 3, 20])
+async def test_long_and_repeated_ids_page_to_the_end_once_each(store, order, limit) -> None:
+    from serve_app.store.base import StoredConversation
+
+    await store.put_conversation(StoredConversation("conv_ids", 1, {}))
+    items = [{"id": item_id, "type": "message", "n": n} for n, item_id in enumerate(REPEATING_IDS)]
+    await store.append_items("conv_ids", items[:4])
+    await store.append_items("conv_ids", items[4:])
+
+    async def fetch(after, limit):
+        return await store.conversation_page("conv_ids", after=after, limit=limit, order=order)
+
+    expected = REPEATING_IDS if order == "asc" else REPEATING_IDS[::-1]
+    assert await walk_pages(fetch, limit) == expected
+    assert await store.conversation_page("conv_ids", after="nope", limit=1, order=order) is None
+    await store.delete_conversation("conv_ids")
+
+
+async def test_a_store_from_before_long_ids_opens_and_takes_them(store_url: str) -> None:
+    """Conversation item ids were VARCHAR(64): such a store still opens, keeps its items, and
+    takes long ids (PostgreSQL's column is widened; SQLite never enforced the length)."""
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from serve_app.store.base import StoredConversation
+
+    engine = create_async_engine(store_url)
+    async with engine.begin() as connection:
+        await connection.execute(text("DROP TABLE IF EXISTS conversation_items"))
+        await connection.execute(
+            text(
+                "CREATE TABLE conversation_items (conversation_id VARCHAR(64) NOT NULL, "
+                "position INTEGER NOT NULL, item_id VARCHAR(64) NOT NULL, item_json TEXT NOT "
+                "NULL, PRIMARY KEY (conversation_id, position))"
+            )
+        )
+        await connection.execute(
+            text("CREATE INDEX ix_conversation_items_item_id ON conversation_items (item_id)")
+        )
+        old_item = "('conv_old', 0, 'i_old', '{\"id\": \"i_old\"}')"
+        await connection.execute(text(f"INSERT INTO conversation_items VALUES {old_item}"))
+    await engine.dispose()
+    store = SqlResponseStore(store_url)
+    await store.start()
+    await store.put_conversation(StoredConversation("conv_old", 1, {}))
+    await store.append_items("conv_old", [{"id": LONG_ID}])
+    assert [item["id"] for item in await store.conversation_items("conv_old")] == ["i_old", LONG_ID]
+    await store.delete_conversation("conv_old")
+    await store.close()

@@ -82,12 +82,17 @@ def join_parts(content: str | list[ContentPart]) -> str:
 
 # --- input items ---------------------------------------------------------------------------
 
+# The longest item id a client may choose. The store keeps any id up to it (and indexes it:
+# 256 characters fit a PostgreSQL index entry); longer is a 400 naming the item's `id`.
+MAX_ITEM_ID_LENGTH = 256
+ItemId = Annotated[str, Field(max_length=MAX_ITEM_ID_LENGTH)]
+
 
 class MessageItem(_Lenient):
     type: Literal["message"] = "message"
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]
-    id: str | None = None
+    id: ItemId | None = None
     # Set on assistant messages we returned: "commentary" marks a preamble before tool calls.
     phase: Literal["commentary", "final_answer"] | None = None
 
@@ -108,7 +113,7 @@ class ReasoningContent(_Lenient):
 
 class ReasoningItem(_Lenient):
     type: Literal["reasoning"]
-    id: str | None = None
+    id: ItemId | None = None
     summary: list[ReasoningSummary] = Field(default_factory=list)
     content: list[ReasoningContent] | None = None
     encrypted_content: str | None = None
@@ -118,13 +123,13 @@ class _ToolCall(_Lenient):
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     namespace: str | None = None
-    id: str | None = None
+    id: ItemId | None = None
 
 
 class _ToolOutput(_Lenient):
     call_id: str = Field(min_length=1)
     output: str | list[ContentPart]
-    id: str | None = None
+    id: ItemId | None = None
 
     @property
     def text(self) -> str:
@@ -155,7 +160,7 @@ class ItemReference(_Lenient):
 
     # The SDK allows `type: null`; it is read as "item_reference".
     type: Literal["item_reference"] | None = "item_reference"
-    id: str = Field(min_length=1)
+    id: str = Field(min_length=1, max_length=MAX_ITEM_ID_LENGTH)
 
     @field_validator("type", mode="before")
     @classmethod
@@ -169,7 +174,7 @@ class CompactionItem(_Lenient):
 
     type: Literal["compaction"]
     encrypted_content: str = Field(min_length=1)
-    id: str | None = None
+    id: ItemId | None = None
 
 
 INPUT_ITEM_TYPES = (

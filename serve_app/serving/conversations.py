@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from serve_app.protocol.errors import NotFound
 from serve_app.protocol.requests import STRICT_TYPES, InputItem
 from serve_app.serving.auth import Owner
-from serve_app.serving.pagination import page
+from serve_app.serving.pagination import listing, unknown_after
 from serve_app.serving.responses_service import stored_item
 from serve_app.store.base import ResponseStore, StoredConversation
 
@@ -88,8 +88,12 @@ def conversations_router(store: ResponseStore) -> APIRouter:
         order: Literal["asc", "desc"] = "desc",
     ) -> dict:
         await existing(conversation_id, owner)
-        items = await store.conversation_items(conversation_id)
-        return page(items if order == "asc" else items[::-1], after, limit)
+        found = await store.conversation_page(
+            conversation_id, after=after, limit=limit, order=order
+        )
+        if found is None:
+            raise unknown_after(after)
+        return listing(found)
 
     @router.post("/{conversation_id}/items")
     async def add_items(conversation_id: str, body: ItemsCreate, owner: Owner) -> dict:

@@ -2,22 +2,44 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from serve_app.protocol.errors import InvalidRequest
+from serve_app.store.base import ItemPage, cut_page
 
 
-def page(items: list[dict], after: str | None, limit: int) -> dict:
-    """OpenAI's cursor pagination: items after the one with id ``after``, ``limit`` of them."""
+def page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
+    """OpenAI's cursor pagination of a list in listing order: items after the one with id
+    ``after``, ``limit`` of them. Ids may repeat (clients choose some): ``after`` resolves to
+    the first item with that id, and a page ends only where it would (see `cut_page`)."""
+    seen: set[Any] = set()
+    entries = []
+    for item in items:
+        item_id = item.get("id")
+        entries.append((item, item_id not in seen))
+        seen.add(item_id)
     start = 0
     if after is not None:
         ids = [item.get("id") for item in items]
         if after not in ids:
-            raise InvalidRequest(f"No item with id '{after}' in this list.", param="after")
+            raise unknown_after(after)
         start = ids.index(after) + 1
-    page = items[start : start + limit]
+    found = cut_page(entries[start:], limit)
+    assert found is not None  # the whole rest of the list is there
+    return listing(found)
+
+
+def listing(found: ItemPage) -> dict[str, Any]:
+    """A page as OpenAI answers it."""
+    data = found.items
     return {
         "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": start + limit < len(items),
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": found.has_more,
     }
+
+
+def unknown_after(after: str) -> InvalidRequest:
+    return InvalidRequest(f"No item with id '{after}' in this list.", param="after")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,39 @@ class StoredConversation:
             "created_at": self.created_at,
             "metadata": self.metadata,
         }
+
+
+@dataclass(frozen=True)
+class ItemPage:
+    items: list[dict[str, Any]]
+    has_more: bool
+
+
+def cut_page(
+    entries: Sequence[tuple[dict[str, Any], bool]], limit: int, complete: bool = True
+) -> ItemPage | None:
+    """One page of a list of items, from the items after the cursor in listing order.
+
+    Each entry is (item, whether it is the first item with its id in listing order). Clients
+    choose some ids and may repeat one, and ``after`` names only an id: it resolves to the
+    first item with that id, so a page may end only on such an item (or at the end of the
+    list), or the next page would start again behind it and paging would never end. The page
+    ends at the last such item within ``limit``; if there is none, at the first one after
+    (the only page longer than ``limit``: with a limit of 1 and an id repeated right after).
+    Every item is then listed exactly once. None: ``entries`` stop before the page does and
+    the list goes on (``complete`` false): fetch more and call again.
+    """
+    items: list[dict[str, Any]] = []
+    end = 0
+    for item, resolves_here in entries:
+        if end and len(items) >= limit:
+            return ItemPage(items[:end], has_more=True)
+        items.append(item)
+        if resolves_here and (len(items) <= limit or not end):
+            end = len(items)
+    if complete:
+        return ItemPage(items, has_more=False)
+    return None
 
 
 class ResponseStore(abc.ABC):
@@ -119,7 +152,20 @@ class ResponseStore(abc.ABC):
         """The conversation's items, oldest first."""
 
     @abc.abstractmethod
-    async def delete_item(self, conversation_id: str, item_id: str) -> bool: ...
+    async def conversation_page(
+        self,
+        conversation_id: str,
+        *,
+        after: str | None,
+        limit: int,
+        order: Literal["asc", "desc"],
+    ) -> ItemPage | None:
+        """A page of the conversation's items in ``order``, after the item with id ``after``
+        (the first such item in that order, see `cut_page`); None if there is no such item."""
+
+    @abc.abstractmethod
+    async def delete_item(self, conversation_id: str, item_id: str) -> bool:
+        """Remove every item with that id from the conversation (ids may repeat)."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

@@ -4,6 +4,12 @@ SQLite runs in WAL mode so readers never block the writer and a crash loses no c
 response; PostgreSQL lets many ingress replicas share one store. Each response is one row
 written in one transaction, together with the index of its items (``items``), which item
 references are resolved through.
+
+Every write is one transaction that sees what it reads: on SQLite, SQLAlchemy emits the BEGIN
+(not the sqlite3 module, which starts a transaction only at the first INSERT/UPDATE/DELETE, so
+a read before it was outside the transaction), and a writing transaction begins IMMEDIATE: it
+takes SQLite's one write lock at once, waiting for it (``busy_timeout``) rather than failing
+later when a read snapshot turns out stale. Reads begin DEFERRED and never wait.
 """
 
 from __future__ import annotations
@@ -14,19 +20,22 @@ import logging
 import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
     Index,
     Integer,
+    Select,
     String,
     Text,
     delete,
     event,
+    exists,
     func,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import make_url
@@ -36,9 +45,15 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, aliased, mapped_column
 
-from serve_app.store.base import ResponseStore, StoredConversation, StoredResponse
+from serve_app.store.base import (
+    ItemPage,
+    ResponseStore,
+    StoredConversation,
+    StoredResponse,
+    cut_page,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +94,19 @@ class ConversationRow(_Base):
 
 
 class ConversationItemRow(_Base):
+    """A conversation's item at its position: the server's order, which paging follows.
+
+    ``item_id`` is the client's choice for some items: any length up to the API's limit
+    (``MAX_ITEM_ID_LENGTH``, 256 characters, small enough for a PostgreSQL index entry), and
+    not unique. It was VARCHAR(64) before: `_migrate` widens it on PostgreSQL (SQLite never
+    enforced the length, so an old SQLite file is already fine).
+    """
+
     __tablename__ = "conversation_items"
 
     conversation_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     position: Mapped[int] = mapped_column(Integer, primary_key=True)
-    item_id: Mapped[str] = mapped_column(String(64), index=True)
+    item_id: Mapped[str] = mapped_column(Text, index=True)
     item_json: Mapped[str] = mapped_column(Text)
 
 
@@ -141,6 +164,7 @@ class SqlResponseStore(ResponseStore):
         self.url = url
         self._engine: AsyncEngine | None = None
         self._sessions: async_sessionmaker | None = None
+        self._writes: async_sessionmaker | None = None
 
     async def start(self) -> None:
         url = make_url(self.url)
@@ -149,9 +173,13 @@ class SqlResponseStore(ResponseStore):
         self._engine = create_async_engine(url, pool_pre_ping=True)
         if url.get_backend_name() == "sqlite":
             event.listen(self._engine.sync_engine, "connect", _sqlite_pragmas)
-        async with self._engine.begin() as connection:
+            event.listen(self._engine.sync_engine, "begin", _sqlite_begin)
+        writer = self._engine.execution_options(**{_WRITES: True})
+        async with writer.begin() as connection:
             await connection.run_sync(_Base.metadata.create_all)
+            await _migrate(connection)
         self._sessions = async_sessionmaker(self._engine, expire_on_commit=False)
+        self._writes = async_sessionmaker(writer, expire_on_commit=False)
         logger.info("response store at %s", url.render_as_string(hide_password=True))
 
     async def put(self, stored: StoredResponse) -> None:
@@ -163,7 +191,7 @@ class SqlResponseStore(ResponseStore):
             input_items_json=json.dumps(stored.input_items),
             owner=stored.owner,
         )
-        async with self._session() as session, session.begin():
+        async with self._write() as session, session.begin():
             existing = await session.get(ResponseRow, stored.id)
             if existing is not None:  # a background response's later snapshot: keep its flag
                 row.cancel_requested = existing.cancel_requested
@@ -191,7 +219,7 @@ class SqlResponseStore(ResponseStore):
         )
 
     async def delete(self, response_id: str) -> bool:
-        async with self._session() as session, session.begin():
+        async with self._write() as session, session.begin():
             result = await session.execute(delete(ResponseRow).where(ResponseRow.id == response_id))
             await session.execute(delete(EventRow).where(EventRow.response_id == response_id))
             await session.execute(delete(ItemRow).where(ItemRow.response_id == response_id))
@@ -227,7 +255,7 @@ class SqlResponseStore(ResponseStore):
             EventRow(response_id=response_id, sequence_number=number, event_json=data)
             for number, data in events
         ]
-        async with self._session() as session, session.begin():
+        async with self._write() as session, session.begin():
             session.add_all(rows)
 
     async def events_after(self, response_id: str, after: int) -> list[tuple[int, str]]:
@@ -240,7 +268,7 @@ class SqlResponseStore(ResponseStore):
             return [(number, data) for number, data in (await session.execute(query)).all()]
 
     async def request_cancel(self, response_id: str) -> None:
-        async with self._session() as session, session.begin():
+        async with self._write() as session, session.begin():
             await session.execute(
                 update(ResponseRow)
                 .where(ResponseRow.id == response_id)
@@ -259,7 +287,7 @@ class SqlResponseStore(ResponseStore):
             metadata_json=json.dumps(conversation.metadata),
             owner=conversation.owner,
         )
-        async with self._session() as session, session.begin():
+        async with self._write() as session, session.begin():
             await session.merge(row)
 
     async def get_conversation(self, conversation_id: str) -> StoredConversation | None:
@@ -272,7 +300,7 @@ class SqlResponseStore(ResponseStore):
         )
 
     async def delete_conversation(self, conversation_id: str) -> bool:
-        async with self._session() as session, session.begin():
+        async with self._write() as session, session.begin():
             result = await session.execute(
                 delete(ConversationRow).where(ConversationRow.id == conversation_id)
             )
@@ -285,7 +313,25 @@ class SqlResponseStore(ResponseStore):
         return result.rowcount > 0
 
     async def append_items(self, conversation_id: str, items: list[dict]) -> None:
-        async with self._session() as session, session.begin():
+        if not items:
+            return
+        async with self._write() as session, session.begin():
+            # Appenders to one conversation take turns, so the last position read here stays
+            # the last until these items are in after it: no two calls get the same positions
+            # (a primary key conflict, once a 500) and each call's items stay together, in
+            # order. PostgreSQL locks the conversation's row until commit (FOR UPDATE); SQLite
+            # has no row locks (it drops FOR UPDATE) but this transaction began IMMEDIATE,
+            # holding the database's write lock. A lock, not retries: appends are short, so a
+            # writer waits its turn rather than failing (on SQLite up to busy_timeout, 5 s).
+            conversation = (
+                await session.execute(
+                    select(ConversationRow.owner)
+                    .where(ConversationRow.id == conversation_id)
+                    .with_for_update()
+                )
+            ).first()
+            if conversation is None:
+                return  # deleted meanwhile: there is nothing to extend
             last = await session.scalar(
                 select(func.max(ConversationItemRow.position)).where(
                     ConversationItemRow.conversation_id == conversation_id
@@ -301,8 +347,7 @@ class SqlResponseStore(ResponseStore):
                 )
                 for offset, item in enumerate(items, start=1)
             )
-            owner = await self._conversation_owner(session, conversation_id)
-            session.add_all(_item_rows(items, owner, conversation_id=conversation_id))
+            session.add_all(_item_rows(items, conversation.owner, conversation_id=conversation_id))
 
     async def conversation_items(self, conversation_id: str) -> list[dict]:
         query = (
@@ -314,7 +359,7 @@ class SqlResponseStore(ResponseStore):
             return [json.loads(data) for data in (await session.scalars(query)).all()]
 
     async def delete_item(self, conversation_id: str, item_id: str) -> bool:
-        async with self._session() as session, session.begin():
+        async with self._write() as session, session.begin():
             result = await session.execute(
                 delete(ConversationItemRow).where(
                     ConversationItemRow.conversation_id == conversation_id,
@@ -329,11 +374,40 @@ class SqlResponseStore(ResponseStore):
             )
         return result.rowcount > 0
 
-    @staticmethod
-    async def _conversation_owner(session: AsyncSession, conversation_id: str) -> str | None:
-        return await session.scalar(
-            select(ConversationRow.owner).where(ConversationRow.id == conversation_id)
-        )
+    async def conversation_page(
+        self,
+        conversation_id: str,
+        *,
+        after: str | None,
+        limit: int,
+        order: Literal["asc", "desc"],
+    ) -> ItemPage | None:
+        descending = order == "desc"
+        row = ConversationItemRow
+        async with self._session() as session:
+            start = None
+            if after is not None:  # the first item with that id in listing order (cut_page)
+                first = func.max(row.position) if descending else func.min(row.position)
+                start = await session.scalar(
+                    select(first).where(
+                        row.conversation_id == conversation_id, row.item_id == after
+                    )
+                )
+                if start is None:
+                    return None
+            entries: list[tuple[dict[str, Any], bool]] = []
+            batch = limit + 1  # one more than the page: whether there is more
+            while True:
+                query = _page_query(conversation_id, start, descending, batch)
+                rows = (await session.execute(query)).all()
+                entries += [
+                    (json.loads(data), bool(resolves_here)) for _, data, resolves_here in rows
+                ]
+                found = cut_page(entries, limit, complete=len(rows) < batch)
+                if found is not None:
+                    return found
+                start = rows[-1][0]  # a run of repeated ids: the page goes on past the limit
+                batch *= 2
 
     async def ids(self) -> list[str]:
         async with self._session() as session:
@@ -343,10 +417,54 @@ class SqlResponseStore(ResponseStore):
         if self._engine is not None:
             await self._engine.dispose()
 
-    def _session(self):
+    def _session(self) -> AsyncSession:
+        """A session for reads (on SQLite: a deferred transaction, a snapshot)."""
         if self._sessions is None:
             raise RuntimeError("the response store is not started")
         return self._sessions()
+
+    def _write(self) -> AsyncSession:
+        """A session for a write transaction (on SQLite: BEGIN IMMEDIATE)."""
+        if self._writes is None:
+            raise RuntimeError("the response store is not started")
+        return self._writes()
+
+
+def _page_query(conversation_id: str, start: int | None, descending: bool, limit: int) -> Select:
+    """Items after position ``start`` in listing order, each with its position and whether it
+    is the first item with its id in that order (the one an ``after`` naming it resolves to)."""
+    row, other = ConversationItemRow, aliased(ConversationItemRow)
+    earlier = other.position > row.position if descending else other.position < row.position
+    repeated = exists().where(
+        other.conversation_id == row.conversation_id, other.item_id == row.item_id, earlier
+    )
+    query = select(row.position, row.item_json, ~repeated).where(
+        row.conversation_id == conversation_id
+    )
+    if start is not None:
+        query = query.where(row.position < start if descending else row.position > start)
+    return query.order_by(row.position.desc() if descending else row.position).limit(limit)
+
+
+async def _migrate(connection) -> None:
+    """Bring a store made by an older version up to date (``create_all`` makes missing tables
+    only): conversation item ids were VARCHAR(64), too short for clients' ids."""
+    if connection.dialect.name != "postgresql":
+        return
+    column_type = await connection.scalar(
+        text(
+            "SELECT data_type FROM information_schema.columns WHERE table_schema = "
+            "current_schema() AND table_name = 'conversation_items' AND column_name = 'item_id'"
+        )
+    )
+    if column_type == "character varying":
+        await connection.execute(
+            text("ALTER TABLE conversation_items ALTER COLUMN item_id TYPE text")
+        )
+
+
+# An execution option of the engine that write sessions use.
+_WRITES = "serve_app_writes"
 
 
 def _sqlite_pragmas(connection, _record) -> None:
@@ -355,3 +473,10 @@ def _sqlite_pragmas(connection, _record) -> None:
     cursor.execute("PRAGMA synchronous=NORMAL")  # durable at each commit in WAL mode
     cursor.execute("PRAGMA busy_timeout=5000")  # writers from other replicas wait, not fail
     cursor.close()
+    # SQLAlchemy emits BEGIN (_sqlite_begin), not the driver: see the module's docstring.
+    connection.isolation_level = None
+
+
+def _sqlite_begin(connection) -> None:
+    writes = connection.get_execution_options().get(_WRITES, False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
