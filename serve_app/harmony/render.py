@@ -91,7 +91,7 @@ def render_request(
     check_tool_call_pairs(items, first_input=len(history))
     check_tool_choice(request)
     tools = ToolRegistry.from_request(request)
-    leading, rest = _split_leading_instructions(items)
+    leading, rest = split_leading_instructions(items)
     messages = [
         *_developer_message(request, leading, tools),
         *_history_messages(rest, tools, vault),
@@ -127,7 +127,7 @@ def _reject_unresolved_references(items: Sequence[InputItem], first_input: int) 
             )
 
 
-def _split_leading_instructions(
+def split_leading_instructions(
     items: Sequence[InputItem],
 ) -> tuple[list[MessageItem], list[InputItem]]:
     """The leading system/developer messages belong in harmony's developer message."""

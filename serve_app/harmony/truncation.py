@@ -14,14 +14,17 @@ import logging
 from collections.abc import Callable, Sequence
 
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.harmony.render import RenderedPrompt, render_request
+from serve_app.harmony.render import (
+    RenderedPrompt,
+    render_request,
+    split_leading_instructions,
+)
 from serve_app.protocol.requests import (
     CustomToolCallItem,
     CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     InputItem,
-    MessageItem,
     ResponsesRequest,
 )
 
@@ -64,7 +67,7 @@ def truncate_to_fit(
 def _droppable_units(items: Sequence[InputItem]) -> list[list[int]]:
     """Indexes of the items to drop together, oldest first: each item alone, except that a tool
     call takes its outputs along."""
-    first = _leading_instructions(items)
+    first = len(split_leading_instructions(items)[0])
     last = len(items) - 1
     outputs: dict[str, list[int]] = {}
     for index, item in enumerate(items):
@@ -84,16 +87,6 @@ def _droppable_units(items: Sequence[InputItem]) -> list[list[int]]:
         taken.update(unit)
         units.append(unit)
     return units
-
-
-def _leading_instructions(items: Sequence[InputItem]) -> int:
-    """How many leading system/developer messages there are (the instructions)."""
-    count = 0
-    for item in items:
-        if not (isinstance(item, MessageItem) and item.role in ("system", "developer")):
-            break
-        count += 1
-    return count
 
 
 def _count(units: Sequence[Sequence[int]]) -> int:
