@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Literal
 
+import ray
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -283,7 +284,8 @@ class ResponsesIngress:
         await self._store.start()
         self._api = create_api(
             args,
-            HandleEngineClient(engine_handle),
+            # Named so engine replicas abort this replica's requests should it die.
+            HandleEngineClient(engine_handle, caller=ray.get_runtime_context().get_actor_name()),
             ReasoningVault.from_env(),
             self._store,
             replica_id=serve.get_replica_context().replica_id.unique_id,
