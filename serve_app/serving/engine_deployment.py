@@ -4,13 +4,14 @@ A request whose caller is gone is aborted (its KV freed) within seconds. A clien
 cancels its handle call, which cancels the stream here. But when the caller's process dies
 (an ingress replica killed, or its node lost), nothing cancels it: Serve runs a streaming
 handle call as an actor task (a streaming generator) and Ray does not cancel a running actor
-task whose caller died; the executor reports each yield to the caller asynchronously and a
-failed report does not stop it ("Ray doesn't cancel the remote generator task", Ray's
-streaming generator internals doc). The issue saw the turns of killed ingress replicas run to
-their end (60 s each) holding their KV. So the ingress sends its replica actor's name with
-each request, and `CallerWatch` checks the callers of the running requests every
-``CALLER_CHECK_PERIOD_S`` (one GCS call for them all, nothing per token) and aborts the
-requests of those no longer alive.
+task whose caller died: the executor reports each yield to the caller asynchronously, a
+failed report does not stop it, and it "continues running user code until the generator
+finishes or the task is cancelled separately" (Ray's streaming generator internals doc). On
+the test app, an engine request whose ingress replica was killed was still running 25 s later
+(the issue saw such turns run to their end, 60 s each, holding their KV). So the ingress sends
+its replica actor's name with each request, and `CallerWatch` checks the callers of the
+running requests every ``CALLER_CHECK_PERIOD_S`` (one GCS call for them all, nothing per
+token) and aborts the requests of those no longer alive.
 """
 
 from __future__ import annotations
