@@ -304,3 +304,20 @@ async def test_a_runner_whose_run_was_ended_elsewhere_stops_generating(tmp_path:
         assert (await store.get(created.id)).response["status"] == "failed"  # not overwritten
         types = [json.loads(data)["type"] for _, data in await store.events_after(created.id, -1)]
         assert types.count("response.failed") == 1 and types[-1] == "response.failed"
+
+
+async def test_a_replica_shutting_down_ends_its_runs_at_once(tmp_path: Path) -> None:
+    async with app(tmp_path / "stop.db", lease=BackgroundArgs()) as (api, store, engine):
+        created = await sdk_client(api).responses.create(
+            model=MODEL, input="FOREVER", background=True
+        )
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        await runner(api).stop()
+        assert time.monotonic() - started < 1  # not the 10 s lease
+        stored = await store.get(created.id)
+        assert stored.response["status"] == "failed"
+        assert stored.response["error"]["code"] == INTERRUPTED_CODE
+        assert engine.num_ongoing_requests() == 0
+        types = [json.loads(data)["type"] for _, data in await store.events_after(created.id, -1)]
+        assert types[-1] == "response.failed" and "response.incomplete" not in types

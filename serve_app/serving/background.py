@@ -68,6 +68,7 @@ class BackgroundRunner:
         self._runner_id = runner_id
         self._lease = lease or BackgroundArgs()
         self._tasks: set[asyncio.Task] = set()
+        self._runs: dict[str, tuple[asyncio.Task, _RunState]] = {}  # running here, by response
 
     @property
     def lease(self) -> BackgroundArgs:
@@ -80,20 +81,39 @@ class BackgroundRunner:
         await self._service.save(turn)
         # A fresh context: Ray Serve links handle calls to the HTTP request whose context they
         # run in, and cancels them when that request ends. A background response must outlive it.
-        self._spawn(self._run(turn), f"background {turn.response.id}")
+        state = _RunState()
+        task = self._spawn(self._run(turn, state), f"background {turn.response.id}")
+        self._runs[turn.response.id] = (task, state)
+        task.add_done_callback(lambda _: self._runs.pop(turn.response.id, None))
 
     def start_sweeping(self) -> None:
         """End the runs whose runner is gone, now (a restarted app's) and every lease period."""
         self._spawn(self._sweep_forever(), "background lease sweep")
 
-    def _spawn(self, coroutine, name: str) -> None:
+    async def stop(self) -> None:
+        """The replica is shutting down and its runs cannot go on: end them now, ``failed`` as
+        a lapsed lease would, so no client waits the lease out."""
+        runs = list(self._runs.items())
+        for _, (task, state) in runs:
+            state.lost = True  # its runner writes nothing more; the ending below closes it
+            task.cancel()
+        await asyncio.gather(*(task for _, (task, _) in runs), return_exceptions=True)
+        for response_id, _ in runs:
+            try:
+                await self._store.end_run(response_id, _interrupted, only_if_lapsed=False)
+            except Exception:  # its lease lapses instead
+                logger.exception("background response %s: not ended at shutdown", response_id)
+        for task in self._tasks:
+            task.cancel()  # the sweep
+
+    def _spawn(self, coroutine, name: str) -> asyncio.Task:
         task = asyncio.create_task(coroutine, name=name, context=contextvars.Context())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
-    async def _run(self, turn: Turn) -> None:
+    async def _run(self, turn: Turn, state: _RunState) -> None:
         response_id = turn.response.id
-        state = _RunState()
         generation = asyncio.create_task(self._generate(turn, state))
         tending = asyncio.create_task(self._tend(response_id, generation, state))
         try:

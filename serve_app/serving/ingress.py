@@ -298,4 +298,7 @@ class ResponsesIngress:
         return self._api
 
     async def __del__(self) -> None:
+        # Serve's graceful shutdown (a redeploy, a scale-down): end the background responses
+        # running here now rather than when their leases lapse.
+        await self._api.state.background.stop()
         await self._store.close()
