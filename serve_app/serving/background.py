@@ -8,7 +8,8 @@ The replica running a response holds a lease on it in the store, renewed every `
 restarted) is ended as ``failed``, its persisted events closed with ``response.failed`` so
 every stream ends, by whichever replica notices first: one serving a client that reads it
 (GET, stream, cancel), or the sweep each replica runs at start and every ``lease_s``. The
-store ends it with a compare-and-set, so exactly one replica does.
+store ends it with a compare-and-set, so exactly one replica does. A replica shut down
+gracefully ends its own runs at once (`BackgroundRunner.stop`).
 
 Cancel works whichever replica takes it: the cancel is a flag in the store that the running
 replica watches; a run whose lease lapsed is ended (``cancelled``) by the canceller itself.
