@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class EngineConfig(BaseModel):
@@ -29,6 +29,27 @@ class StoreConfig(BaseModel):
     # several ingress replicas on several nodes share a PostgreSQL URL instead
     # (postgresql+asyncpg://user:password@host/db).
     url: str = Field(default_factory=_default_store_url)
+
+
+class BackgroundArgs(BaseModel):
+    """Leases of background responses (serve_app/serving/background.py).
+
+    The ingress replica running a background response renews its lease every ``renew_s``;
+    once ``lease_s`` passes without a renewal (the replica died, the app restarted), any
+    replica ends the response as ``failed``. ``lease_s`` is how long an orphan can look alive,
+    and must cover a few missed renewals (a slow store) plus the clock skew between nodes.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    lease_s: float = Field(default=10, gt=0)
+    renew_s: float = Field(default=2, gt=0)
+
+    @model_validator(mode="after")
+    def _renewed_within_the_lease(self) -> BackgroundArgs:
+        if self.renew_s >= self.lease_s:
+            raise ValueError("background.renew_s must be shorter than background.lease_s")
+        return self
 
 
 class Limits(BaseModel):
@@ -54,6 +75,7 @@ class AppArgs(BaseModel):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     limits: Limits = Field(default_factory=Limits)
+    background: BackgroundArgs = Field(default_factory=BackgroundArgs)
     # Context window of the model: prompt + output tokens.
     max_context_tokens: int = Field(default=131072, gt=0)
     # Used when a request sets no max_output_tokens (bounded by what the context leaves).

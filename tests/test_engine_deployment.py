@@ -1,14 +1,21 @@
 """The engine deployment's stream: coalesces what a slow reader has not taken, adds no delay,
-and ends with an error chunk keeping the engine error's code (as the in-process client does)."""
+ends with an error chunk keeping the engine error's code (as the in-process client does), and
+aborts the requests of a caller that died."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
+from typing import Any
 
-from serve_app.engines.base import EngineError, GenerateChunk
+import pytest
+
+from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest, SamplingSettings
+from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
+from serve_app.routing.directory import ServedConversations
 from serve_app.serving.engine_client import InProcessEngineClient
-from serve_app.serving.engine_deployment import _END, EngineDeployment
+from serve_app.serving.engine_deployment import _END, CallerWatch, EngineDeployment
 
 Replica = EngineDeployment.func_or_class  # the plain class behind the Serve deployment
 
@@ -104,3 +111,83 @@ async def test_an_engine_error_ends_the_stream_with_its_code_on_a_replica_and_in
         for chunks in (on_replica, in_process):
             assert [chunk.finish_reason for chunk in chunks] == [None, "error"]
             assert (chunks[-1].error, chunks[-1].error_code) == (message, code)
+
+
+# --- a caller that died: its requests are aborted ------------------------------------------
+
+
+class _BareReplica(Replica):
+    def __del__(self) -> None:  # Serve awaits the real one; this instance has nothing to free
+        pass
+
+
+def _replica_with(engine: SimulatedEngine, live: set[str] | None) -> Any:
+    """The deployment's instance without Serve, its callers listed from ``live`` (None: the
+    listing fails, as when the GCS cannot be reached)."""
+
+    async def live_callers() -> set[str]:
+        if live is None:
+            raise ConnectionError("GCS unreachable")
+        return set(live)
+
+    replica = _BareReplica.__new__(_BareReplica)
+    replica._engine = engine
+    replica._replica_id = "engine-1"
+    replica._served = ServedConversations("engine-1")
+    replica._producers = {}
+    replica._callers = CallerWatch(replica._abort_orphan, live_callers, period_s=0.1)
+    return replica
+
+
+async def _long_engine() -> SimulatedEngine:
+    engine = SimulatedEngine(
+        SimulatedEngineConfig(decode_tokens_per_s=20, default_output_tokens=400)
+    )
+    await engine.start()
+    return engine
+
+
+def _request(request_id: str) -> GenerateRequest:
+    return GenerateRequest(request_id, [200006, 1428, 200008, 12194, 200007], SamplingSettings(400))
+
+
+async def _read(stream: AsyncIterator[GenerateChunk]) -> list[GenerateChunk]:
+    return [chunk async for chunk in stream]
+
+
+@pytest.mark.parametrize("listing", ["caller gone", "listing fails"])
+async def test_the_requests_of_a_caller_that_died_are_aborted(listing: str) -> None:
+    engine = await _long_engine()
+    live = {"ingress-1", "ingress-2"}
+    replica = _replica_with(engine, live if listing == "caller gone" else None)
+    try:
+        orphan = asyncio.create_task(_read(replica.generate(_request("r1"), caller="ingress-1")))
+        kept = asyncio.create_task(_read(replica.generate(_request("r2"), caller="ingress-2")))
+        await asyncio.sleep(0.3)
+        assert engine.num_ongoing_requests() == 2
+        live.discard("ingress-1")  # its replica died
+        if listing == "listing fails":  # nothing is aborted on a guess
+            await asyncio.sleep(0.5)
+            assert engine.num_ongoing_requests() == 2 and not orphan.done()
+            return
+        chunks = await asyncio.wait_for(orphan, timeout=1)  # its stream ends here too
+        assert not any(chunk.finish_reason for chunk in chunks)
+        assert engine.num_ongoing_requests() == 1 and not kept.done()
+        assert replica._callers._requests == {"ingress-2": {"r2"}}
+    finally:
+        await engine.shutdown()
+        for task in (orphan, kept):
+            task.cancel()
+
+
+async def test_requests_without_a_caller_or_finished_are_not_watched() -> None:
+    engine = await _long_engine()
+    replica = _replica_with(engine, set())  # nobody is alive: only unwatched requests survive
+    try:
+        unwatched = asyncio.create_task(_read(replica.generate(_request("r1"))))
+        await asyncio.sleep(0.3)
+        assert engine.num_ongoing_requests() == 1 and not unwatched.done()
+        assert replica._callers._requests == {}
+    finally:
+        unwatched.cancel()
+        await engine.shutdown()

@@ -1,8 +1,18 @@
 """Background responses: run detached from the HTTP request, events persisted as they happen.
 
 The events go to the response store, so any ingress replica can serve a client that polls,
-streams, or resumes with ``starting_after``, and cancel works whichever replica runs it: the
-cancel request is a flag in the store that the running replica watches.
+streams, or resumes with ``starting_after``.
+
+The replica running a response holds a lease on it in the store, renewed every ``renew_s``
+(app args ``background:``). A response whose lease lapsed (its replica died, the app was
+restarted) is ended as ``failed``, its persisted events closed with ``response.failed`` so
+every stream ends, by whichever replica notices first: one serving a client that reads it
+(GET, stream, cancel), or the sweep each replica runs at start and every ``lease_s``. The
+store ends it with a compare-and-set, so exactly one replica does. A replica shut down
+gracefully ends its own runs at once (`BackgroundRunner.stop`).
+
+Cancel works whichever replica takes it: the cancel is a flag in the store that the running
+replica watches; a run whose lease lapsed is ended (``cancelled``) by the canceller itself.
 """
 
 from __future__ import annotations
@@ -10,46 +20,109 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 
+from openai.types.responses import ResponseStreamEvent
+
+from serve_app.config import BackgroundArgs
 from serve_app.protocol.sse import event_json
 from serve_app.serving.responses_service import ResponsesService, Turn
-from serve_app.store.base import ResponseStore
+from serve_app.store.base import ResponseStore, RunEnding
 
 logger = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_S = 0.05  # events are written in small batches, not one transaction each
 POLL_INTERVAL_S = 0.05  # how often a stream reader looks for new events
 CANCEL_CHECK_INTERVAL_S = 0.25
+# How often a stream reader that finds nothing new checks that the run is still alive.
+LIVENESS_CHECK_INTERVAL_S = 1.0
 TERMINAL_TYPES = ("response.completed", "response.incomplete", "response.failed")
+RUNNING = ("queued", "in_progress")
+INTERRUPTED_MESSAGE = (
+    "The background response was interrupted: the server running it stopped before it "
+    "finished. Please try again."
+)
+INTERRUPTED_CODE = "server_error"
+
+
+@dataclass
+class _RunState:
+    # Another replica ended the run (its lease had lapsed): write nothing more.
+    lost: bool = False
 
 
 class BackgroundRunner:
-    def __init__(self, service: ResponsesService, store: ResponseStore) -> None:
+    def __init__(
+        self,
+        service: ResponsesService,
+        store: ResponseStore,
+        runner_id: str = "local",
+        lease: BackgroundArgs | None = None,
+    ) -> None:
         self._service = service
         self._store = store
+        self._runner_id = runner_id
+        self._lease = lease or BackgroundArgs()
         self._tasks: set[asyncio.Task] = set()
+        self._runs: dict[str, tuple[asyncio.Task, _RunState]] = {}  # running here, by response
+
+    @property
+    def lease(self) -> BackgroundArgs:
+        return self._lease
 
     async def start(self, turn: Turn) -> None:
-        """Store the response as in progress, then run it on its own task."""
+        """Take the lease, store the response as in progress, then run it on its own task."""
+        # The lease first: a reader who finds the response finds its run too.
+        await self._store.claim_run(turn.response.id, self._runner_id, self._lease.lease_s)
         await self._service.save(turn)
         # A fresh context: Ray Serve links handle calls to the HTTP request whose context they
         # run in, and cancels them when that request ends. A background response must outlive it.
-        task = asyncio.create_task(
-            self._run(turn), name=f"background {turn.response.id}", context=contextvars.Context()
-        )
+        state = _RunState()
+        task = self._spawn(self._run(turn, state), f"background {turn.response.id}")
+        self._runs[turn.response.id] = (task, state)
+        task.add_done_callback(lambda _: self._runs.pop(turn.response.id, None))
+
+    def start_sweeping(self) -> None:
+        """End the runs whose runner is gone, now (a restarted app's) and every lease period."""
+        self._spawn(self._sweep_forever(), "background lease sweep")
+
+    async def stop(self) -> None:
+        """The replica is shutting down and its runs cannot go on: end them now, ``failed`` as
+        a lapsed lease would, so no client waits the lease out."""
+        runs = list(self._runs.items())
+        for _, (task, state) in runs:
+            state.lost = True  # its runner writes nothing more; the ending below closes it
+            task.cancel()
+        await asyncio.gather(*(task for _, (task, _) in runs), return_exceptions=True)
+        for response_id, _ in runs:
+            try:
+                await self._store.end_run(response_id, _interrupted, only_if_lapsed=False)
+            except Exception:  # its lease lapses instead
+                logger.exception("background response %s: not ended at shutdown", response_id)
+        for task in self._tasks:
+            task.cancel()  # the sweep
+
+    def _spawn(self, coroutine, name: str) -> asyncio.Task:
+        task = asyncio.create_task(coroutine, name=name, context=contextvars.Context())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
-    async def _run(self, turn: Turn) -> None:
+    async def _run(self, turn: Turn, state: _RunState) -> None:
         response_id = turn.response.id
-        generation = asyncio.create_task(self._generate(turn))
-        watcher = asyncio.create_task(self._watch_cancel(response_id, generation))
+        generation = asyncio.create_task(self._generate(turn, state))
+        tending = asyncio.create_task(self._tend(response_id, generation, state))
         try:
             await generation
         except asyncio.CancelledError:
+            if state.lost:
+                logger.warning("background response %s: ended elsewhere, stopped", response_id)
+                return
             logger.info("background response %s cancelled", response_id)
             prompt_tokens = len(turn.generate.prompt_token_ids)
             ending = turn.translator.finish("abort", prompt_tokens=prompt_tokens, cached_tokens=0)
@@ -57,34 +130,87 @@ class BackgroundRunner:
             await self._service.save(turn)
         except Exception:
             logger.exception("background response %s failed", response_id)
+            # Nobody will continue it: end it now rather than when the lease lapses.
+            with contextlib.suppress(Exception):
+                await self._store.end_run(response_id, _interrupted, only_if_lapsed=False)
+            return
         finally:
-            watcher.cancel()
+            tending.cancel()
+        await self._store.finish_run(response_id, self._runner_id)
 
-    async def _generate(self, turn: Turn) -> None:
-        pending: list[tuple[int, str]] = []
-        flushed_at = time.monotonic()
-        async for event in self._service.events(turn):
-            pending.append((event.sequence_number, event_json(event)))
-            if event.type in TERMINAL_TYPES or time.monotonic() - flushed_at > FLUSH_INTERVAL_S:
-                await self._store.append_events(turn.response.id, pending)
-                pending, flushed_at = [], time.monotonic()
-        await self._store.append_events(turn.response.id, pending)
+    async def _generate(self, turn: Turn, state: _RunState) -> None:
+        writer = _EventWriter(self._store, turn.response.id)
+        try:
+            async for event in self._service.events(turn):
+                writer.add(event)
+        finally:
+            await writer.close(flush=not state.lost)
 
-    async def _persist(self, response_id: str, events) -> None:
+    async def _persist(self, response_id: str, events: list[ResponseStreamEvent]) -> None:
         await self._store.append_events(
             response_id, [(event.sequence_number, event_json(event)) for event in events]
         )
 
-    async def _watch_cancel(self, response_id: str, generation: asyncio.Task) -> None:
+    async def _tend(self, response_id: str, generation: asyncio.Task, state: _RunState) -> None:
+        """Renew the lease and watch the cancel flag until the generation ends."""
+        period = min(CANCEL_CHECK_INTERVAL_S, self._lease.renew_s)
+        renew_at = time.monotonic() + self._lease.renew_s
         while not generation.done():
-            await asyncio.sleep(CANCEL_CHECK_INTERVAL_S)
-            with contextlib.suppress(Exception):  # a store hiccup must not kill the response
+            await asyncio.sleep(period)
+            try:
                 if await self._store.cancel_requested(response_id):
                     generation.cancel()
                     return
+                if time.monotonic() >= renew_at:
+                    renew_at = time.monotonic() + self._lease.renew_s
+                    lease_s = self._lease.lease_s
+                    if not await self._store.renew_run(response_id, self._runner_id, lease_s):
+                        state.lost = True  # ended by another replica, or deleted
+                        generation.cancel()
+                        return
+            except Exception:  # a store hiccup must not kill the response: the lease has room
+                logger.warning("background response %s: lease not renewed", response_id)
+
+    async def end_if_lapsed(self, response_id: str, *, cancelled: bool = False) -> bool:
+        """End the run if its lease lapsed (``failed``, or ``cancelled`` for a canceller).
+        True if this call ended it. Reads first: a live run costs no write."""
+        run = await self._store.get_run(response_id)
+        if run is not None and (run.ended or run.lease_expires_at > time.time()):
+            return False
+        ending = _cancelled if cancelled else _interrupted
+        try:
+            ended = await self._store.end_run(response_id, ending)
+        except Exception:
+            logger.exception("background response %s: could not be ended", response_id)
+            return False
+        if ended:
+            logger.warning(
+                "background response %s: its runner %s is gone; ended as %s",
+                response_id,
+                run.runner if run else "(none recorded)",
+                "cancelled" if cancelled else "failed",
+            )
+        return ended
+
+    async def sweep(self) -> int:
+        """End every run whose lease lapsed; how many this replica ended."""
+        ended = 0
+        for response_id in await self._store.lapsed_runs():
+            ended += await self.end_if_lapsed(response_id)
+        return ended
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except Exception:
+                logger.exception("background lease sweep failed")
+            await asyncio.sleep(self._lease.lease_s)
 
     async def stream(self, response_id: str, after: int = -1) -> AsyncIterator[bytes]:
-        """SSE of the persisted events after ``after``, following them until the last one."""
+        """SSE of the persisted events after ``after``, following the run to its end."""
+        checked_at = float("-inf")
+        run_over = False
         while True:
             events = await self._store.events_after(response_id, after)
             for number, data in events:
@@ -92,10 +218,94 @@ class BackgroundRunner:
                 after = number
                 if _event_type(data) in TERMINAL_TYPES:
                     return
-            if not events:
-                if await self._store.get(response_id) is None:
-                    return  # deleted while streaming
-                await asyncio.sleep(POLL_INTERVAL_S)
+            if events:
+                continue
+            if run_over:
+                return  # over, and every event it left is sent
+            if time.monotonic() - checked_at >= LIVENESS_CHECK_INTERVAL_S:
+                checked_at = time.monotonic()
+                run_over = await self._run_over(response_id)
+                if run_over:
+                    continue  # read once more: an ending writes its events as it ends
+            await asyncio.sleep(POLL_INTERVAL_S)
+
+    async def _run_over(self, response_id: str) -> bool:
+        """Whether the run has ended (ending it here if its lease lapsed) or was deleted."""
+        await self.end_if_lapsed(response_id)
+        run = await self._store.get_run(response_id)
+        if run is None:
+            return await self._store.get(response_id) is None  # deleted while streaming
+        return run.ended
+
+
+class _EventWriter:
+    """Persists a run's events in small batches, each written at most ``FLUSH_INTERVAL_S``
+    after its first event whether or not more follow: a turn paused in the engine must not
+    hold back the events before the pause from the clients following it."""
+
+    def __init__(self, store: ResponseStore, response_id: str) -> None:
+        self._store = store
+        self._response_id = response_id
+        self._pending: list[tuple[int, str]] = []
+        self._ready = asyncio.Event()
+        self._closed = False
+        self._task = asyncio.create_task(self._write_loop())
+
+    def add(self, event: ResponseStreamEvent) -> None:
+        self._pending.append((event.sequence_number, event_json(event)))
+        self._ready.set()
+
+    async def close(self, flush: bool = True) -> None:
+        """Write what is pending (unless ``flush`` is false) and stop."""
+        if not flush:
+            self._pending.clear()
+        self._closed = True
+        self._ready.set()
+        await asyncio.shield(self._task)
+        if self._pending:  # the last write failed: try once more, and let it raise
+            await self._write()
+
+    async def _write_loop(self) -> None:
+        while not self._closed:
+            await self._ready.wait()
+            if not self._closed:
+                await asyncio.sleep(FLUSH_INTERVAL_S)  # gather a batch
+            try:
+                await self._write()
+            except Exception:  # kept, and written with the next batch
+                logger.warning("response %s: events not persisted yet", self._response_id)
+
+    async def _write(self) -> None:
+        self._ready.clear()
+        batch, self._pending = self._pending, []
+        try:
+            await self._store.append_events(self._response_id, batch)
+        except BaseException:
+            self._pending[:0] = batch
+            raise
+
+
+def _ending(status: str, error: dict[str, Any] | None, event_type: str) -> RunEnding:
+    """A `RunEnding`: the response with the items its runner finished, and its terminal event."""
+
+    def build(
+        response: dict[str, Any], done_events: list[str], last: int
+    ) -> tuple[dict[str, Any], list[tuple[int, str]]]:
+        finished = [json.loads(data) for data in done_events]
+        output = [event["item"] for event in sorted(finished, key=lambda e: e["output_index"])]
+        final = {**response, "status": status, "output": output, "error": error}
+        number = last + 1
+        event = {"type": event_type, "response": final, "sequence_number": number}
+        return final, [(number, json.dumps(event, ensure_ascii=False, separators=(",", ":")))]
+
+    return build
+
+
+_interrupted = _ending(
+    "failed", {"code": INTERRUPTED_CODE, "message": INTERRUPTED_MESSAGE}, "response.failed"
+)
+# As the running replica ends a cancelled response (see ResponseStreamTranslator.finish).
+_cancelled = _ending("cancelled", None, "response.incomplete")
 
 
 def _event_type(data: str) -> str:

@@ -18,14 +18,18 @@ class HandleEngineClient:
     """Calls the engine deployment through its handle.
 
     ``session_id`` carries the routing key, so the engine deployment's request router can keep
-    a conversation on the replica that holds its prefix in KV cache.
+    a conversation on the replica that holds its prefix in KV cache. ``caller``: the name of
+    this (ingress) replica's actor, so an engine replica aborts the requests of a caller that
+    died (see serve_app.serving.engine_deployment).
     """
 
-    def __init__(self, handle) -> None:  # ray.serve.handle.DeploymentHandle
+    def __init__(self, handle, caller: str | None = None) -> None:  # a DeploymentHandle
         self._handle = handle.options(stream=True)
+        self._caller = caller
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        response = self._handle.options(session_id=request.session_id).generate.remote(request)
+        call = self._handle.options(session_id=request.session_id).generate
+        response = call.remote(request, caller=self._caller)
         finished = False
         try:
             async for chunk in response:

@@ -1,13 +1,29 @@
-"""The engine deployment: one engine per replica, token ids in, token ids out."""
+"""The engine deployment: one engine per replica, token ids in, token ids out.
+
+A request whose caller is gone is aborted (its KV freed) within seconds. A client that leaves
+cancels its handle call, which cancels the stream here. But when the caller's process dies
+(an ingress replica killed, or its node lost), nothing cancels it: Serve runs a streaming
+handle call as an actor task (a streaming generator) and Ray does not cancel a running actor
+task whose caller died: the executor reports each yield to the caller asynchronously, a
+failed report does not stop it, and it "continues running user code until the generator
+finishes or the task is cancelled separately" (Ray's streaming generator internals doc). On
+the test app, an engine request whose ingress replica was killed was still running 25 s later
+(the issue saw such turns run to their end, 60 s each, holding their KV). So the ingress sends
+its replica actor's name with each request, and `CallerWatch` checks the callers of the
+running requests every ``CALLER_CHECK_PERIOD_S`` (one GCS call for them all, nothing per
+token) and aborts the requests of those no longer alive.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import ray
 from ray import serve
 
 from serve_app.config import EngineConfig
@@ -15,7 +31,60 @@ from serve_app.engines.base import GenerateChunk, GenerateRequest, error_chunk
 from serve_app.engines.factory import make_engine
 from serve_app.routing.directory import ServedConversations
 
+logger = logging.getLogger(__name__)
+
 _END = object()
+CALLER_CHECK_PERIOD_S = 2.0
+
+
+def _live_actor_names() -> set[str]:
+    """The named actors alive (Serve's replicas among them, by their actor names),
+    from the GCS in one call: no dashboard needed. A dead replica's name is released."""
+    return {actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)}
+
+
+class CallerWatch:
+    """Aborts the requests whose caller died: the callers of the running requests are checked
+    every ``period_s``, while there are any, and a caller ``live_callers`` no longer lists has
+    each of its requests ``abort``ed. Nothing is done per request beyond two dict updates."""
+
+    def __init__(
+        self,
+        abort: Callable[[str], Awaitable[None]],
+        live_callers: Callable[[], Awaitable[set[str]]],
+        period_s: float = CALLER_CHECK_PERIOD_S,
+    ) -> None:
+        self._abort = abort
+        self._live_callers = live_callers
+        self._period_s = period_s
+        self._requests: dict[str, set[str]] = {}  # caller -> its running request ids
+        self._task: asyncio.Task | None = None
+
+    def add(self, caller: str, request_id: str) -> None:
+        self._requests.setdefault(caller, set()).add(request_id)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._watch(), name="engine caller watch")
+
+    def discard(self, caller: str, request_id: str) -> None:
+        requests = self._requests.get(caller)
+        if requests is not None:
+            requests.discard(request_id)
+            if not requests:
+                del self._requests[caller]
+
+    async def _watch(self) -> None:
+        while self._requests:
+            await asyncio.sleep(self._period_s)
+            callers = set(self._requests)  # before the listing: each was alive when it called
+            try:
+                alive = await self._live_callers()
+            except Exception:  # the GCS unreachable: abort nothing on a guess
+                logger.warning("could not list live callers; checked again in %ss", self._period_s)
+                continue
+            for caller in callers - alive:
+                for request_id in self._requests.pop(caller, set()):
+                    logger.warning("request %s: its caller %s is gone; aborted", request_id, caller)
+                    await self._abort(request_id)
 
 
 @serve.deployment(name="EngineDeployment", max_ongoing_requests=64)
@@ -25,19 +94,27 @@ class EngineDeployment:
         # Same id the request router puts on its ring: lets the ingress attribute cache hits.
         self._replica_id = serve.get_replica_context().replica_id.unique_id
         self._served = ServedConversations(self._replica_id)
+        self._producers: dict[str, asyncio.Task] = {}
+        self._callers = CallerWatch(self._abort_orphan, self._live_callers)
         await self._engine.start()
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    async def generate(
+        self, request: GenerateRequest, caller: str | None = None
+    ) -> AsyncIterator[GenerateChunk]:
         """Stream the engine's chunks, coalescing those the reader has not taken yet.
 
         Each chunk through a handle costs real time (~1k chunks/s per stream). The engine runs
         ahead into a queue; every yield sends all that is queued as one chunk, so a slow reader
         gets fewer, larger chunks and a fast one gets every token as soon as it exists.
+        ``caller``: the name of the calling replica's actor, watched while the request runs.
         """
         if request.session_id:
             self._served.record(request.session_id)
         queue: asyncio.Queue[object] = asyncio.Queue()
         producer = asyncio.create_task(self._produce(request, queue))
+        if caller:
+            self._producers[request.request_id] = producer
+            self._callers.add(caller, request.request_id)
         finished = False
         first = True
         try:
@@ -50,12 +127,28 @@ class EngineDeployment:
                 finished = chunk.finish_reason is not None
                 yield chunk
         finally:
-            if not producer.done():
-                # Cancelled by the caller (client disconnect): stop generating and free KV.
+            if caller:
+                self._callers.discard(caller, request.request_id)
+                self._producers.pop(request.request_id, None)
+            if not finished:
+                # Cancelled by the caller (client disconnect), or the caller died (the
+                # watch stopped the producer): stop generating and free KV.
                 producer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await producer
                 await self._engine.abort(request.request_id)
+
+    async def _abort_orphan(self, request_id: str) -> None:
+        """Stop a request whose caller died: its stream then ends here, and the engine frees
+        its KV now (not when the stream's end is noticed)."""
+        producer = self._producers.pop(request_id, None)
+        if producer is not None:
+            producer.cancel()
+        await self._engine.abort(request_id)
+
+    @staticmethod
+    async def _live_callers() -> set[str]:
+        return await asyncio.to_thread(_live_actor_names)
 
     async def _produce(self, request: GenerateRequest, queue: asyncio.Queue[object]) -> None:
         arrived = time.monotonic()

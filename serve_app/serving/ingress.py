@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Literal
 
+import ray
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -74,7 +75,8 @@ def create_api(
         return response
 
     service = ResponsesService(args, engine, vault, store)
-    background = BackgroundRunner(service, store)
+    background = BackgroundRunner(service, store, replica_id, args.background)
+    api.state.background = background  # the Serve ingress starts its lease sweep
     api.include_router(conversations_router(store))
     api.include_router(
         websocket_router(service, api.state.api_keys, args.limits.max_connection_responses)
@@ -111,6 +113,8 @@ def create_api(
         response_id: str, owner: Owner, stream: bool = False, starting_after: int = -1
     ) -> dict | Response:
         stored = await _stored(store, response_id, owner)
+        if _running_in_background(stored) and await background.end_if_lapsed(response_id):
+            stored = await _stored(store, response_id, owner)  # its runner was gone: ended now
         if not stream:
             return stored.response
         if not stored.response.get("background"):
@@ -138,7 +142,7 @@ def create_api(
                 param="response_id",
             )
         await store.request_cancel(response_id)
-        return await _wait_until_settled(store, response_id, owner)
+        return await _wait_until_settled(store, background, response_id, owner)
 
     @api.get("/v1/responses/{response_id}/input_items")
     async def list_input_items(
@@ -199,17 +203,30 @@ def _event_stream(chunks: AsyncIterator[bytes]) -> StreamingResponse:
 
 
 async def _wait_until_settled(
-    store: ResponseStore, response_id: str, owner: str | None, timeout_s: float = 10
+    store: ResponseStore, background: BackgroundRunner, response_id: str, owner: str | None
 ) -> dict:
-    """The response once its runner has stopped it (or as it is when the wait runs out)."""
-    deadline = time.monotonic() + timeout_s
+    """The response once its runner has stopped it, or the canceller has ended it because its
+    runner is gone (or as it is when the wait runs out: a lease and a little more)."""
+    deadline = time.monotonic() + background.lease.lease_s + 2
+    checked_at = float("-inf")
     while True:
         stored = await _stored(store, response_id, owner)
         if stored.response.get("status") not in ("queued", "in_progress"):
             return stored.response
         if time.monotonic() > deadline:
             return stored.response
+        if time.monotonic() - checked_at >= 1:  # the runner, if alive, stops it sooner
+            checked_at = time.monotonic()
+            await background.end_if_lapsed(response_id, cancelled=True)
+            continue
         await asyncio.sleep(0.1)
+
+
+def _running_in_background(stored: StoredResponse) -> bool:
+    return bool(stored.response.get("background")) and stored.response.get("status") in (
+        "queued",
+        "in_progress",
+    )
 
 
 async def _stored(store: ResponseStore, response_id: str, owner: str | None) -> StoredResponse:
@@ -270,15 +287,21 @@ class ResponsesIngress:
         await self._store.start()
         self._api = create_api(
             args,
-            HandleEngineClient(engine_handle),
+            # Named so engine replicas abort this replica's requests should it die.
+            HandleEngineClient(engine_handle, caller=ray.get_runtime_context().get_actor_name()),
             ReasoningVault.from_env(),
             self._store,
             replica_id=serve.get_replica_context().replica_id.unique_id,
             api_keys=ApiKeys.from_env(),
         )
+        # Background responses whose replica died (or whose app restarted) are ended now.
+        self._api.state.background.start_sweeping()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return self._api
 
     async def __del__(self) -> None:
+        # Serve's graceful shutdown (a redeploy, a scale-down): end the background responses
+        # running here now rather than when their leases lapse.
+        await self._api.state.background.stop()
         await self._store.close()

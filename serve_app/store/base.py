@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,6 +38,24 @@ class StoredConversation:
             "created_at": self.created_at,
             "metadata": self.metadata,
         }
+
+
+@dataclass(frozen=True)
+class BackgroundRun:
+    """The lease of a background response: which replica runs it, until when it holds it
+    (wall clock, epoch seconds), and whether the run is over (ended by its runner, or ended
+    for it by another replica once the lease lapsed)."""
+
+    response_id: str
+    runner: str
+    lease_expires_at: float
+    ended: bool
+
+
+# Builds the end of a run its runner left: from the stored response (wire JSON), the JSON of
+# its persisted ``response.output_item.done`` events in order, and the last persisted sequence
+# number, the final response and the events that close the stream.
+RunEnding = Callable[[dict[str, Any], list[str], int], tuple[dict[str, Any], list[tuple[int, str]]]]
 
 
 @dataclass(frozen=True)
@@ -130,6 +148,38 @@ class ResponseStore(abc.ABC):
 
     @abc.abstractmethod
     async def cancel_requested(self, response_id: str) -> bool: ...
+
+    # --- background runs: a lease that the replica running one renews ---------------------
+
+    @abc.abstractmethod
+    async def claim_run(self, response_id: str, runner: str, lease_s: float) -> None:
+        """Record that ``runner`` runs the response, holding it for ``lease_s`` from now."""
+
+    @abc.abstractmethod
+    async def renew_run(self, response_id: str, runner: str, lease_s: float) -> bool:
+        """Extend the runner's lease to ``lease_s`` from now. False: the run is no longer
+        the runner's to continue (ended, by another replica after a lapse, or deleted)."""
+
+    @abc.abstractmethod
+    async def finish_run(self, response_id: str, runner: str) -> None:
+        """The runner ended its run itself (its final response and events are stored)."""
+
+    @abc.abstractmethod
+    async def get_run(self, response_id: str) -> BackgroundRun | None: ...
+
+    @abc.abstractmethod
+    async def lapsed_runs(self) -> list[str]:
+        """Runs not ended whose lease has lapsed: their runner is gone."""
+
+    @abc.abstractmethod
+    async def end_run(
+        self, response_id: str, ending: RunEnding, *, only_if_lapsed: bool = True
+    ) -> bool:
+        """End a run for its runner, in one transaction: a compare-and-set on the run (not
+        ended, and with ``only_if_lapsed`` its lease lapsed), then, if the response is still
+        ``queued`` or ``in_progress``, the final response and events ``ending`` builds. True
+        only for the one caller that ended it. A background response with no run recorded
+        (stored by an older version) counts as lapsed."""
 
     # --- conversations: a durable list of items that responses read and extend ------------
 

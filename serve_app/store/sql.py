@@ -25,6 +25,7 @@ from typing import Any, Literal
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Float,
     Index,
     Integer,
     Select,
@@ -39,6 +40,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -48,8 +50,10 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, aliased, mapped_column
 
 from serve_app.store.base import (
+    BackgroundRun,
     ItemPage,
     ResponseStore,
+    RunEnding,
     StoredConversation,
     StoredResponse,
     cut_page,
@@ -82,6 +86,19 @@ class EventRow(_Base):
     response_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     sequence_number: Mapped[int] = mapped_column(Integer, primary_key=True)
     event_json: Mapped[str] = mapped_column(Text)
+
+
+class RunRow(_Base):
+    """The lease of a background response's run (see `BackgroundRun`). A table of its own,
+    keyed by the response, so stores made before leases existed gain it with ``create_all``."""
+
+    __tablename__ = "background_runs"
+    __table_args__ = (Index("ix_background_runs_ended_expiry", "ended", "lease_expires_at"),)
+
+    response_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    runner: Mapped[str] = mapped_column(String(128))
+    lease_expires_at: Mapped[float] = mapped_column(Float)
+    ended: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class ConversationRow(_Base):
@@ -223,6 +240,7 @@ class SqlResponseStore(ResponseStore):
             result = await session.execute(delete(ResponseRow).where(ResponseRow.id == response_id))
             await session.execute(delete(EventRow).where(EventRow.response_id == response_id))
             await session.execute(delete(ItemRow).where(ItemRow.response_id == response_id))
+            await session.execute(delete(RunRow).where(RunRow.response_id == response_id))
         return result.rowcount > 0
 
     async def find_items(
@@ -279,6 +297,96 @@ class SqlResponseStore(ResponseStore):
         async with self._session() as session:
             row = await session.get(ResponseRow, response_id)
         return bool(row and row.cancel_requested)
+
+    async def claim_run(self, response_id: str, runner: str, lease_s: float) -> None:
+        row = RunRow(
+            response_id=response_id,
+            runner=runner,
+            lease_expires_at=time.time() + lease_s,
+            ended=False,
+        )
+        async with self._write() as session, session.begin():
+            await session.merge(row)
+
+    async def renew_run(self, response_id: str, runner: str, lease_s: float) -> bool:
+        async with self._write() as session, session.begin():
+            result = await session.execute(
+                update(RunRow)
+                .where(
+                    RunRow.response_id == response_id,
+                    RunRow.runner == runner,
+                    RunRow.ended.is_(False),
+                )
+                .values(lease_expires_at=time.time() + lease_s)
+            )
+        return result.rowcount == 1
+
+    async def finish_run(self, response_id: str, runner: str) -> None:
+        async with self._write() as session, session.begin():
+            await session.execute(
+                update(RunRow)
+                .where(RunRow.response_id == response_id, RunRow.runner == runner)
+                .values(ended=True)
+            )
+
+    async def get_run(self, response_id: str) -> BackgroundRun | None:
+        async with self._session() as session:
+            row = await session.get(RunRow, response_id)
+        if row is None:
+            return None
+        return BackgroundRun(row.response_id, row.runner, row.lease_expires_at, row.ended)
+
+    async def lapsed_runs(self) -> list[str]:
+        query = select(RunRow.response_id).where(
+            RunRow.ended.is_(False), RunRow.lease_expires_at < time.time()
+        )
+        async with self._session() as session:
+            return list((await session.scalars(query)).all())
+
+    async def end_run(
+        self, response_id: str, ending: RunEnding, *, only_if_lapsed: bool = True
+    ) -> bool:
+        try:
+            async with self._write() as session, session.begin():
+                row = await session.get(ResponseRow, response_id)
+                if row is None:
+                    return False
+                if not await self._take_run(session, response_id, only_if_lapsed):
+                    return False
+                response = json.loads(row.response_json)
+                if response.get("status") not in ("queued", "in_progress"):
+                    return False  # its runner finished it after all; the run is marked ended
+                done_items, last = await _persisted_ending_inputs(session, response_id)
+                final, events = ending(response, done_items, last)
+                row.response_json = json.dumps(final)
+                session.add_all(
+                    EventRow(response_id=response_id, sequence_number=number, event_json=data)
+                    for number, data in events
+                )
+                output = [item for item in final.get("output") or [] if isinstance(item, dict)]
+                session.add_all(_item_rows(output, row.owner, response_id=response_id))
+                return True
+        except IntegrityError:
+            return False  # another replica recorded the run of an old response first
+
+    @staticmethod
+    async def _take_run(session: AsyncSession, response_id: str, only_if_lapsed: bool) -> bool:
+        """The compare-and-set: mark the run ended if it is not, and (``only_if_lapsed``) its
+        lease lapsed. PostgreSQL locks the row for the update, and a second taker re-reads it
+        once the first commits, finding it ended; SQLite's writers take turns."""
+        condition = [RunRow.response_id == response_id, RunRow.ended.is_(False)]
+        if only_if_lapsed:
+            condition.append(RunRow.lease_expires_at < time.time())
+        result = await session.execute(update(RunRow).where(*condition).values(ended=True))
+        if result.rowcount == 1:
+            return True
+        if await session.get(RunRow, response_id) is not None:
+            return False  # held by a live runner, or ended already
+        # No run recorded: a background response from before leases. Recording it ended is
+        # the compare-and-set here (a second recorder hits the primary key).
+        session.add(RunRow(response_id=response_id, runner="", lease_expires_at=0, ended=True))
+        await session.flush()
+        return True
 
     async def put_conversation(self, conversation: StoredConversation) -> None:
         row = ConversationRow(
@@ -428,6 +536,27 @@ class SqlResponseStore(ResponseStore):
         if self._writes is None:
             raise RuntimeError("the response store is not started")
         return self._writes()
+
+
+async def _persisted_ending_inputs(
+    session: AsyncSession, response_id: str
+) -> tuple[list[str], int]:
+    """What `RunEnding` builds from: the finished items' events, and the last number."""
+    done = (
+        await session.scalars(
+            select(EventRow.event_json)
+            .where(
+                EventRow.response_id == response_id,
+                # event_json puts "type" first (serve_app.protocol.sse).
+                EventRow.event_json.startswith('{"type":"response.output_item.done"'),
+            )
+            .order_by(EventRow.sequence_number)
+        )
+    ).all()
+    last = await session.scalar(
+        select(func.max(EventRow.sequence_number)).where(EventRow.response_id == response_id)
+    )
+    return list(done), -1 if last is None else last
 
 
 def _page_query(conversation_id: str, start: int | None, descending: bool, limit: int) -> Select:
