@@ -207,7 +207,7 @@ async def _serve_connection(
                 message = _TooLarge(size) if size > limits.max_body_bytes else text
                 if (overflow := inbox.put(message)) is not None:
                     logger.warning("websocket: %s, closing", overflow)
-                    await socket.close(POLICY_VIOLATION, "too many pending messages")
+                    await socket.close(POLICY_VIOLATION, overflow)
                     return
         finally:
             inbox.leave()
