@@ -53,15 +53,34 @@ class BackgroundArgs(BaseModel):
 
 
 class Limits(BaseModel):
-    """What one request may carry; beyond it the answer is a 4xx, never a crash or a hang."""
+    """What one request or connection may carry or hold; beyond it the answer is a 4xx (or a
+    closed WebSocket), never a crash, a hang, or another tenant starved."""
 
     model_config = ConfigDict(extra="forbid")
 
+    # One request body, and one WebSocket message.
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     max_input_items: int = Field(default=4096, gt=0)
     max_tools: int = Field(default=512, gt=0)
     # Responses a WebSocket connection remembers for `previous_response_id` (newest kept).
     max_connection_responses: int = Field(default=64, gt=0)
+    # A request body not received whole within this many seconds of the request's start is a
+    # 408 and its connection is closed: a body trickled in holds one of the ingress replica's
+    # request slots (Ray Serve's `max_ongoing_requests`) for as long as it lasts.
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    # Open WebSocket connections per ingress replica, in all and per API key (without keys
+    # only the total applies). Each holds one of the replica's `max_ongoing_requests` slots
+    # (256 by default, 512 in configs/gpt-oss.yaml) for its whole life: the total stays well
+    # below it, so HTTP requests and `/health` always find a slot. Beyond: a 429 error event
+    # (`rate_limit_exceeded`) and close code 1013 (try again later).
+    max_websockets_per_replica: int = Field(default=128, gt=0)
+    max_websockets_per_key: int = Field(default=16, gt=0)
+    # A WebSocket connection with no message for this long while no response streams is
+    # closed (1000), freeing its slot; the client reconnects for its next turn.
+    websocket_idle_timeout_s: float = Field(default=300.0, gt=0)
+    # Bytes of messages a WebSocket connection may queue behind the response it is streaming;
+    # more closes it (1008), so a client's input held in memory stays bounded in bytes.
+    max_websocket_pending_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
 
 
 class AppArgs(BaseModel):

@@ -24,17 +24,19 @@ SUMMARY_REQUEST = (
 SUMMARY_PREFIX = "Summary of the earlier conversation (it was compacted):\n\n"
 
 
-def seal_summary(vault: ReasoningVault, summary: str) -> str:
-    return vault.seal(summary, PURPOSE)
+def seal_summary(vault: ReasoningVault, summary: str, owner: str | None = None) -> str:
+    """``owner``: the API key's digest the summary is for (None when the API is open)."""
+    return vault.seal(summary, PURPOSE, owner=owner)
 
 
-def open_summary(vault: ReasoningVault | None, blob: str) -> str:
-    """The summary a compaction item holds; a 400 if this server did not seal it."""
-    summary = vault.open(blob, PURPOSE) if vault is not None else None
+def open_summary(vault: ReasoningVault | None, blob: str, owner: str | None = None) -> str:
+    """The summary a compaction item holds; a 400 if this server did not seal it for
+    ``owner``."""
+    summary = vault.open(blob, PURPOSE, owner=owner) if vault is not None else None
     if summary is None:
         raise InvalidRequest(
-            "A compaction item could not be opened: it was made by another server (or with "
-            "another key) or altered. Send the full history instead.",
+            "A compaction item could not be opened: it was made by another server, with "
+            "another key or for another API key, or altered. Send the full history instead.",
             param="input",
             code="invalid_encrypted_content",
         )

@@ -83,9 +83,12 @@ def render_request(
     *,
     history: Sequence[InputItem] = (),
     vault: ReasoningVault | None = None,
+    owner: str | None = None,
     now: datetime | None = None,
 ) -> RenderedPrompt:
-    """Prompt token ids for ``history`` (earlier stored items, if any) + the request's input."""
+    """Prompt token ids for ``history`` (earlier stored items, if any) + the request's input.
+    ``owner``: the caller's key digest (None when the API is open); sealed reasoning and
+    compaction items open only for the owner they were sealed for."""
     items = [*history, *request.input_items]
     _reject_unresolved_references(items, first_input=len(history))
     check_tool_call_pairs(items, first_input=len(history))
@@ -94,7 +97,7 @@ def render_request(
     leading, rest = split_leading_instructions(items)
     messages = [
         *_developer_message(request, leading, tools),
-        *_history_messages(rest, tools, vault),
+        *_history_messages(rest, tools, vault, owner),
     ]
     encoding = get_encoding()
     # The developer message is our text (see typescript.py), so harmony cannot see the function
@@ -236,7 +239,7 @@ def _tool_text(spec: ToolSpec) -> ToolText:
 
 
 def _history_messages(
-    items: list[InputItem], tools: ToolRegistry, vault: ReasoningVault | None
+    items: list[InputItem], tools: ToolRegistry, vault: ReasoningVault | None, owner: str | None
 ) -> list[Message]:
     recipients = _call_recipients(items, tools)
     last_final = _last_final_answer(items)
@@ -244,7 +247,7 @@ def _history_messages(
     for index, item in enumerate(items):
         if isinstance(item, ReasoningItem):
             if index > last_final:
-                messages.extend(_reasoning_message(item, vault))
+                messages.extend(_reasoning_message(item, vault, owner))
         elif isinstance(item, MessageItem):
             messages.append(_message(item, is_preamble=_is_preamble(items, index)))
         elif isinstance(item, FunctionCallItem | CustomToolCallItem):
@@ -252,7 +255,7 @@ def _history_messages(
         elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
             messages.append(_tool_output_message(item, recipients[item.call_id]))
         elif isinstance(item, CompactionItem):
-            summary = compaction.open_summary(vault, item.encrypted_content)
+            summary = compaction.open_summary(vault, item.encrypted_content, owner)
             text = compaction.SUMMARY_PREFIX + summary
             messages.append(Message.from_role_and_content(Role.USER, text))
     return messages
@@ -307,19 +310,22 @@ def _message(item: MessageItem, *, is_preamble: bool) -> Message:
     return Message.from_role_and_content(Role.ASSISTANT, item.text).with_channel(channel)
 
 
-def _reasoning_message(item: ReasoningItem, vault: ReasoningVault | None) -> list[Message]:
-    text = _reasoning_text(item, vault)
+def _reasoning_message(
+    item: ReasoningItem, vault: ReasoningVault | None, owner: str | None
+) -> list[Message]:
+    text = _reasoning_text(item, vault, owner)
     if not text:
         return []
     return [Message.from_role_and_content(Role.ASSISTANT, text).with_channel("analysis")]
 
 
-def _reasoning_text(item: ReasoningItem, vault: ReasoningVault | None) -> str:
-    """Full reasoning text if the client kept it, else what we sealed, else the summary."""
+def _reasoning_text(item: ReasoningItem, vault: ReasoningVault | None, owner: str | None) -> str:
+    """Full reasoning text if the client kept it, else what we sealed (for this owner), else
+    the summary."""
     if item.content:
         return "".join(part.text for part in item.content)
     if item.encrypted_content and vault is not None:
-        opened = vault.open(item.encrypted_content)
+        opened = vault.open(item.encrypted_content, owner=owner)
         if opened is not None:
             return opened
     return "\n".join(part.text for part in item.summary)

@@ -36,6 +36,7 @@ def truncate_to_fit(
     items: Sequence[InputItem],
     fits: Callable[[int], bool],
     vault: ReasoningVault | None = None,
+    owner: str | None = None,
 ) -> RenderedPrompt:
     """The prompt of ``items`` (history + input) with the fewest oldest items dropped for
     ``fits(prompt_tokens)``; when none fits, the shortest one (every droppable item dropped)."""
@@ -45,7 +46,7 @@ def truncate_to_fit(
     def render(dropped_units: int) -> RenderedPrompt:
         dropped = {index for unit in units[:dropped_units] for index in unit}
         kept = [item for index, item in enumerate(items) if index not in dropped]
-        return render_request(bare, history=kept, vault=vault)
+        return render_request(bare, history=kept, vault=vault, owner=owner)
 
     low, high = 0, len(units)
     best = render(high)

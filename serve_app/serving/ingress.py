@@ -32,9 +32,9 @@ from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import dump_response
 from serve_app.protocol.sse import encode_event
 from serve_app.serving import metrics
-from serve_app.serving.auth import ApiKeys, Owner, caller
+from serve_app.serving.auth import ApiKeys, Owner, RequireKey, caller
 from serve_app.serving.background import BackgroundRunner
-from serve_app.serving.body_limit import BodySizeLimit
+from serve_app.serving.body_limit import BodyLimits
 from serve_app.serving.conversations import conversations_router
 from serve_app.serving.engine_client import EngineClient, HandleEngineClient
 from serve_app.serving.pagination import page as _page
@@ -63,9 +63,12 @@ def create_api(
 ) -> FastAPI:
     """The HTTP API, usable with any `EngineClient` (the Serve ingress passes a handle)."""
     api = FastAPI(title="serve_app", description="OpenAI Responses API for gpt-oss")
-    api.state.api_keys = api_keys or ApiKeys([])
+    api_keys = api_keys or ApiKeys([])
+    limits = args.limits
 
-    api.add_middleware(BodySizeLimit, max_bytes=args.limits.max_body_bytes)
+    api.add_middleware(BodyLimits, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
+    # Added last, so it runs first: the key is checked before the body is read or validated.
+    api.add_middleware(RequireKey, api_keys=api_keys)
 
     @api.middleware("http")
     async def name_the_replica(request: Request, call_next):
@@ -78,9 +81,7 @@ def create_api(
     background = BackgroundRunner(service, store, replica_id, args.background)
     api.state.background = background  # the Serve ingress starts its lease sweep
     api.include_router(conversations_router(store))
-    api.include_router(
-        websocket_router(service, api.state.api_keys, args.limits.max_connection_responses)
-    )
+    api.include_router(websocket_router(service, api_keys, limits))
     _install_error_handlers(api)
     created = int(time.time())
 
@@ -165,6 +166,15 @@ def create_api(
             raise model_not_found(model)
         return _model_card(model, created)
 
+    # `/health` goes through the replica like any request. Ray Serve's proxy hands a request to
+    # a replica only while it holds fewer than `max_ongoing_requests` (256 below; the configs
+    # may set more), and every open WebSocket and every request whose body is still arriving
+    # holds one of those slots; at the limit the proxy queues everything else, `/health` too.
+    # Serve's own health check is not affected: it is the controller's `check_health` call on
+    # the replica actor (whose concurrency Serve sets above `max_ongoing_requests`), and the
+    # proxy answers `/-/healthz` itself. So the limits keep user traffic from taking every
+    # slot: `max_websockets_per_replica` below `max_ongoing_requests`, `body_timeout_s` for slow
+    # bodies, and `RequireKey` refusing a request without a valid key before its body.
     @api.get("/health")
     async def health() -> dict:
         return {"status": "ok"}

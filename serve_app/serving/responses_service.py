@@ -7,6 +7,7 @@ through an `EngineClient`, so the whole protocol path runs in tests without a cl
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -108,19 +109,24 @@ class ResponsesService:
         is not the client's to keep within ``max_input_items``."""
         context = await self.context(request, owner, recent, check_limits=check_limits)
         request, history = context.request, context.history
-        prompt = render_request(request, history=history, vault=self._vault)
+        prompt = render_request(request, history=history, vault=self._vault, owner=owner)
         if request.background and not request.store:
             raise InvalidRequest(
                 "Background responses are stored: they need `store` true.", param="store"
             )
-        prompt = self._truncated(request, history, prompt)
+        prompt = self._truncated(request, history, prompt, owner)
         max_tokens = self._max_output_tokens(request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
         key = routing_key(request.prompt_cache_key, prompt.token_ids)
         metrics.ROUTING_KEYS.labels(
             "prompt_cache_key" if request.prompt_cache_key else "derived"
         ).inc()
-        seal = self._vault.seal if ENCRYPTED_REASONING in request.include else None
+        # Sealed for this caller's key only: another key's requests cannot open it.
+        seal = (
+            functools.partial(self._vault.seal, owner=owner)
+            if ENCRYPTED_REASONING in request.include
+            else None
+        )
         generate = GenerateRequest(
             request_id=response.id,
             prompt_token_ids=prompt.token_ids,
@@ -154,7 +160,9 @@ class ResponsesService:
     async def render(self, request: ResponsesRequest, owner: str | None = None) -> RenderedPrompt:
         """The prompt for a request: its stored history (if it continues one) and its input."""
         context = await self.context(request, owner)
-        return render_request(context.request, history=context.history, vault=self._vault)
+        return render_request(
+            context.request, history=context.history, vault=self._vault, owner=owner
+        )
 
     async def context(
         self,
@@ -244,7 +252,11 @@ class ResponsesService:
         return asked and self._args.reasoning_summary == "chain_of_thought"
 
     def _truncated(
-        self, request: ResponsesRequest, history: list[InputItem], prompt: RenderedPrompt
+        self,
+        request: ResponsesRequest,
+        history: list[InputItem],
+        prompt: RenderedPrompt,
+        owner: str | None,
     ) -> RenderedPrompt:
         """With ``truncation: "auto"``, the prompt with the oldest items dropped until it leaves
         room for the output allowance (as OpenAI, which subtracts it from the context); a
@@ -262,7 +274,8 @@ class ResponsesService:
         if fits(len(prompt.token_ids)):
             return prompt
         # When nothing fits, the shortest prompt: it gets what room is left, or the 400 below.
-        return truncate_to_fit(request, [*history, *request.input_items], fits, self._vault)
+        items = [*history, *request.input_items]
+        return truncate_to_fit(request, items, fits, self._vault, owner)
 
     def _max_output_tokens(self, request: ResponsesRequest, prompt_tokens: int) -> int:
         room = self._args.max_context_tokens - prompt_tokens
@@ -385,7 +398,7 @@ class ResponsesService:
         metrics.COMPACTIONS.inc()
         compaction_id = new_item_id("cmp")
         kept = [stored_item(item) for item in items if _is_user_message(item)]
-        sealed = compaction.seal_summary(self._vault, summary)
+        sealed = compaction.seal_summary(self._vault, summary, owner)
         return {
             "id": compaction_id,
             "object": "response.compaction",

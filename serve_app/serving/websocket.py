@@ -12,6 +12,11 @@ is answered as OpenAI answers it: ``response.created`` and ``response.completed`
 and zero usage, without calling the engine. Its id is remembered like any response's, with the
 input it carried, so the next turn can continue it by ``previous_response_id`` with only its new
 items.
+
+What one tenant can hold is bounded (`Limits` in config.py): open connections per ingress
+replica and per API key (each holds one of the replica's Ray Serve request slots for its whole
+life), a connection's idle time between responses, one message's size (``max_body_bytes``, as an
+HTTP body) and the bytes of messages queued behind a streaming response.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -28,6 +33,7 @@ from openai.types.responses import ResponseCompletedEvent, ResponseCreatedEvent
 from openai.types.responses.responses_server_event import ResponseWsError, ResponseWsErrorError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from serve_app.config import Limits
 from serve_app.protocol.errors import APIError, InvalidRequest, from_validation_errors
 from serve_app.protocol.requests import STRICT_TYPES, InputItem, ResponsesRequest
 from serve_app.protocol.sse import event_json
@@ -38,11 +44,61 @@ from serve_app.serving.responses_service import ResponsesService, Turn
 logger = logging.getLogger(__name__)
 
 CREATE = "response.create"
-# Close code for a refused connection (RFC 6455: policy violation).
+# Close codes (RFC 6455): a refused key or a flooding client; an idle connection closed; a
+# connection over the limits, to be retried later.
 POLICY_VIOLATION = 1008
-# Messages a client may send ahead of the response being streamed; more closes the connection
-# (memory stays bounded whatever a client sends).
+NORMAL_CLOSURE = 1000
+TRY_AGAIN_LATER = 1013
+# Messages a client may send ahead of the response being streamed; more closes the connection.
+# Their bytes are bounded too (`Limits.max_websocket_pending_bytes`): the count bounds the
+# per-message overhead of many tiny ones.
 MAX_PENDING_MESSAGES = 16
+
+
+class TooManyConnections(APIError):
+    status_code = 429
+    error_type = "rate_limit_error"
+
+
+class ConnectionSlots:
+    """The open connections of this ingress replica, in all and per key (owner digest).
+
+    One tenant's connections cannot take every slot of the replica: each WebSocket holds one of
+    Ray Serve's `max_ongoing_requests` slots until it closes, and a replica at that limit serves
+    nothing else, `/health` included (the proxy queues every further request for it).
+    """
+
+    def __init__(self, per_replica: int, per_key: int) -> None:
+        self.per_replica = per_replica
+        self.per_key = per_key
+        self.total = 0
+        self._by_owner: Counter[str] = Counter()
+
+    def take(self, owner: str | None) -> None:
+        """One slot for ``owner``; raises `TooManyConnections` (429) when none is left."""
+        if self.total >= self.per_replica:
+            raise TooManyConnections(
+                f"Too many WebSocket connections on this server ({self.per_replica}): "
+                "close one or try again later.",
+                code="rate_limit_exceeded",
+            )
+        # Without API keys every client is the same owner: only the total applies.
+        if owner is not None and self._by_owner[owner] >= self.per_key:
+            raise TooManyConnections(
+                f"Too many WebSocket connections for this API key ({self.per_key}): close one "
+                "or try again later.",
+                code="rate_limit_exceeded",
+            )
+        self.total += 1
+        if owner is not None:
+            self._by_owner[owner] += 1
+
+    def give_back(self, owner: str | None) -> None:
+        self.total -= 1
+        if owner is not None:
+            self._by_owner[owner] -= 1
+            if not self._by_owner[owner]:
+                del self._by_owner[owner]
 
 
 class RecentResponses(OrderedDict[str, list[InputItem]]):
@@ -58,8 +114,9 @@ class RecentResponses(OrderedDict[str, list[InputItem]]):
             self.popitem(last=False)
 
 
-def websocket_router(service: ResponsesService, api_keys: ApiKeys, capacity: int) -> APIRouter:
+def websocket_router(service: ResponsesService, api_keys: ApiKeys, limits: Limits) -> APIRouter:
     router = APIRouter()
+    slots = ConnectionSlots(limits.max_websockets_per_replica, limits.max_websockets_per_key)
 
     @router.websocket("/v1/responses")
     async def responses_socket(socket: WebSocket) -> None:
@@ -70,41 +127,107 @@ def websocket_router(service: ResponsesService, api_keys: ApiKeys, capacity: int
             await _send_error(socket, refused)
             await socket.close(POLICY_VIOLATION)
             return
+        try:
+            slots.take(owner)
+        except TooManyConnections as refused:
+            await _send_error(socket, refused)
+            await socket.close(TRY_AGAIN_LATER)
+            return
         metrics.WEBSOCKET_CONNECTIONS.inc()
         try:
-            await _serve_connection(socket, service, owner, RecentResponses(capacity))
+            recent = RecentResponses(limits.max_connection_responses)
+            await _serve_connection(socket, service, owner, recent, limits)
         finally:
             metrics.WEBSOCKET_CONNECTIONS.dec()
+            slots.give_back(owner)
 
     return router
 
 
+@dataclass
+class _TooLarge:
+    """Stands in the inbox for a message over ``max_body_bytes``, which is not kept."""
+
+    size: int
+
+
+class _Inbox:
+    """Messages waiting their turn, bounded in number and in bytes; None: the client left."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._queue: asyncio.Queue[str | _TooLarge | None] = asyncio.Queue()
+        self._max_bytes = max_bytes
+        self.bytes = 0
+
+    def put(self, message: str | _TooLarge) -> str | None:
+        """Queue ``message``; or, when it would pass a bound, why the connection must close."""
+        size = _size(message) if isinstance(message, str) else 0
+        if self._queue.qsize() >= MAX_PENDING_MESSAGES:
+            return f"more than {MAX_PENDING_MESSAGES} messages pending"
+        if self.bytes + size > self._max_bytes:
+            return f"more than {self._max_bytes} bytes of messages pending"
+        self.bytes += size
+        self._queue.put_nowait(message)
+        return None
+
+    def leave(self) -> None:
+        self._queue.put_nowait(None)
+
+    async def get(self) -> str | _TooLarge | None:
+        message = await self._queue.get()
+        if isinstance(message, str):
+            self.bytes -= _size(message)
+        return message
+
+
+def _size(text: str) -> int:
+    # UTF-8 bytes; an ASCII str (the usual JSON) is counted without encoding a copy.
+    return len(text) if text.isascii() else len(text.encode())
+
+
 async def _serve_connection(
-    socket: WebSocket, service: ResponsesService, owner: str | None, recent: RecentResponses
+    socket: WebSocket,
+    service: ResponsesService,
+    owner: str | None,
+    recent: RecentResponses,
+    limits: Limits,
 ) -> None:
     """Messages are read while a response streams, so a client that goes away mid-response
     is noticed at once: the response is cancelled, which aborts its engine request. Messages
-    sent meanwhile wait their turn."""
-    inbox: asyncio.Queue[str | None] = asyncio.Queue()
+    sent meanwhile wait their turn. With no response streaming, a connection silent for
+    ``websocket_idle_timeout_s`` is closed."""
+    inbox = _Inbox(limits.max_websocket_pending_bytes)
     serving: asyncio.Task[None] | None = None
 
     async def read() -> None:
         try:
             while (text := await _receive_text(socket)) is not None:
-                if inbox.qsize() >= MAX_PENDING_MESSAGES:
-                    logger.warning("websocket: %d messages pending, closing", inbox.qsize())
-                    await socket.close(POLICY_VIOLATION, "too many pending messages")
+                size = _size(text)
+                # Over the size of a body: answered in turn with a 413, and not kept meanwhile.
+                message = _TooLarge(size) if size > limits.max_body_bytes else text
+                if (overflow := inbox.put(message)) is not None:
+                    logger.warning("websocket: %s, closing", overflow)
+                    await socket.close(POLICY_VIOLATION, overflow)
                     return
-                await inbox.put(text)
         finally:
-            await inbox.put(None)
+            inbox.leave()
             if serving is not None:
                 serving.cancel()
 
     reader = asyncio.create_task(read())
     try:
-        while (text := await inbox.get()) is not None:
-            serving = asyncio.create_task(_serve_message(socket, text, service, owner, recent))
+        while True:
+            try:
+                message = await asyncio.wait_for(inbox.get(), limits.websocket_idle_timeout_s)
+            except TimeoutError:
+                logger.info("websocket: idle for %gs, closing", limits.websocket_idle_timeout_s)
+                await socket.close(NORMAL_CLOSURE, "idle timeout")
+                return
+            if message is None:
+                return
+            serving = asyncio.create_task(
+                _serve_message(socket, message, service, owner, recent, limits.max_body_bytes)
+            )
             try:
                 await serving
             except asyncio.CancelledError:
@@ -113,6 +236,8 @@ async def _serve_connection(
                 return
             except WebSocketDisconnect:
                 return
+            finally:
+                serving = None
     finally:
         reader.cancel()
 
@@ -129,14 +254,20 @@ async def _receive_text(socket: WebSocket) -> str | None:
 
 async def _serve_message(
     socket: WebSocket,
-    text: str,
+    message: str | _TooLarge,
     service: ResponsesService,
     owner: str | None,
     recent: RecentResponses,
+    max_bytes: int,
 ) -> None:
     """One client message: a response streamed back, or an error event."""
     try:
-        create = _parse_create(text)
+        if isinstance(message, _TooLarge):
+            raise APIError(
+                f"Message too large: {message.size} bytes, at most {max_bytes}.",
+                status_code=413,
+            )
+        create = _parse_create(message)
     except APIError as error:
         await _send_error(socket, error)
         return

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
@@ -176,6 +177,25 @@ def _item_rows(
     ]
 
 
+def _private_sqlite_file(path: Path) -> None:
+    """The store holds every tenant's prompts and answers: only this user may read it. The
+    directories created for it are 0700, the database file 0600, made so before SQLite opens it
+    (SQLite gives its -wal and -shm files the database file's mode). A store from before this
+    is tightened too; a directory that already existed (``/tmp``, a home) is left as it is."""
+    missing = [parent for parent in (path.parent, *path.parent.parents) if not parent.exists()]
+    for directory in reversed(missing):
+        directory.mkdir(mode=0o700, exist_ok=True)
+        directory.chmod(0o700)  # whatever the umask
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if file.exists() and file.stat().st_mode & 0o077:
+                file.chmod(0o600)
+                logger.warning("response store: %s was readable by others, now 0600", file)
+        except OSError as error:
+            logger.warning("response store: could not make %s private: %s", file, error)
+
+
 class SqlResponseStore(ResponseStore):
     def __init__(self, url: str) -> None:
         self.url = url
@@ -186,7 +206,7 @@ class SqlResponseStore(ResponseStore):
     async def start(self) -> None:
         url = make_url(self.url)
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-            Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            _private_sqlite_file(Path(url.database).expanduser())
         self._engine = create_async_engine(url, pool_pre_ping=True)
         if url.get_backend_name() == "sqlite":
             event.listen(self._engine.sync_engine, "connect", _sqlite_pragmas)
