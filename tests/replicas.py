@@ -7,8 +7,11 @@ view nor their recent placements, so it may place a new conversation elsewhere t
 
 from __future__ import annotations
 
+import contextlib
+import time
 from typing import Any
 
+import httpx
 import ray
 
 from serve_app.routing.directory import REPORT_KEY
@@ -68,3 +71,17 @@ def _call_servable_object(_replica_actor: object, method: str) -> Any:
 def _routing_stats(actor: dict) -> dict:
     """As the Serve controller collects them, with the replica actor's own method."""
     return ray.get(replica_actor(actor).record_routing_stats.remote(), timeout=CALL_TIMEOUT_S)
+
+
+def wait_for_ingress_replicas(app_url: str, count: int, timeout_s: float = 120) -> None:
+    """Leave the app as found after a fault: ``count`` ingress replicas back and answering
+    (each names itself in ``x-serve-app-replica``; one still starting may refuse or fail)."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < count:
+        assert time.monotonic() < deadline, f"only {len(seen)} ingress replicas came back"
+        with contextlib.suppress(httpx.HTTPError):
+            answer = httpx.get(f"{app_url}/v1/models", timeout=10)
+            if answer.status_code == 200:
+                seen.add(answer.headers["x-serve-app-replica"])
+        time.sleep(0.2)

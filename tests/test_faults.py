@@ -21,6 +21,7 @@ from tests.replicas import (
     engine_replica_serving,
     replica_actor,
     replica_actors,
+    wait_for_ingress_replicas,
 )
 
 pytestmark = pytest.mark.faults
@@ -147,16 +148,3 @@ def test_ingress_replica_killed_during_a_background_response(
     assert aborted_after is not None, "the engine request of the killed ingress ran on"
     assert aborted_after < CALLER_CHECK_PERIOD_S + 5, aborted_after
     wait_for_ingress_replicas(app_url, 2)
-
-
-def wait_for_ingress_replicas(app_url: str, count: int, timeout_s: float = 120) -> None:
-    """Leave the app as found: every ingress replica back and answering."""
-    seen: set[str] = set()
-    deadline = time.monotonic() + timeout_s
-    while len(seen) < count:
-        assert time.monotonic() < deadline, f"only {len(seen)} ingress replicas came back"
-        with contextlib.suppress(httpx.HTTPError):
-            answer = httpx.get(f"{app_url}/v1/models", timeout=10)
-            if answer.status_code == 200:
-                seen.add(answer.headers["x-serve-app-replica"])
-        time.sleep(0.2)

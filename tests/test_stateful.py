@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import httpx
@@ -11,7 +10,7 @@ import pytest
 import ray
 from openai import OpenAI
 
-from tests.replicas import replica_actor, replica_actors
+from tests.replicas import replica_actor, replica_actors, wait_for_ingress_replicas
 
 MODEL = "gpt-oss-120b"
 WEATHER_TOOL = {
@@ -146,7 +145,9 @@ def test_cancel_of_a_foreground_response_is_rejected(app_url: str, client: OpenA
     assert httpx.post(f"{app_url}/v1/responses/resp_nope/cancel", timeout=30).status_code == 404
 
 
-def test_stored_responses_survive_an_ingress_restart(app_cluster: None, client: OpenAI) -> None:
+def test_stored_responses_survive_an_ingress_restart(
+    app_cluster: None, app_url: str, client: OpenAI
+) -> None:
     created = client.responses.create(model=MODEL, input="SDK-TEXT: remember me")
     names = replica_actors("ResponsesIngress")
     assert names, "no ingress replica found"
@@ -162,19 +163,7 @@ def test_stored_responses_survive_an_ingress_restart(app_cluster: None, client: 
                 raise
             time.sleep(1)
     assert fetched.output_text == "Hello from the scripted engine."
-    wait_for_ingress_replicas(client, 2)
-
-
-def wait_for_ingress_replicas(client: OpenAI, count: int, timeout_s: float = 120) -> None:
-    """Leave the app as found: every ingress replica back and answering."""
-    seen: set[str] = set()
-    deadline = time.monotonic() + timeout_s
-    while len(seen) < count:
-        assert time.monotonic() < deadline, f"only {len(seen)} ingress replicas came back"
-        # A replica still starting may refuse the connection or answer 503.
-        with contextlib.suppress(openai.APIConnectionError, openai.InternalServerError):
-            seen.add(client.models.with_raw_response.list().headers["x-serve-app-replica"])
-        time.sleep(0.2)
+    wait_for_ingress_replicas(app_url, 2)
 
 
 def wait_status(client: OpenAI, response_id: str, timeout_s: float = 30):
