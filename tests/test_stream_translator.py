@@ -1120,3 +1120,11 @@ def test_without_max_tool_calls_every_call_is_made() -> None:
     assert not run.translator.tool_calls_exhausted
     # The third call of three allowed ends it too.
     assert kinds(drive(tokens(THREE_CALLS), max_tool_calls=3))[-1][0] != "final_answer"
+
+
+def test_a_constrained_final_message_is_a_message_not_a_tool_call() -> None:
+    # The model may mark a JSON answer's content type on the final channel; harmony's parser
+    # then reports `<|constrain|>json` as the recipient. It is the answer, not a call.
+    run = drive(tokens('<|channel|>final <|constrain|>json<|message|>{"a": 1}<|return|>'))
+    check_stream(run)
+    assert kinds(run) == [("final_answer", '{"a": 1}')]

@@ -621,6 +621,10 @@ class ResponseStreamTranslator:
         index = self._next_output_index
         self._next_output_index += 1
         target = (recipient or "").strip()
+        if target.startswith("<|"):
+            # `<|channel|>final <|constrain|>json<|message|>`: harmony's parser reports the
+            # content type as the recipient. A recipient is a name (`to=NAME`), never a token.
+            target = ""
         if target and target not in _ROLE_RECIPIENTS:
             spec = self._tools.resolve(target)
             custom = spec is not None and spec.kind == "custom"
