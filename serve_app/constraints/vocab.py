@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import functools
+from pathlib import Path
 
 import llguidance
 
@@ -37,6 +38,8 @@ O200K_PATTERN = "|".join(
 )
 # The first special token id: everything from here on is a harmony special token.
 FIRST_SPECIAL = 199998
+# gpt-oss's embedding rows (config.json vocab_size); harmony's list goes one id further.
+MODEL_VOCAB_SIZE = 201088
 
 
 def special_tokens() -> dict[str, int]:
@@ -71,3 +74,28 @@ def harmony_tokenizer() -> llguidance.LLTokenizer:
         pattern=O200K_PATTERN,
         eos_token=[RETURN_TOKEN, CALL_TOKEN],
     )
+
+
+def write_hf_tokenizer(out: Path) -> None:
+    """Write ``tokenizer.json`` (+ config) for gpt-oss into ``out``, offline.
+
+    vLLM's structured outputs need a (fast) Hugging Face tokenizer in the engine: gpt-oss
+    checkpoints ship one; the tiny test checkpoint gets this one, converted from the same vocab
+    file. Ids 199998..201087 are harmony's specials (201088, past the model's vocab, is left
+    out). Needs ``transformers`` (the vLLM environment has it).
+    """
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    specials = sorted(special_tokens().items(), key=lambda item: item[1])
+    converter = TikTokenConverter(
+        vocab_file=str(ensure_vocab_dir() / VOCAB_FILE),
+        pattern=O200K_PATTERN,
+        extra_special_tokens=[text for text, token in specials if token < MODEL_VOCAB_SIZE],
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=converter.converted(),
+        eos_token="<|return|>",
+        pad_token="<|endoftext|>",
+    )
+    tokenizer.save_pretrained(str(out))
