@@ -3,11 +3,13 @@
 The architecture is gpt-oss's (``GptOssForCausalLM``: attention sinks, alternating sliding and
 full attention, a mixture of experts) at a toy size, with harmony's whole vocabulary, so prompts
 rendered by serve_app are valid input. Its output is random tokens: it exercises the engine
-wrapper and the stream translator's robustness, not answers. No tokenizer files are written:
-serve_app runs vLLM on token ids (``skip_tokenizer_init``). Needs ``transformers`` and
-``torch`` (the vLLM environment has both).
+wrapper and the stream translator's robustness, not answers. No tokenizer files are written
+unless ``--tokenizer`` asks for them: serve_app runs vLLM on token ids
+(``skip_tokenizer_init``); vLLM's structured outputs (constrained decoding) need the tokenizer
+in the engine, and ``--tokenizer`` writes gpt-oss's, converted offline from harmony's vocab
+(about 6 s, 28 MB). Needs ``transformers`` and ``torch`` (the vLLM environment has both).
 
-    python scripts/tiny_gpt_oss.py /tmp/tiny-gpt-oss
+    python scripts/tiny_gpt_oss.py /tmp/tiny-gpt-oss [--tokenizer]
 """
 
 from __future__ import annotations
@@ -58,9 +60,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", action="store_true", help="also write tokenizer.json")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     write_checkpoint(args.out, args.seed)
+    if args.tokenizer:
+        from serve_app.constraints.vocab import write_hf_tokenizer
+
+        write_hf_tokenizer(args.out)
     print(f"tiny gpt-oss checkpoint in {args.out}")
 
 

@@ -34,8 +34,12 @@ class ToolSpec:
     parameters: dict[str, Any] | None = None
     # The client's namespace tool this belongs to; None for top-level tools.
     namespace: str | None = None
-    # For custom tools: the grammar (e.g. lark) the raw-text input follows, if any.
+    # For custom tools: the grammar the raw-text input follows, if any, and its syntax
+    # (``lark`` or ``regex``).
     grammar: str | None = None
+    grammar_syntax: str | None = None
+    # For function tools: the client asked for ``strict: true`` (arguments must validate).
+    strict: bool = False
 
     @property
     def recipient(self) -> str:
@@ -113,14 +117,16 @@ def _spec(tool: FunctionTool | CustomTool, namespace: str | None = None) -> Tool
             description=tool.description or "",
             parameters=tool.parameters or {"type": "object", "properties": {}},
             namespace=namespace,
+            strict=tool.strict is True,
         )
-    grammar = None
+    grammar = syntax = None
     if tool.format is not None and tool.format.type == "grammar":
-        grammar = tool.format.definition
+        grammar, syntax = tool.format.definition, tool.format.syntax
     return ToolSpec(
         name=tool.name,
         kind="custom",
         description=tool.description or "",
         namespace=namespace,
         grammar=grammar,
+        grammar_syntax=syntax,
     )
