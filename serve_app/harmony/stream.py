@@ -51,8 +51,8 @@ Logprobs (when the engine's chunks carry them, i.e. the request included
 entry rides on the ``output_text.delta`` that first carries its text (a token that ends inside
 a UTF-8 character waits for the next one), and the part, ``output_text.done``, the done item and
 the final Response hold them all. Token text and bytes are decoded per token with harmony's
-encoding (its bytes, not a lossy decode): a token that splits a character keeps its exact bytes and shows
-U+FFFD in ``token``.
+encoding, bytes exactly: a token that splits a character keeps its bytes, and its ``token``
+shows U+FFFD.
 """
 
 from __future__ import annotations
