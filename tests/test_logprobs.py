@@ -164,3 +164,25 @@ def test_vllm_logprobs_with_no_alternatives_and_a_restored_stop_token() -> None:
 def test_vllm_output_without_logprobs_gives_none() -> None:
     chunk = _to_chunk(vllm_output([4, 5], None), 10, _StopTokenGuard())
     assert chunk is not None and chunk.logprobs is None
+
+
+async def test_a_response_with_logprobs_continues_and_is_retrieved(api: FastAPI) -> None:
+    client = sdk_client(api)
+    first = await client.responses.create(
+        model=MODEL, input="hello", include=INCLUDE, top_logprobs=2, store=True
+    )
+    stored = await client.responses.retrieve(first.id)
+    kept = stored.output[-1].content[0]  # type: ignore[union-attr]
+    sent = first.output[-1].content[0]  # type: ignore[union-attr]
+    assert kept.logprobs and kept.logprobs == sent.logprobs
+    # Its output (logprobs and all) is history for the next turn, sent back or by reference.
+    again = await client.responses.create(
+        model=MODEL,
+        input=[
+            *[item.model_dump(exclude_none=True) for item in first.output],
+            {"role": "user", "content": "more"},
+        ],  # type: ignore[list-item]
+        store=False,
+    )
+    follow = await client.responses.create(model=MODEL, input="more", previous_response_id=first.id)
+    assert again.status == follow.status == "completed"
