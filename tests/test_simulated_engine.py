@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from serve_app.engines.simulated import (
     SimulatedEngine,
     SimulatedEngineConfig,
     last_message_text,
+    token_logprobs,
 )
 from serve_app.harmony.encoding import CALL_TOKEN, END_TOKEN, RETURN_TOKEN, get_encoding
 
@@ -458,3 +460,54 @@ async def test_start_encodes_every_scripted_turn() -> None:
     sim = engine()
     await sim.start()
     assert sim.num_ongoing_requests() == 0
+
+
+# -- Logprobs -----------------------------------------------------------------------------------
+
+
+def logprobs_request(tokens: list[int], top: int | None, request_id: str = "r1") -> GenerateRequest:
+    sampling = SamplingSettings(4096, stop_token_ids=HARMONY_STOPS, logprobs=top)
+    return GenerateRequest(request_id, tokens, sampling)
+
+
+async def test_logprobs_only_when_asked_one_per_token_and_deterministic() -> None:
+    tokens = prompt(user("hello"))
+    plain = await collect(engine(script=None, seed=3), logprobs_request(tokens, None))
+    assert all(chunk.logprobs is None for chunk in plain)
+    # Slow enough to stream in several chunks.
+    slow = engine(script=None, seed=3, decode_tokens_per_s=400, default_output_tokens=40)
+    asked = await collect(slow, logprobs_request(tokens, 4))
+    assert len([chunk for chunk in asked if chunk.token_ids]) > 1
+    plain = await collect(engine(script=None, seed=3, default_output_tokens=40), request(tokens))
+    again_engine = engine(script=None, seed=3, default_output_tokens=40)
+    again = await collect(again_engine, logprobs_request(tokens, 4, "r2"))
+    assert tokens_of(asked) == tokens_of(plain)
+    entries = [entry for chunk in asked for entry in chunk.logprobs or []]
+    assert len(entries) == len(tokens_of(asked))
+    assert entries == [entry for chunk in again for entry in chunk.logprobs or []]
+    # A function of (seed, position, token): however the stream was chunked.
+    output = tokens_of(asked)
+    assert entries == [token_logprobs(3, i, token, 4) for i, token in enumerate(output)]
+    for token, (logprob, top) in zip(tokens_of(asked), entries, strict=True):
+        assert logprob <= 0
+        # The sampled token is the most likely; then distinct alternatives, decreasing.
+        assert top[0] == (token, logprob) and len(top) == 4
+        values = [value for _, value in top]
+        assert values == sorted(values, reverse=True) and values[0] > values[1]
+        assert len({alt for alt, _ in top}) == 4
+        assert sum(math.exp(value) for value in values) < 1
+
+
+async def test_zero_top_logprobs_gives_the_sampled_tokens_only() -> None:
+    chunks = await collect(engine(script=None), logprobs_request(prompt(user("hi")), 0))
+    entries = [entry for chunk in chunks for entry in chunk.logprobs or []]
+    assert entries and all(top == () and logprob <= 0 for logprob, top in entries)
+
+
+def test_merged_chunks_keep_logprobs_aligned() -> None:
+    first = GenerateChunk(token_ids=[1, 2], logprobs=[(-0.1, ()), (-0.2, ())])
+    last = GenerateChunk(token_ids=[3], logprobs=[(-0.3, ((3, -0.3),))], finish_reason="stop")
+    merged = first.merge(last).merge(GenerateChunk(finish_reason="stop"))
+    assert merged.token_ids == [1, 2, 3]
+    assert merged.logprobs == [(-0.1, ()), (-0.2, ()), (-0.3, ((3, -0.3),))]
+    assert GenerateChunk(token_ids=[1]).merge(GenerateChunk(token_ids=[2])).logprobs is None

@@ -25,6 +25,7 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from serve_app.engines.base import TokenLogprob
 from serve_app.harmony.encoding import CALL_TOKEN, END_TOKEN, RETURN_TOKEN, get_encoding
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.stream import ResponseStreamTranslator
@@ -151,11 +152,21 @@ def drive(
     cached_tokens: int = 0,
     summarize: bool = False,
     max_tool_calls: int | None = None,
+    top_logprobs: int | None = None,
 ) -> Run:
+    """``top_logprobs``: chunks carry `stand_in_logprob` entries with that many alternatives."""
     translator = new_translator(seal, summarize=summarize, max_tool_calls=max_tool_calls)
     events: list[ResponseStreamEvent] = translator.start()
+    position = 0
     for chunk in chunked(ids, sizes):
-        events += translator.feed(chunk)
+        logprobs = None
+        if top_logprobs is not None:
+            logprobs = [
+                stand_in_logprob(position + offset, token, top_logprobs)
+                for offset, token in enumerate(chunk)
+            ]
+        position += len(chunk)
+        events += translator.feed(chunk, logprobs)
     if fail is not None:
         events += translator.fail(*fail)
     else:
@@ -174,6 +185,13 @@ def drive(
     run = Run(translator, wire, state)
     check_stream(run)
     return run
+
+
+def stand_in_logprob(position: int, token: int, top: int) -> TokenLogprob:
+    """An engine's entry whose value names the token's position: -(position + 1) / 1000."""
+    logprob = -(position + 1) / 1000
+    alternatives = [(token, logprob)] + [(token + n, logprob - n) for n in range(1, top)]
+    return logprob, tuple(alternatives[:top])
 
 
 def decode_sse(raw: bytes) -> dict[str, Any]:
@@ -1128,3 +1146,102 @@ def test_a_constrained_final_message_is_a_message_not_a_tool_call() -> None:
     run = drive(tokens('<|channel|>final <|constrain|>json<|message|>{"a": 1}<|return|>'))
     check_stream(run)
     assert kinds(run) == [("final_answer", '{"a": 1}')]
+
+
+# --- logprobs ------------------------------------------------------------------------------
+
+
+def logprob_positions(entries: list[dict[str, Any]]) -> list[int]:
+    """The completion positions `stand_in_logprob` encoded in ``entries``' values."""
+    return [round(-entry["logprob"] * 1000) - 1 for entry in entries]
+
+
+def content_positions(ids: Sequence[int], content: str) -> list[int]:
+    """Positions in ``ids`` of the tokens of ``content``, which follows the last
+    ``<|message|>`` before it."""
+    before = tokens(content)
+    for start in range(len(ids) - len(before), -1, -1):
+        if list(ids[start : start + len(before)]) == before:
+            return list(range(start, start + len(before)))
+    raise AssertionError("content not in ids")
+
+
+@pytest.mark.parametrize("sizes", CHUNK_SIZES, ids=str)
+@pytest.mark.parametrize("top", [0, 3, 20])
+def test_logprobs_of_the_output_text_ride_on_its_deltas(sizes: tuple[int, ...], top: int) -> None:
+    thought = "Reasoning has no logprobs."
+    preamble = "Looking: 🎉"
+    harmony = (
+        f"<|channel|>analysis<|message|>{thought}<|end|>"
+        f"<|start|>assistant<|channel|>commentary<|message|>{preamble}<|end|>"
+        f"<|start|>assistant<|channel|>final<|message|>{TEXT}<|return|>"
+    )
+    ids = tokens(harmony)
+    run = drive(ids, sizes=sizes, top_logprobs=top)
+    assert kinds(run) == [("reasoning", thought), ("commentary", preamble), ("final_answer", TEXT)]
+    for index, text in ((1, preamble), (2, TEXT)):
+        of_item = [e for e in run.wire if e.get("output_index") == index]
+        deltas = [e for e in of_item if e["type"] == "response.output_text.delta"]
+        part = run.items()[index]["content"][0]
+        entries = part["logprobs"]
+        # One entry per token of the text, none for header or stop tokens, in order.
+        assert logprob_positions(entries) == content_positions(ids, text)
+        assert b"".join(bytes(entry["bytes"]) for entry in entries) == text.encode()
+        assert all(len(entry["top_logprobs"]) == top for entry in entries)
+        for entry in entries:
+            for alternative in entry["top_logprobs"]:
+                token = bytes(alternative["bytes"]).decode(errors="replace")
+                assert token == alternative["token"]
+        # Each delta carries the entries of the tokens whose text it first shows.
+        assert all(delta["logprobs"] for delta in deltas)
+        streamed = [entry for delta in deltas for entry in delta["logprobs"]]
+        assert [(e["token"], e["logprob"]) for e in streamed] == [
+            (e["token"], e["logprob"]) for e in entries
+        ]
+        for delta in deltas:
+            if "\ufffd" not in "".join(e["token"] for e in delta["logprobs"]):
+                assert "".join(e["token"] for e in delta["logprobs"]) == delta["delta"]
+        (done,) = [e for e in of_item if e["type"] == "response.output_text.done"]
+        assert [(e["token"], e["logprob"]) for e in done["logprobs"]] == [
+            (e["token"], e["logprob"]) for e in entries
+        ]
+    reasoning_deltas = run.of_type("response.reasoning_text.delta")
+    assert reasoning_deltas and all("logprobs" not in delta for delta in reasoning_deltas)
+
+
+def test_a_token_that_splits_a_character_keeps_its_bytes() -> None:
+    ids = tokens("<|channel|>final<|message|>🎉<|return|>")
+    run = drive(ids, top_logprobs=1)
+    entries = run.items()[0]["content"][0]["logprobs"]
+    assert len(entries) == 2  # 🎉 is two tokens, neither a character
+    assert [bytes(entry["bytes"]) for entry in entries] == [b"\xf0\x9f\x8e", b"\x89"]
+    assert [entry["token"] for entry in entries] == ["\ufffd", "\ufffd"]
+    (delta,) = run.of_type("response.output_text.delta")
+    assert delta["delta"] == "🎉" and len(delta["logprobs"]) == 2
+
+
+def test_headerless_text_gets_logprobs_for_all_its_tokens() -> None:
+    ids = tokens("Hello there, no header.<|return|>")
+    run = drive(ids, top_logprobs=2)
+    entries = run.items()[0]["content"][0]["logprobs"]
+    assert logprob_positions(entries) == list(range(len(ids) - 1))
+    assert "".join(entry["token"] for entry in entries) == "Hello there, no header."
+
+
+def test_tool_calls_and_truncated_text_without_stray_logprobs() -> None:
+    ids = tokens(
+        '<|channel|>commentary to=functions.exec_command <|constrain|>json<|message|>{"cmd":'
+        '"ls"}<|call|><|start|>assistant<|channel|>final<|message|>cut short here'
+    )
+    run = drive(ids, finish="length", top_logprobs=1)
+    call, message = run.items()
+    assert call["type"] == "function_call"
+    entries = message["content"][0]["logprobs"]
+    assert logprob_positions(entries) == content_positions(ids, "cut short here")
+    assert message["status"] == "incomplete"
+
+
+def test_no_logprobs_without_engine_entries() -> None:
+    run = drive(tokens(f"<|channel|>final<|message|>{TEXT}<|return|>"))
+    assert all(e["logprobs"] == [] for e in run.of_type("response.output_text.delta"))
+    assert run.items()[0]["content"][0]["logprobs"] == []

@@ -29,6 +29,14 @@ class SamplingSettings:
     top_p: float = 1.0
     # Harmony's <|return|> and <|call|>: sampling stops after either.
     stop_token_ids: tuple[int, ...] = ()
+    # Alternatives wanted per sampled token (0: the sampled token's logprob only); None: no
+    # logprobs at all, and chunks carry none.
+    logprobs: int | None = None
+
+
+# One sampled token's logprob and its top alternatives as (token id, logprob), best first. Ids
+# only: the ingress decodes token text with harmony, so an engine needs no tokenizer.
+TokenLogprob = tuple[float, tuple[tuple[int, float], ...]]
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,9 @@ class GenerateChunk:
     # and transport in front of it. An engine that models its time (the simulated one) sets it
     # from its model; otherwise the deployment measures it.
     engine_ttft_s: float | None = None
+    # One entry per id of ``token_ids`` when the request asked for logprobs, else None (the
+    # common case pays nothing per token).
+    logprobs: list[TokenLogprob] | None = None
 
     def merge(self, later: GenerateChunk) -> GenerateChunk:
         """One chunk standing for ``self`` followed by ``later`` (used to coalesce a stream)."""
@@ -76,7 +87,15 @@ class GenerateChunk:
             engine_ttft_s=self.engine_ttft_s
             if self.engine_ttft_s is not None
             else later.engine_ttft_s,
+            logprobs=_merged_logprobs(self, later),
         )
+
+
+def _merged_logprobs(first: GenerateChunk, later: GenerateChunk) -> list[TokenLogprob] | None:
+    if first.logprobs is None and later.logprobs is None:
+        return None
+    # A chunk without logprobs (e.g. the last one, with no tokens) adds none.
+    return (first.logprobs or []) + (later.logprobs or [])
 
 
 class EngineError(RuntimeError):

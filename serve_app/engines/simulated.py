@@ -31,6 +31,12 @@ What it says:
   ``<|call|>`` per tool call) do not end it; its end gives finish reason "stop". ``max_tokens``
   and abort cut it like any other output.
 
+Logprobs (``SamplingSettings.logprobs`` = k): deterministic stand-ins, a function of
+(``seed``, position, token) only (`token_logprobs`). The sampled token gets a probability in
+[0.5, 0.95), the most likely; the top k are the sampled token then k - 1 distinct filler words,
+in decreasing order, sharing at most 90% of what is left, so every value is a valid
+log-probability (≤ 0) and the shown ones sum to less than 1. No model computed them.
+
 The output depends only on the prompt, the script and ``seed``; only the timing is wall-clock.
 The chunk with the first token reports ``engine_ttft_s`` from the time model (arrival to the
 modelled first token), so a benchmark on a busy host measures where requests were sent, not
@@ -43,6 +49,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -64,6 +71,7 @@ from serve_app.engines.base import (
     FinishReason,
     GenerateChunk,
     GenerateRequest,
+    TokenLogprob,
 )
 from serve_app.engines.prefix_cache import PrefixCacheStats, PrefixKVCache
 from serve_app.harmony.encoding import CALL_TOKEN, END_TOKEN, RETURN_TOKEN, get_encoding
@@ -389,6 +397,23 @@ class _Harmony:
         return tokens
 
 
+def token_logprobs(seed: int, position: int, token: int, top: int) -> TokenLogprob:
+    """The simulated logprob of ``token`` at ``position`` and its ``top`` most likely tokens
+    (``token`` first, then filler words), the same for the same arguments in any process."""
+    rng = random.Random(hash((seed, position, token)))  # hash of ints: stable across processes
+    sampled = 0.5 + 0.45 * rng.random()
+    if top == 0:
+        return math.log(sampled), ()
+    others = [word for word in _harmony().filler if word != token]
+    chosen = rng.sample(others, min(top - 1, len(others)))
+    weights = sorted((rng.random() + 0.01 for _ in chosen), reverse=True)
+    scale = 0.9 * (1 - sampled) / (sum(weights) or 1)
+    alternatives = [
+        (word, math.log(weight * scale)) for word, weight in zip(chosen, weights, strict=True)
+    ]
+    return math.log(sampled), ((token, math.log(sampled)), *alternatives)
+
+
 def last_message_text(prompt: Sequence[int]) -> str:
     """Decoded text of the prompt's last message, header included.
 
@@ -504,6 +529,8 @@ class SimulatedEngine(Engine):
             async with contextlib.aclosing(self._decode(running, self._plan(prompt))) as steps:
                 async for token_ids, finish in steps:
                     chunk = GenerateChunk(token_ids=token_ids, finish_reason=finish, **counts)
+                    if request.sampling.logprobs is not None:
+                        chunk.logprobs = self._logprobs(running, token_ids)
                     if token_ids and not stamped:
                         chunk.engine_ttft_s = running.first_token_at - running.arrived
                         stamped = True
@@ -514,6 +541,15 @@ class SimulatedEngine(Engine):
             if running.decoding:
                 self._num_decoding -= 1
             del self._running[request.request_id]
+
+    def _logprobs(self, running: _Running, token_ids: list[int]) -> list[TokenLogprob]:
+        # The chunk's tokens are the last ones of the output so far.
+        first = len(running.output) - len(token_ids)
+        top = running.request.sampling.logprobs or 0
+        return [
+            token_logprobs(self.config.seed, first + offset, token, top)
+            for offset, token in enumerate(token_ids)
+        ]
 
     # -- Metrics ---------------------------------------------------------------------------
 

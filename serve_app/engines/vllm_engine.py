@@ -12,6 +12,9 @@ APIs used, and why:
   with ``output_kind=RequestOutputKind.DELTA``: each ``RequestOutput`` carries only new token
   ids (several merged when we read slower than vLLM produces), ``num_cached_tokens`` (prefix
   cache hits, set from the engine core's output) and, on the last one, ``finish_reason``.
+  With ``SamplingParams(logprobs=k)`` its ``logprobs`` holds one ``{token id: Logprob}`` per
+  new token (the sampled token with its rank, plus ranks 1..k): mapped to ids and values only,
+  the ingress decodes the token text with harmony.
 - ``AsyncLLM.abort(request_id)`` takes our (external) id: vLLM maps it to its internal ids
   (it appends a random suffix since the request-id rework) and puts a final ``"abort"`` output
   in the stream, so a generator that is still being read ends cleanly.
@@ -74,7 +77,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -86,6 +89,7 @@ from serve_app.engines.base import (
     GenerateChunk,
     GenerateRequest,
     SamplingSettings,
+    TokenLogprob,
 )
 
 if TYPE_CHECKING:
@@ -200,7 +204,9 @@ class VLLMEngine(Engine):
             # not whenever it is garbage-collected.
             async with contextlib.aclosing(engine.generate(prompt, params, request_id)) as stream:
                 async for output in stream:
-                    chunk = _to_chunk(output, num_prompt_tokens, guard)
+                    chunk = _to_chunk(
+                        output, num_prompt_tokens, guard, request.sampling.logprobs or 0
+                    )
                     if chunk is None:
                         continue
                     # No break after the last chunk: vLLM's generator ends by itself then, where
@@ -281,6 +287,8 @@ def _sampling_params(settings: SamplingSettings, *, detokenize: bool) -> Samplin
         temperature=settings.temperature,
         top_p=settings.top_p,
         stop_token_ids=list(settings.stop_token_ids),
+        # k alternatives per sampled token (0: the sampled token's only); None asks for none.
+        logprobs=settings.logprobs,
         # Special tokens are harmony's structure; keep them (this only concerns text anyway).
         skip_special_tokens=False,
         # Only affects stop *strings* in text; stop token ids are always in token_ids.
@@ -291,7 +299,10 @@ def _sampling_params(settings: SamplingSettings, *, detokenize: bool) -> Samplin
 
 
 def _to_chunk(
-    output: RequestOutput, num_prompt_tokens: int, guard: _StopTokenGuard
+    output: RequestOutput,
+    num_prompt_tokens: int,
+    guard: _StopTokenGuard,
+    top_logprobs: int = 0,
 ) -> GenerateChunk | None:
     """Our chunk for one DELTA output; None for an empty, unfinished one."""
     completion = output.outputs[0] if output.outputs else None
@@ -301,13 +312,40 @@ def _to_chunk(
         token_ids = guard.apply(list(completion.token_ids), completion.stop_reason, finish)
     if not token_ids and finish is None:
         return None
+    logprobs = None
+    if completion is not None and completion.logprobs is not None:
+        logprobs = _token_logprobs(
+            completion.token_ids, completion.logprobs, top_logprobs, len(token_ids)
+        )
     return GenerateChunk(
         token_ids=token_ids,
         finish_reason=finish,
         num_prompt_tokens=num_prompt_tokens,
         num_cached_tokens=output.num_cached_tokens or 0,
         error=error,
+        logprobs=logprobs,
     )
+
+
+def _token_logprobs(
+    sampled: Sequence[int], positions: Sequence[Mapping[int, Any]], top: int, length: int
+) -> list[TokenLogprob]:
+    """Our entries for a DELTA output's logprobs: one ``{token id: Logprob}`` per new token
+    holding the sampled token (with its rank) and the ``top`` best by rank (1..top), so the
+    sampled token is among them or one more. ``length``: the chunk's token count (the stop
+    token guard may add one, which gets a placeholder: a stop token is never text)."""
+    entries: list[TokenLogprob] = []
+    for token, position in zip(sampled, positions, strict=False):
+        best = sorted(
+            (lp.rank, int(tid), float(lp.logprob))
+            for tid, lp in position.items()
+            if lp.rank is not None and lp.rank <= top
+        )
+        chosen = position.get(token)
+        logprob = float(chosen.logprob) if chosen is not None else 0.0
+        entries.append((logprob, tuple((tid, lp) for _, tid, lp in best[:top])))
+    entries.extend((0.0, ()) for _ in range(length - len(entries)))
+    return entries[:length]
 
 
 def _finish(

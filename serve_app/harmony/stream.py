@@ -44,6 +44,15 @@ strictly and handle these cases here:
 
 A parser is made per message (never shared across responses) so a failure cannot leak into
 the next message.
+
+Logprobs (when the engine's chunks carry them, i.e. the request included
+``message.output_text.logprobs``): only the content tokens of ``message`` items (the
+``output_text``) get entries; header, stop and reasoning or tool-call tokens get none. A token's
+entry rides on the ``output_text.delta`` that first carries its text (a token that ends inside
+a UTF-8 character waits for the next one), and the part, ``output_text.done``, the done item and
+the final Response hold them all. Token text and bytes are decoded per token with harmony's
+encoding, bytes exactly: a token that splits a character keeps its bytes, and its ``token``
+shows U+FFFD.
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from openai.types.responses import (
@@ -96,6 +105,8 @@ from openai.types.responses.response_content_part_done_event import (
     PartReasoningText as DoneReasoningPart,
 )
 from openai.types.responses.response_error import ResponseError
+from openai.types.responses.response_output_text import Logprob as TextLogprob
+from openai.types.responses.response_output_text import LogprobTopLogprob as TextTopLogprob
 from openai.types.responses.response_reasoning_item import Content as ReasoningContent
 from openai.types.responses.response_reasoning_item import Summary as ReasoningSummary
 from openai.types.responses.response_reasoning_summary_part_added_event import (
@@ -104,9 +115,16 @@ from openai.types.responses.response_reasoning_summary_part_added_event import (
 from openai.types.responses.response_reasoning_summary_part_done_event import (
     Part as DoneSummaryPart,
 )
+from openai.types.responses.response_text_delta_event import Logprob as DeltaLogprob
+from openai.types.responses.response_text_delta_event import (
+    LogprobTopLogprob as DeltaTopLogprob,
+)
+from openai.types.responses.response_text_done_event import Logprob as DoneLogprob
+from openai.types.responses.response_text_done_event import LogprobTopLogprob as DoneTopLogprob
 from openai_harmony import HarmonyEncoding, Message, Role, StreamableParser
 from pydantic import ValidationError
 
+from serve_app.engines.base import TokenLogprob
 from serve_app.harmony.encoding import CALL_TOKEN, END_TOKEN, RETURN_TOKEN, get_encoding
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol import responses as builders
@@ -169,6 +187,39 @@ def _decodable(token: int) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=65536)
+def _token_text(token: int) -> tuple[str, tuple[int, ...]]:
+    """A token's text and exact bytes (a piece of a UTF-8 character shows as U+FFFD)."""
+    try:
+        # surrogateescape round-trips undecodable bytes: harmony's public decode, exact bytes.
+        data = get_encoding().decode([token], errors="surrogateescape").encode(
+            "utf-8", errors="surrogateescape"
+        )
+    except Exception:
+        return "", ()
+    return data.decode("utf-8", errors="replace"), tuple(data)
+
+
+def _text_logprob(token: int, entry: TokenLogprob) -> TextLogprob:
+    logprob, alternatives = entry
+    text, data = _token_text(token)
+    top = []
+    for alternative, value in alternatives:
+        alt_text, alt_data = _token_text(alternative)
+        top.append(TextTopLogprob(token=alt_text, bytes=list(alt_data), logprob=value))
+    return TextLogprob(token=text, bytes=list(data), logprob=logprob, top_logprobs=top)
+
+
+def _delta_logprob(entry: TextLogprob) -> DeltaLogprob:
+    top = [DeltaTopLogprob(token=alt.token, logprob=alt.logprob) for alt in entry.top_logprobs]
+    return DeltaLogprob(token=entry.token, logprob=entry.logprob, top_logprobs=top)
+
+
+def _done_logprob(entry: TextLogprob) -> DoneLogprob:
+    top = [DoneTopLogprob(token=alt.token, logprob=alt.logprob) for alt in entry.top_logprobs]
+    return DoneLogprob(token=entry.token, logprob=entry.logprob, top_logprobs=top)
+
+
 def _valid_token(token: int) -> bool:
     return 0 <= token < _FIRST_SPECIAL_ID or (token >= 0 and _decodable(token))
 
@@ -198,6 +249,15 @@ class _OpenItem:
     namespace: str | None = None
     # Content sent in deltas so far.
     text: str = ""
+    # Logprobs of output_text tokens: sent in deltas, and not yet (no text of theirs yet).
+    logprobs: list[TextLogprob] = field(default_factory=list)
+    pending: list[TextLogprob] = field(default_factory=list)
+
+    def sent_logprobs(self) -> list[TextLogprob]:
+        """All of them, for the done events: what no delta carried comes last."""
+        self.logprobs.extend(self.pending)
+        self.pending = []
+        return list(self.logprobs)
 
 
 @dataclass(frozen=True)
@@ -274,6 +334,10 @@ class ResponseStreamTranslator:
         self._next_output_index = 0
         self._completion_tokens = 0
         self._reasoning_tokens = 0
+        # The logprob entry of the token being stepped (None: the engine sent none).
+        self._token_logprob: TokenLogprob | None = None
+        # The current header's tokens with their entries (text, if the header turns out to be).
+        self._header_logprobs: list[tuple[int, TokenLogprob]] = []
 
     # --- public API ----------------------------------------------------------------------
 
@@ -308,14 +372,19 @@ class ResponseStreamTranslator:
             ),
         ]
 
-    def feed(self, token_ids: Sequence[int]) -> list[ResponseStreamEvent]:
-        """Events for the next completion tokens (possibly none)."""
+    def feed(
+        self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob] | None = None
+    ) -> list[ResponseStreamEvent]:
+        """Events for the next completion tokens (possibly none). ``logprobs``: one entry per
+        token (a `GenerateChunk`'s), when the request asked for them."""
         if self._state is _State.DONE:
             if token_ids:
                 logger.warning("response %s: tokens after the end ignored", self._template.id)
             return []
         events = self.start()
-        for token in token_ids:
+        for index, token in enumerate(token_ids):
+            if logprobs is not None:
+                self._token_logprob = logprobs[index] if index < len(logprobs) else None
             self._completion_tokens += 1
             if self.tool_calls_exhausted:
                 continue  # generated (and counted), but past the last call allowed
@@ -417,6 +486,7 @@ class ResponseStreamTranslator:
         if token in self._tok.stops:
             return  # a stray end marker between messages carries nothing
         self._header = []
+        self._header_logprobs = []
         self._header_checked = False
         self._state = _State.HEADER
         if token == self._tok.start:
@@ -444,6 +514,8 @@ class ResponseStreamTranslator:
             self._end_header(token, events)
             return
         self._header.append(token)
+        if self._token_logprob is not None:
+            self._header_logprobs.append((token, self._token_logprob))
         try:
             self._require_parser().process(token)
         except Exception:
@@ -497,6 +569,8 @@ class ResponseStreamTranslator:
         item = self._item
         if item is not None and item.kind is _Kind.REASONING:
             self._reasoning_tokens += 1
+        elif self._token_logprob is not None and item is not None and item.kind is _Kind.MESSAGE:
+            item.pending.append(_text_logprob(token, self._token_logprob))
 
     # --- recovery ------------------------------------------------------------------------
 
@@ -528,6 +602,11 @@ class ResponseStreamTranslator:
         self._open_item(header.channel, header.recipient, events)
         self._state = _State.CONTENT
         self._dirty = True
+        item = self._item
+        plain_text = not header_complete and not header.had_fields
+        if plain_text and item is not None and item.kind is _Kind.MESSAGE:
+            # The "header" tokens are the message's first text.
+            item.pending.extend(_text_logprob(t, e) for t, e in self._header_logprobs)
 
     def _salvage_header(
         self,
@@ -556,6 +635,7 @@ class ResponseStreamTranslator:
         self._parser = None
         self._item = None
         self._header = []
+        self._header_logprobs = []
         self._prefix = ""
         self._dirty = False
         self._state = _State.EXPECT_START
@@ -732,17 +812,18 @@ class ResponseStreamTranslator:
     ) -> None:
         common: dict[str, Any] = {"item_id": item.item_id, "output_index": item.output_index}
         if item.kind is _Kind.MESSAGE:
+            logprobs = item.sent_logprobs()
             events.append(
                 ResponseTextDoneEvent(
                     type="response.output_text.done",
                     content_index=0,
                     text=text,
-                    logprobs=[],
+                    logprobs=[_done_logprob(entry) for entry in logprobs],
                     sequence_number=self._seq(),
                     **common,
                 )
             )
-            events.append(self._part_done(_output_text(text), common))
+            events.append(self._part_done(_output_text(text, logprobs), common))
         elif item.kind is _Kind.REASONING:
             events.append(
                 ResponseReasoningTextDoneEvent(
@@ -831,8 +912,11 @@ class ResponseStreamTranslator:
             "sequence_number": self._seq(),
         }
         if item.kind is _Kind.MESSAGE:
+            logprobs = [_delta_logprob(entry) for entry in item.pending]
+            item.logprobs.extend(item.pending)
+            item.pending = []
             return ResponseTextDeltaEvent(
-                type="response.output_text.delta", content_index=0, logprobs=[], **common
+                type="response.output_text.delta", content_index=0, logprobs=logprobs, **common
             )
         if item.kind is _Kind.REASONING:
             return ResponseReasoningTextDeltaEvent(
@@ -856,7 +940,7 @@ class ResponseStreamTranslator:
                 type="message",
                 role="assistant",
                 status=status,
-                content=[_output_text(text)] if done else [],
+                content=[_output_text(text, item.sent_logprobs())] if done else [],
                 phase=item.phase,
             )
         if item.kind is _Kind.REASONING:
@@ -927,8 +1011,10 @@ class ResponseStreamTranslator:
         return self._parser
 
 
-def _output_text(text: str) -> ResponseOutputText:
-    return ResponseOutputText(type="output_text", text=text, annotations=[], logprobs=[])
+def _output_text(text: str, logprobs: Sequence[TextLogprob] = ()) -> ResponseOutputText:
+    return ResponseOutputText(
+        type="output_text", text=text, annotations=[], logprobs=list(logprobs)
+    )
 
 
 def _arguments(text: str) -> str:

@@ -44,6 +44,7 @@ from serve_app.store.base import ResponseStore, StoredResponse
 logger = logging.getLogger(__name__)
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
+OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
 RATE_LIMITED = "rate_limit_exceeded"
 RETRY_AFTER_S = 1
 
@@ -135,6 +136,7 @@ class ResponsesService:
                 temperature=1.0 if request.temperature is None else request.temperature,
                 top_p=1.0 if request.top_p is None else request.top_p,
                 stop_token_ids=(RETURN_TOKEN, CALL_TOKEN),
+                logprobs=_logprobs_wanted(request),
             ),
             session_id=key,
         )
@@ -307,7 +309,7 @@ class ResponsesService:
                     first_token_seen = True
                     turn.first_token_at = time.monotonic()
                     metrics.TIME_TO_FIRST_TOKEN.observe(turn.first_token_at - turn.arrived_at)
-                for event in translator.feed(chunk.token_ids):
+                for event in translator.feed(chunk.token_ids, chunk.logprobs):
                     yield event
                 if chunk.finish_reason == "error":
                     # The engine's code says whose fault it was (invalid_prompt: the client's).
@@ -484,3 +486,11 @@ def stored_item(item: InputItem) -> dict[str, Any]:
 
 def _is_user_message(item: InputItem) -> bool:
     return isinstance(item, MessageItem) and item.role == "user"
+
+
+def _logprobs_wanted(request: ResponsesRequest) -> int | None:
+    """Alternatives per token to ask the engine for: only when the client includes the output
+    text's logprobs (then ``top_logprobs``, 0 meaning the sampled token's own only)."""
+    if OUTPUT_TEXT_LOGPROBS not in request.include:
+        return None
+    return request.top_logprobs or 0

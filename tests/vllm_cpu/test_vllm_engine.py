@@ -83,3 +83,34 @@ def test_a_client_that_leaves_mid_stream_frees_the_engine_request(
                 break  # leaving the block closes the connection mid-stream
     assert running == 1
     assert wait_for(lambda: engine_ongoing(key) == 0, timeout_s=60)
+
+
+def test_output_text_logprobs_come_from_vllm(client: OpenAI) -> None:
+    """vLLM's logprobs, asked through the ingress: each text delta carries the entries of its
+    tokens, with the 2 alternatives asked for (not run outside CI's vLLM stage)."""
+    events = list(
+        client.responses.create(
+            model=MODEL,
+            input="Hello",
+            stream=True,
+            max_output_tokens=48,
+            include=["message.output_text.logprobs"],
+            top_logprobs=2,
+        )
+    )
+    for event in events:
+        EVENTS.validate_python(event.model_dump())
+    assert events[-1].response.top_logprobs == 2
+    entries = 0
+    for event in events:
+        if event.type == "response.output_text.delta":
+            assert event.logprobs  # some token wrote this text
+            for entry in event.logprobs:
+                assert entry.logprob <= 0 and len(entry.top_logprobs or []) == 2
+            entries += len(event.logprobs)
+    assert entries <= events[-1].response.usage.output_tokens
+    for item in events[-1].response.output:
+        for part in getattr(item, "content", None) or []:
+            if part.type == "output_text" and "\ufffd" not in part.text:
+                # The text's tokens, at its end (a header salvaged as text has no entries).
+                assert part.text.encode().endswith(b"".join(bytes(e.bytes) for e in part.logprobs))
