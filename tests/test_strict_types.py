@@ -41,7 +41,13 @@ JSON_VALUES: dict[str, Any] = {
     "array": ["value"],
 }
 
-PARAMETERS = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+# Strict-mode schemas (the `strict: true` tool and format below are checked as OpenAI does).
+PARAMETERS = {
+    "type": "object",
+    "properties": {"q": {"type": "string"}},
+    "required": ["q"],
+    "additionalProperties": False,
+}
 CALL = {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": "{}"}
 # A valid request with one of each kind of item and tool; `state` items need the server's state
 # (a stored item, a summary sealed with its key), so only the sweep sends them.
@@ -116,7 +122,12 @@ MAIN_REQUEST: dict[str, Any] = {
             "type": "json_schema",
             "name": "answer",
             "description": "The answer.",
-            "schema": {"type": "object", "properties": {"a": {"type": "string"}}},
+            "schema": {
+                "type": "object",
+                "properties": {"a": {"type": "string"}},
+                "required": ["a"],
+                "additionalProperties": False,
+            },
             "strict": True,
         },
         "verbosity": "low",

@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
+    PrivateAttr,
     Tag,
     ValidationError,
     field_validator,
@@ -254,11 +255,20 @@ class FunctionTool(_Lenient):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    # Sent in the Chat-Completions form: errors about its fields name `tools[i].function.X`.
+    _chat_form: bool = PrivateAttr(default=False)
 
     @model_validator(mode="wrap")
     @classmethod
     def _flatten_nested(cls, value: Any, handler: ModelWrapValidatorHandler[FunctionTool]) -> Any:
-        return _validate_function_form(value, handler)
+        tool = _validate_function_form(value, handler)
+        if isinstance(value, dict) and isinstance(value.get("function"), dict):
+            tool._chat_form = True
+        return tool
+
+    @property
+    def chat_form(self) -> bool:
+        return self._chat_form
 
 
 class CustomToolFormat(_Lenient):

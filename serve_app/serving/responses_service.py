@@ -34,6 +34,7 @@ from serve_app.protocol.responses import (
     new_item_id,
     new_response_id,
 )
+from serve_app.protocol.strict_schema import check_request as check_strict_schemas
 from serve_app.routing import metrics as routing_metrics
 from serve_app.routing.keys import key_digest, routing_key
 from serve_app.serving import metrics
@@ -110,6 +111,8 @@ class ResponsesService:
         is not the client's to keep within ``max_input_items``."""
         context = await self.context(request, owner, recent, check_limits=check_limits)
         request, history = context.request, context.history
+        # A strict schema OpenAI would refuse is a 400 here, not a promise we cannot keep.
+        check_strict_schemas(request)
         prompt = render_request(request, history=history, vault=self._vault, owner=owner)
         if request.background and not request.store:
             raise InvalidRequest(
