@@ -9,7 +9,8 @@ that slow down as more requests decode together.
 What it says:
 - By default, a short analysis message and a final answer that says it comes from the simulated
   engine, padded with filler words to ``default_output_tokens``. It never calls a tool on its
-  own: an agent driven by it cannot be made to run anything.
+  own: an agent driven by it cannot be made to run anything, unless the request itself
+  requires a call (``tool_choice`` required or named; see Constraints below).
 - With a script (tests), the first turn whose ``match`` regex is found (``re.search``) in the
   decoded prompt's last message, header included, e.g. ``<|start|>user<|message|>…<|end|>``::
 
@@ -31,14 +32,14 @@ What it says:
   ``<|call|>`` per tool call) do not end it; its end gives finish reason "stop". ``max_tokens``
   and abort cut it like any other output.
 
-Constraints (``GenerateRequest.constraint``, issue 20) are honoured with the same llguidance
-grammar vLLM gets. Unscripted, a completion that must be JSON or must call a tool is sampled
-under the grammar's token mask (seeded like the default answer), so it is valid by
-construction, not scripted; where a free final answer is allowed the default answer stands (it
-obeys), and under ``tool_choice`` auto the sampler answers and never calls a tool on its own. A
-scripted turn is checked against the constraint, each message ending in ``<|return|>`` or
-``<|call|>`` as its own completion: a turn that breaks it is an `EngineError` (the test script
-is misconfigured), never silently invalid output.
+Constraints (``GenerateRequest.constraint``, issue 20): honoured with the llguidance grammar
+meant for vLLM's guidance backend (not mapped there yet). Unscripted, a completion that must be
+JSON or must call a tool is sampled under the grammar's token mask (seeded like the default
+answer), so it is valid by construction, not scripted; where a free final answer is allowed the
+default answer stands (it obeys), and under ``tool_choice`` auto the sampler answers and never
+calls a tool on its own. A scripted turn is checked against the constraint, each message
+ending in ``<|return|>`` or ``<|call|>`` as its own completion: a turn that breaks it is an
+`EngineError` (the test script is misconfigured), never silently invalid output.
 
 Logprobs (``SamplingSettings.logprobs`` = k): deterministic stand-ins, a function of
 (``seed``, position, token) only (`token_logprobs`). The sampled token gets a probability in
