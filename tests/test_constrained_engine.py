@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
@@ -352,3 +353,19 @@ async def test_a_script_obeying_the_constraint_plays(tmp_path: Path) -> None:
             model=MODEL, input="TWO-CALLS", tools=[_tools()[-1]], tool_choice="required"
         )
         assert [item.type for item in response.output] == ["function_call", "function_call"]
+
+
+async def test_the_vocabulary_loads_off_the_event_loop(
+    engine: SimulatedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building the llguidance vocabulary takes about a second: never in the event loop."""
+    from serve_app.engines import simulated
+
+    threads: list[threading.Thread] = []
+    monkeypatch.setattr(simulated, "_VOCABULARY_LOADED", False)
+    monkeypatch.setattr(
+        simulated, "harmony_tokenizer", lambda: threads.append(threading.current_thread())
+    )
+    await _generate(engine, _request(1, text=_text_format("ticket")))
+    await _generate(engine, _request(2, text=_text_format("ticket")))
+    assert len(threads) == 1 and threads[0] is not threading.main_thread()
