@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import pickle
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +21,7 @@ import jsonschema
 import pytest
 from agents import Agent, OpenAIResponsesModel, Runner, set_tracing_disabled
 from fastapi import FastAPI
-from openai import InternalServerError
+from openai import BadRequestError, InternalServerError
 from openai.lib._pydantic import to_strict_json_schema
 from pydantic import BaseModel
 
@@ -369,3 +370,30 @@ async def test_the_vocabulary_loads_off_the_event_loop(
     await _generate(engine, _request(1, text=_text_format("ticket")))
     await _generate(engine, _request(2, text=_text_format("ticket")))
     assert len(threads) == 1 and threads[0] is not threading.main_thread()
+
+
+async def test_a_schema_llguidance_rejects_is_the_clients_error(tmp_path: Path) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "pattern": "(?<=x)y"}},  # look-behind
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    text = {"format": {"type": "json_schema", "name": "lb", "strict": True, "schema": schema}}
+    async with in_process_api(tmp_path / "reject.db") as api:
+        with pytest.raises(BadRequestError, match="constraint cannot be compiled"):
+            await sdk_client(api).responses.create(model=MODEL, input="hi", text=text)
+
+
+def test_the_constraint_crosses_ray() -> None:
+    """GenerateRequest goes to the engine replica pickled: the constraint survives that."""
+    request = _request(0, text=_text_format("route"), tools=_tools(), tool_choice="required")
+    prompt = render_request(request)
+    generate = GenerateRequest(
+        request_id="r",
+        prompt_token_ids=prompt.token_ids,
+        sampling=SamplingSettings(max_tokens=8),
+        constraint=_constraint(request, prompt.tools),
+    )
+    assert generate.constraint is not None
+    assert pickle.loads(pickle.dumps(generate)) == generate
