@@ -5,7 +5,7 @@ as an llguidance Lark grammar over harmony's token structure, ``matcher`` compil
 against the o200k_harmony vocabulary built offline in ``vocab``, and ``sampling`` draws seeded
 tokens under its mask (the simulated engine's way of honouring a constraint).
 
-Not wired in yet: no engine receives a constraint, and `text.format`, strict tools and
-`tool_choice` are still only asked for in the prompt (README, "Not supported"). The next step
-is `GenerateRequest.constraint`, vLLM's guidance backend and the simulated engine's sampler.
+The ingress puts the constraint on `GenerateRequest.constraint`; the simulated engine honours
+it (sampling under the mask where it must, checking scripted turns). vLLM does not yet: mapping
+it to vLLM's guidance backend is the next step (README, "Not supported").
 """

@@ -13,17 +13,22 @@ same text is what vLLM's ``guidance`` backend takes as ``structured_outputs.gram
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from serve_app.constraints.spec import Body, CompletionConstraint, ToolCallRule
 
 # JSON bodies are compact (no free whitespace): gpt-oss writes tool arguments that way, and a
 # grammar that allows unbounded whitespace lets a weak sampler pad forever.
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+# For checking JSON someone else wrote (a test script's): any whitespace between tokens.
+_FLEXIBLE_JSON_OPTIONS = {"whitespace_flexible": True}
 _CONSTRAIN_JSON = '" " <|constrain|> "json"'
 
 
-def to_lark(constraint: CompletionConstraint) -> str:
-    """The grammar for ``constraint`` (deterministic: equal constraints, equal text)."""
+def to_lark(constraint: CompletionConstraint, *, compact_json: bool = True) -> str:
+    """The grammar for ``constraint`` (deterministic: equal constraints, equal text).
+    ``compact_json`` false: JSON bodies may have whitespace (to check, not to sample)."""
+    options = _JSON_OPTIONS if compact_json else _FLEXIBLE_JSON_OPTIONS
     rules = [
         "%llguidance {}",
         'start: (free <|start|> "assistant")* answer',
@@ -32,10 +37,10 @@ def to_lark(constraint: CompletionConstraint) -> str:
     answers: list[str] = []
     if constraint.final is not None:
         answers.append("final")
-        rules += _final_rules(constraint.final)
+        rules += _final_rules(constraint.final, options)
     for index, call in enumerate(constraint.tool_calls):
         answers.append(f"call_{index}")
-        rules += _call_rules(call, index)
+        rules += _call_rules(call, index, options)
     rules.append("answer: " + " | ".join(answers))
     rules.append("TEXT: /(?s:.*)/")
     return "\n".join(rules) + "\n"
@@ -46,16 +51,16 @@ def _free_messages(constraint: CompletionConstraint) -> list[str]:
     return [f'<|channel|> "{channel}" <|message|> TEXT <|end|>' for channel in channels]
 
 
-def _final_rules(body: Body) -> list[str]:
+def _final_rules(body: Body, options: dict[str, Any]) -> list[str]:
     # No ``<|constrain|>json`` in a final header: harmony's parser reads it as a recipient
     # there, and the stream translator would then report a function call.
     return [
         'final: <|channel|> "final" <|message|> final_body <|return|>',
-        f"final_body: {_body(body)}",
+        f"final_body: {_body(body, options)}",
     ]
 
 
-def _call_rules(call: ToolCallRule, index: int) -> list[str]:
+def _call_rules(call: ToolCallRule, index: int, options: dict[str, Any]) -> list[str]:
     """Both header orders harmony allows: the recipient after the channel (what gpt-oss
     usually writes) or before it."""
     to = json.dumps(f" to={call.recipient}")
@@ -63,7 +68,7 @@ def _call_rules(call: ToolCallRule, index: int) -> list[str]:
     return [
         f'call_{index}: <|channel|> "commentary" {to} {constrain} <|message|> body_{index} <|call|>'
         f'\n    | {to} <|channel|> "commentary" {constrain} <|message|> body_{index} <|call|>',
-        f"body_{index}: {_body(call.body)}",
+        f"body_{index}: {_body(call.body, options)}",
     ]
 
 
@@ -74,11 +79,11 @@ def _header_constrain(call: ToolCallRule) -> str:
     return _CONSTRAIN_JSON if call.body.kind == "json" else f"({_CONSTRAIN_JSON})?"
 
 
-def _body(body: Body) -> str:
+def _body(body: Body, options: dict[str, Any]) -> str:
     if body.kind == "json":
         schema = json.loads(body.source)
         if isinstance(schema, dict):
-            schema = {**schema, "x-guidance": _JSON_OPTIONS}
+            schema = {**schema, "x-guidance": options}
         return "%json " + json.dumps(schema)
     if body.kind == "lark":
         return "%lark {\n" + body.source + "\n}"

@@ -35,9 +35,12 @@ def compile_grammar(grammar: str) -> llguidance.LLMatcher:
     return _compiled(grammar).deep_copy()
 
 
-def new_matcher(constraint: CompletionConstraint) -> llguidance.LLMatcher:
-    """A fresh matcher for one completion under ``constraint``."""
-    return compile_grammar(to_lark(constraint))
+def new_matcher(
+    constraint: CompletionConstraint, *, compact_json: bool = True
+) -> llguidance.LLMatcher:
+    """A fresh matcher for one completion under ``constraint`` (``compact_json`` false: to
+    check JSON written with whitespace, e.g. a test script's ``json.dumps``)."""
+    return compile_grammar(to_lark(constraint, compact_json=compact_json))
 
 
 def cache_info() -> functools._CacheInfo:

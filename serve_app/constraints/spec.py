@@ -25,13 +25,15 @@ class Body:
     """A message body: free text, JSON matching a schema, or text matching a grammar."""
 
     kind: BodyKind = "text"
-    # The JSON schema as canonical JSON text (hashable, one cache key per distinct schema),
-    # or the lark / regex grammar text.
+    # The JSON schema as compact JSON text (hashable, one cache key per distinct schema), or
+    # the lark / regex grammar text. Keys keep the client's order: llguidance writes an
+    # object's properties in the order the schema lists them (as OpenAI's strict mode does),
+    # so sorting them would force alphabetical keys on the model.
     source: str = ""
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any]) -> Body:
-        return cls("json", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+        return cls("json", json.dumps(schema, separators=(",", ":")))
 
     @property
     def free(self) -> bool:

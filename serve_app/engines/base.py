@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from serve_app.constraints.spec import CompletionConstraint
+
 logger = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -46,6 +48,9 @@ class GenerateRequest:
     sampling: SamplingSettings
     # The routing key (prompt_cache_key or a derived one); engines may log it, never need it.
     session_id: str | None = None
+    # What the completion must obey (issue 20), engine-neutral: each engine compiles it its own
+    # way. None for a request that constrains nothing (the common case pays nothing).
+    constraint: CompletionConstraint | None = None
 
 
 @dataclass

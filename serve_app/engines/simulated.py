@@ -9,7 +9,8 @@ that slow down as more requests decode together.
 What it says:
 - By default, a short analysis message and a final answer that says it comes from the simulated
   engine, padded with filler words to ``default_output_tokens``. It never calls a tool on its
-  own: an agent driven by it cannot be made to run anything.
+  own: an agent driven by it cannot be made to run anything, unless the request itself
+  requires a call (``tool_choice`` required or named; see Constraints below).
 - With a script (tests), the first turn whose ``match`` regex is found (``re.search``) in the
   decoded prompt's last message, header included, e.g. ``<|start|>user<|message|>…<|end|>``::
 
@@ -30,6 +31,15 @@ What it says:
   file ``$SERVE_APP_SIM_SCRIPT`` names. A turn plays out whole: stop tokens inside it (one
   ``<|call|>`` per tool call) do not end it; its end gives finish reason "stop". ``max_tokens``
   and abort cut it like any other output.
+
+Constraints (``GenerateRequest.constraint``, issue 20): honoured with the llguidance grammar
+meant for vLLM's guidance backend (not mapped there yet). Unscripted, a completion that must be
+JSON or must call a tool is sampled under the grammar's token mask (seeded like the default
+answer), so it is valid by construction, not scripted; where a free final answer is allowed the
+default answer stands (it obeys), and under ``tool_choice`` auto the sampler answers and never
+calls a tool on its own. A scripted turn is checked against the constraint, each message
+ending in ``<|return|>`` or ``<|call|>`` as its own completion: a turn that breaks it is an
+`EngineError` (the test script is misconfigured), never silently invalid output.
 
 Logprobs (``SamplingSettings.logprobs`` = k): deterministic stand-ins, a function of
 (``seed``, position, token) only (`token_logprobs`). The sampled token gets a probability in
@@ -55,8 +65,8 @@ import random
 import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -64,6 +74,10 @@ from typing import Any, TypeAlias
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from serve_app.constraints.matcher import ConstraintError, new_matcher
+from serve_app.constraints.sampling import MaskedSampler
+from serve_app.constraints.spec import CompletionConstraint
+from serve_app.constraints.vocab import harmony_tokenizer
 from serve_app.engines.base import (
     SERVER_ERROR,
     Engine,
@@ -309,7 +323,20 @@ class _Sleep:
     seconds: float
 
 
-_Step: TypeAlias = _Emit | _Fail | _Sleep
+@dataclass(frozen=True)
+class _Sample:
+    """Tokens drawn one decode step at a time under a constraint's mask, until its grammar
+    ends (a stop token, honoured) or ``max_tokens`` cuts it."""
+
+    sampler: MaskedSampler
+
+    @property
+    def tokens(self) -> Iterator[int]:
+        while not self.sampler.done:
+            yield self.sampler.next_token()
+
+
+_Step: TypeAlias = _Emit | _Fail | _Sleep | _Sample
 
 
 class _Harmony:
@@ -434,6 +461,7 @@ def last_message_text(prompt: Sequence[int]) -> str:
 
 
 _HARMONY: _Harmony | None = None
+_VOCABULARY_LOADED = False
 
 
 def _harmony() -> _Harmony:
@@ -477,6 +505,9 @@ class SimulatedEngine(Engine):
         self.cache = PrefixKVCache(self.config.block_size, self.config.kv_cache_tokens)
         self.script = load_script(self.config.script)
         self._plans: dict[int, list[_Step]] = {}
+        # Scripted turns already checked against a constraint: None if the turn obeys it, else
+        # why not.
+        self._checked: dict[tuple[int, CompletionConstraint], str | None] = {}
         self._running: dict[str, _Running] = {}
         self._num_decoding = 0
         # Requests waiting for prefill, the one prefilling first.
@@ -525,8 +556,10 @@ class SimulatedEngine(Engine):
             except _Aborted:
                 yield GenerateChunk(finish_reason="abort", **counts)
                 return
+            if request.constraint is not None:
+                await _vocabulary_loaded()
             stamped = False
-            async with contextlib.aclosing(self._decode(running, self._plan(prompt))) as steps:
+            async with contextlib.aclosing(self._decode(running, self._plan(request))) as steps:
                 async for token_ids, finish in steps:
                     chunk = GenerateChunk(token_ids=token_ids, finish_reason=finish, **counts)
                     if request.sampling.logprobs is not None:
@@ -651,6 +684,7 @@ class SimulatedEngine(Engine):
                     await self._sleep(running, step.seconds)
                     due = time.monotonic()
                     continue
+                honour_stop = isinstance(step, _Sample) or step.honour_stop
                 for token in step.tokens:
                     due += self._step_seconds()
                     wait = due - time.monotonic()
@@ -665,7 +699,7 @@ class SimulatedEngine(Engine):
                         running.first_token_at = due
                     pending.append(token)
                     output.append(token)
-                    if step.honour_stop and token in stop_ids:
+                    if honour_stop and token in stop_ids:
                         yield pending, "stop"
                         return
                     if len(output) >= sampling.max_tokens:
@@ -677,20 +711,106 @@ class SimulatedEngine(Engine):
 
     # -- What to say ----------------------------------------------------------------------
 
-    def _plan(self, prompt: Sequence[int]) -> list[_Step]:
+    def _plan(self, request: GenerateRequest) -> list[_Step]:
+        prompt = request.prompt_token_ids
         index = self.script.turn_index(last_message_text(prompt)) if self.script.turns else None
         if index is not None:
+            if request.constraint is not None:
+                self._check_turn(index, request.constraint)
             return self._turn_plan(index)
         # Same prompt and seed, same answer; Random(int) is stable across processes.
-        rng = random.Random(hash((self.config.seed, tuple(prompt))))
+        seed = hash((self.config.seed, tuple(prompt)))
+        sampled = _to_sample(request.constraint)
+        if sampled is not None:
+            return [_Sample(MaskedSampler(_matcher(sampled), seed))]
+        rng = random.Random(seed)
         tokens = _harmony().default_answer(len(prompt), self.config.default_output_tokens, rng)
         return [_Emit(tuple(tokens), honour_stop=True)]
+
+    def _check_turn(self, index: int, constraint: CompletionConstraint) -> None:
+        key = (index, constraint)
+        if key not in self._checked:
+            self._checked[key] = _turn_violation(self._turn_plan(index), constraint)
+        violation = self._checked[key]
+        if violation is not None:
+            raise EngineError(
+                f"simulated engine: scripted turn {index} breaks the request's constraint "
+                f"({violation}); the test script is misconfigured"
+            )
 
     def _turn_plan(self, index: int) -> list[_Step]:
         plan = self._plans.get(index)
         if plan is None:
             plan = self._plans[index] = _harmony().turn_plan(self.script.turns[index])
         return plan
+
+
+async def _vocabulary_loaded() -> None:
+    """The llguidance vocabulary, built once (about a second) off the event loop, on the first
+    constrained request: unconstrained requests and engine start-up never pay for it. Grammar
+    compiles (milliseconds, cached) and per-token masks (about 0.2 ms) run inline."""
+    global _VOCABULARY_LOADED
+    if not _VOCABULARY_LOADED:
+        await asyncio.to_thread(harmony_tokenizer)
+        _VOCABULARY_LOADED = True
+
+
+def _to_sample(constraint: CompletionConstraint | None) -> CompletionConstraint | None:
+    """What an unscripted completion is sampled under, or None for the default answer.
+
+    The default answer (analysis, then a free final message) obeys any constraint that allows
+    a free final answer. Where the final answer must be JSON but a tool call is not required,
+    the sampler answers and calls no tool: this engine never calls a tool on its own.
+    """
+    if constraint is None:
+        return None
+    if constraint.final is None:
+        return constraint  # a call is required (tool_choice required or named)
+    if constraint.final.free:
+        return None
+    return replace(constraint, tool_calls=())
+
+
+def _matcher(constraint: CompletionConstraint, *, compact_json: bool = True) -> Any:
+    try:
+        return new_matcher(constraint, compact_json=compact_json)
+    except ConstraintError as exc:
+        # A schema or grammar llguidance rejects: the request's fault.
+        message = f"the request's constraint cannot be compiled: {exc}"
+        raise EngineError(message, "invalid_request") from exc
+
+
+def _turn_violation(plan: Sequence[_Step], constraint: CompletionConstraint) -> str | None:
+    """Why a scripted turn breaks ``constraint``, or None if it obeys it.
+
+    A turn may play several messages ending in ``<|call|>`` (calls a real model would make in
+    successive completions): each stop token ends one completion, checked from the grammar's
+    start; the ``<|start|>assistant`` that opens the next one belongs to no completion. The last
+    completion must end too, unless the turn fails on purpose.
+    """
+    harmony = _harmony()
+    tokens = [token for step in plan if isinstance(step, _Emit) for token in step.tokens]
+    completions: list[list[int]] = [[]]
+    for token in tokens:
+        completions[-1].append(token)
+        if token in (RETURN_TOKEN, CALL_TOKEN):
+            completions.append([])
+    if not completions[-1]:
+        completions.pop()
+    for number, completion in enumerate(completions):
+        if number and tuple(completion[: len(harmony.start_assistant)]) == harmony.start_assistant:
+            completion = completion[len(harmony.start_assistant) :]
+        # A script's JSON is json.dumps'd (spaces after , and :): valid JSON all the same.
+        matcher = _matcher(constraint, compact_json=False)
+        accepted = matcher.validate_tokens(completion)
+        # validate_tokens does not count the grammar's last token (its stop token).
+        if accepted < len(completion) - 1 or not matcher.consume_tokens(completion):
+            seen = harmony.encoding.decode(completion[: accepted + 1])
+            return f"not allowed at the end of {seen!r}"
+    ends = bool(completions) and completions[-1][-1:] in ([RETURN_TOKEN], [CALL_TOKEN])
+    if not ends and not any(isinstance(step, _Fail) for step in plan):
+        return "it ends before the answer or tool call the constraint requires"
+    return None
 
 
 def _resolve(future: asyncio.Future[None] | None) -> None:

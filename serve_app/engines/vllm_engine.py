@@ -164,6 +164,7 @@ class VLLMEngine(Engine):
         self._config = config
         self._engine: AsyncLLM | None = None
         self._in_flight: set[str] = set()
+        self._warned_constraint = False
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -195,6 +196,8 @@ class VLLMEngine(Engine):
             raise EngineError(f"request {request_id} is already running", code="invalid_request")
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         params = _sampling_params(request.sampling, detokenize=False)
+        if request.constraint is not None:
+            self._warn_unconstrained()
         num_prompt_tokens = len(request.prompt_token_ids)
         guard = _StopTokenGuard()
         self._in_flight.add(request_id)
@@ -224,6 +227,16 @@ class VLLMEngine(Engine):
                 # free the KV blocks before the cancellation propagates. vLLM's own generate()
                 # also aborts when it is the one cancelled; a second abort is a no-op.
                 await self._abort_quietly(request_id)
+
+    def _warn_unconstrained(self) -> None:
+        # Not mapped yet: GenerateRequest.constraint is meant for vLLM's guidance backend
+        # (structured_outputs.grammar = to_lark(constraint)), issue 20's next step. Until then
+        # the request generates unconstrained, as before, and the prompt still asks for it.
+        if not self._warned_constraint:
+            self._warned_constraint = True
+            logger.warning(
+                "vLLM engine: request constraints are not enforced yet; generating unconstrained"
+            )
 
     async def abort(self, request_id: str) -> None:
         if self._engine is not None:

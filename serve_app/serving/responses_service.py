@@ -19,12 +19,15 @@ from pydantic import TypeAdapter
 from ray.serve.exceptions import BackPressureError
 
 from serve_app.config import AppArgs
+from serve_app.constraints import spec as constraint_spec
+from serve_app.constraints.spec import CompletionConstraint
 from serve_app.engines.base import SERVER_ERROR, GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.harmony import compaction
 from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import RenderedPrompt, render_request
 from serve_app.harmony.stream import ResponseStreamTranslator
+from serve_app.harmony.tools import ToolRegistry
 from serve_app.harmony.truncation import truncate_to_fit
 from serve_app.protocol.errors import InvalidRequest, NotFound, model_not_found
 from serve_app.protocol.requests import InputItem, MessageItem, ResponsesRequest
@@ -142,6 +145,7 @@ class ResponsesService:
                 logprobs=_logprobs_wanted(request),
             ),
             session_id=key,
+            constraint=_constraint(request, prompt.tools),
         )
         translator = ResponseStreamTranslator(
             response,
@@ -497,3 +501,14 @@ def _logprobs_wanted(request: ResponsesRequest) -> int | None:
     if OUTPUT_TEXT_LOGPROBS not in request.include:
         return None
     return request.top_logprobs or 0
+
+
+def _constraint(request: ResponsesRequest, tools: ToolRegistry) -> CompletionConstraint | None:
+    """What the engine must enforce, or None where there is nothing to enforce: plain text,
+    a non-strict ``text.format``, ``tool_choice`` auto over tools that are all non-strict
+    functions or grammar-less custom tools (Codex's usual request), and ``tool_choice`` none
+    with no tools to forbid. Only those get None: a constraint costs a grammar compile (cached
+    per distinct grammar) and a mask per token in the engine."""
+    if request.tool_choice == "none" and not request.tools:
+        return None
+    return constraint_spec.from_request(request, tools)
