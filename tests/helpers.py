@@ -25,6 +25,8 @@ from serve_app.serving.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
 
 REPO = Path(__file__).resolve().parents[1]
+# The JavaScript clients (npm, installed by scripts/test.sh): the AI SDK, zod.
+JS_DIR = REPO / "tests" / "js"
 # Real Codex requests (0.169 and 0.63), captured against a local server: by scenario, in order.
 CODEX_CAPTURES = REPO / "tests" / "fixtures" / "codex"
 CAPTURES = sorted(CODEX_CAPTURES.glob("*/req_*.json"))
@@ -52,20 +54,31 @@ def decode(token_ids: list[int]) -> str:
 
 @contextlib.asynccontextmanager
 async def in_process_api(
-    db_path: Path, args: AppArgs | None = None, **options: Any
+    db: Path | str,
+    args: AppArgs | None = None,
+    *,
+    engine: SimulatedEngineConfig | None = None,
+    **options: Any,
 ) -> AsyncIterator[FastAPI]:
-    """The ingress's own FastAPI app (the one every ingress replica serves) in this process,
-    on a fast simulated engine and a SQLite store; ``options`` go to ``create_api``."""
-    store = SqlResponseStore(f"sqlite+aiosqlite:///{db_path}")
+    """The ingress's own FastAPI app (the one every ingress replica serves) in this process.
+
+    ``db``: an SQLite file, or a store URL (e.g. the session's PostgreSQL). ``engine``: the
+    simulated engine's config (default: fast and unscripted). ``options`` go to ``create_api``.
+    """
+    store = SqlResponseStore(db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}")
     await store.start()
-    engine = SimulatedEngine(SimulatedEngineConfig(decode_tokens_per_s=50_000))
-    await engine.start()
+    simulated = SimulatedEngine(engine or SimulatedEngineConfig(decode_tokens_per_s=50_000))
+    await simulated.start()
     try:
         yield create_api(
-            args or AppArgs(), InProcessEngineClient(engine), ReasoningVault("k"), store, **options
+            args or AppArgs(),
+            InProcessEngineClient(simulated),
+            ReasoningVault("k"),
+            store,
+            **options,
         )
     finally:
-        await engine.shutdown()
+        await simulated.shutdown()
         await store.close()
 
 
@@ -112,3 +125,23 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 20) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+def node_json(script: str, needs: str) -> Any:
+    """Run the ES module ``script`` with node and parse the JSON it prints. It is written beside
+    tests/js/node_modules so its imports resolve there; skipped where node or the npm package
+    ``needs`` is missing."""
+    import shutil
+    import tempfile
+
+    import pytest
+
+    node = shutil.which("node")
+    if node is None or not (JS_DIR / "node_modules" / needs).is_dir():
+        pytest.skip(f"needs node and {needs} in tests/js/node_modules (npm ci in tests/js)")
+    with tempfile.NamedTemporaryFile("w", suffix=".mjs", dir=JS_DIR, prefix=".run_") as file:
+        file.write(script)
+        file.flush()
+        done = subprocess.run([node, file.name], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)

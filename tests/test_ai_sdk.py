@@ -20,9 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import JS_DIR
 
-JS_DIR = REPO / "tests" / "js"
 SCRIPT = JS_DIR / "ai_sdk_scenarios.mjs"
 TIMEOUT_S = 120
 

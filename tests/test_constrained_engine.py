@@ -8,7 +8,6 @@ ingress builds; the SDK tests go through the whole in-process app.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import pickle
@@ -20,25 +19,19 @@ from typing import Any, Literal
 import jsonschema
 import pytest
 from agents import Agent, OpenAIResponsesModel, Runner, set_tracing_disabled
-from fastapi import FastAPI
 from openai import BadRequestError, InternalServerError
 from openai.lib._pydantic import to_strict_json_schema
 from pydantic import BaseModel
 
-from serve_app.config import AppArgs
 from serve_app.engines.base import GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
-from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import render_request
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id
-from serve_app.serving.engine_client import InProcessEngineClient
-from serve_app.serving.ingress import create_api
 from serve_app.serving.responses_service import _constraint
-from serve_app.store.sql import SqlResponseStore
 from tests.helpers import in_process_api, sdk_client
 
 MODEL = "gpt-oss-120b"
@@ -308,24 +301,12 @@ SCRIPT = {
         },
     ]
 }
+SCRIPTED = FAST.model_copy(update={"script": SCRIPT})
 BROKEN = "breaks the request's constraint"
 
 
-@contextlib.asynccontextmanager
-async def _scripted_api(db: Path) -> AsyncIterator[FastAPI]:
-    store = SqlResponseStore(f"sqlite+aiosqlite:///{db}")
-    await store.start()
-    engine = SimulatedEngine(FAST.model_copy(update={"script": SCRIPT}))
-    await engine.start()
-    try:
-        yield create_api(AppArgs(), InProcessEngineClient(engine), ReasoningVault("k"), store)
-    finally:
-        await engine.shutdown()
-        await store.close()
-
-
 async def test_a_script_breaking_the_constraint_fails_the_request(tmp_path: Path) -> None:
-    async with _scripted_api(tmp_path / "script.db") as api:
+    async with in_process_api(tmp_path / "script.db", engine=SCRIPTED) as api:
         client = sdk_client(api)
         with pytest.raises(InternalServerError, match=BROKEN):
             await client.responses.parse(model=MODEL, input="BREAK-FORMAT", text_format=Ticket)
@@ -344,7 +325,7 @@ async def test_a_script_breaking_the_constraint_fails_the_request(tmp_path: Path
 
 
 async def test_a_script_obeying_the_constraint_plays(tmp_path: Path) -> None:
-    async with _scripted_api(tmp_path / "script.db") as api:
+    async with in_process_api(tmp_path / "script.db", engine=SCRIPTED) as api:
         client = sdk_client(api)
         parsed = await client.responses.parse(model=MODEL, input="OBEY-FORMAT", text_format=Ticket)
         expected = Ticket(priority=Priority.HIGH, status="open", escalated=False)

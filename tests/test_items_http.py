@@ -12,14 +12,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from serve_app.config import AppArgs
-from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
-from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.protocol.requests import MAX_ITEM_ID_LENGTH
-from serve_app.serving.engine_client import InProcessEngineClient
-from serve_app.serving.ingress import create_api
-from serve_app.store.sql import SqlResponseStore
-from tests.helpers import sdk_client
+from tests.helpers import in_process_api, sdk_client
 from tests.test_store import (  # noqa: F401 - postgres_url: the fixture, for store_url
     LONG_ID,
     REPEATING_IDS,
@@ -33,16 +27,9 @@ MODEL = "gpt-oss-120b"
 
 @pytest.fixture
 async def api(store_url: str) -> AsyncIterator[FastAPI]:  # noqa: F811 - the imported fixture
-    """tests.helpers.in_process_api, on either store (SQLite or the session's PostgreSQL)."""
-    store = SqlResponseStore(store_url)
-    await store.start()
-    engine = SimulatedEngine(SimulatedEngineConfig(decode_tokens_per_s=50_000))
-    await engine.start()
-    try:
-        yield create_api(AppArgs(), InProcessEngineClient(engine), ReasoningVault("k"), store)
-    finally:
-        await engine.shutdown()
-        await store.close()
+    """The in-process app on either store (SQLite or the session's PostgreSQL)."""
+    async with in_process_api(store_url) as app:
+        yield app
 
 
 @pytest.fixture

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import copy
 import enum
-import json
-import shutil
-import subprocess
 from typing import Any
 
 import agents
@@ -20,10 +17,9 @@ from pydantic import BaseModel, Field
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.strict_schema import StrictSchemaError, check_request, check_schema
-from tests.helpers import REPO, in_process_api, sdk_client
+from tests.helpers import in_process_api, node_json, sdk_client
 
 MODEL = "gpt-oss-120b"
-JS_DIR = REPO / "tests" / "js"
 
 
 class Color(enum.Enum):
@@ -145,19 +141,8 @@ console.log(JSON.stringify(await zodSchema(schema).jsonSchema));
 """
 
 
-def test_zod_schema_through_the_ai_sdk_passes(tmp_path) -> None:
-    node = shutil.which("node")
-    if node is None or not (JS_DIR / "node_modules" / "ai").is_dir():
-        pytest.skip("needs node, zod and ai in tests/js/node_modules (npm ci in tests/js)")
-    # The script must sit by node_modules for its imports to resolve.
-    script = JS_DIR / f".strict_zod_{tmp_path.name}.mjs"
-    script.write_text(ZOD_SCRIPT)
-    try:
-        done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60)
-    finally:
-        script.unlink()
-    assert done.returncode == 0, done.stderr
-    schema = json.loads(done.stdout)
+def test_zod_schema_through_the_ai_sdk_passes() -> None:
+    schema = node_json(ZOD_SCRIPT, needs="ai")
     assert schema["additionalProperties"] is False
     check_schema(schema)
 

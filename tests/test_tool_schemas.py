@@ -5,8 +5,6 @@ harmony's own renderer wrote ``any``; flat schemas render exactly as harmony ren
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import textwrap
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -32,11 +30,17 @@ from serve_app.harmony.render import render_request
 from serve_app.harmony.typescript import NamespaceText, ToolText, schema_text, tools_section
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
-from tests.helpers import CAPTURES, REPO, capture_body, decode, in_process_api, sdk_client
+from tests.helpers import (
+    CAPTURES,
+    capture_body,
+    decode,
+    in_process_api,
+    node_json,
+    sdk_client,
+)
 
 MODEL = "gpt-oss-120b"
 NOW = datetime(2026, 11, 22, tzinfo=UTC)
-JS_DIR = REPO / "tests" / "js"
 
 
 class Color(StrEnum):
@@ -166,19 +170,8 @@ ZOD_SCRIPT = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def zod_schemas(tmp_path_factory) -> list[dict[str, Any]]:
-    node = shutil.which("node")
-    if node is None or not (JS_DIR / "node_modules" / "zod").is_dir():
-        pytest.skip("needs node and zod in tests/js/node_modules (npm ci in tests/js)")
-    # The script must sit by node_modules for `import "zod"` to resolve.
-    script = JS_DIR / f".zod_schemas_{tmp_path_factory.getbasetemp().name}.mjs"
-    script.write_text(ZOD_SCRIPT)
-    try:
-        done = subprocess.run([node, str(script)], capture_output=True, text=True, timeout=60)
-    finally:
-        script.unlink()
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+def zod_schemas() -> list[dict[str, Any]]:
+    return node_json(ZOD_SCRIPT, needs="zod")
 
 
 def test_zod_schemas_render_every_nested_field(zod_schemas) -> None:
