@@ -86,14 +86,16 @@ def test_a_client_that_leaves_mid_stream_frees_the_engine_request(
 
 
 def test_output_text_logprobs_come_from_vllm(client: OpenAI) -> None:
-    """vLLM's logprobs, asked through the ingress: each text delta carries the entries of its
-    tokens, with the 2 alternatives asked for (not run outside CI's vLLM stage)."""
+    """vLLM's logprobs, asked through the ingress: text deltas carry the entries of their
+    tokens, with the 2 alternatives asked for (not run outside CI's vLLM stage). Greedy, so the
+    seeded random checkpoint writes the same tokens every run."""
     events = list(
         client.responses.create(
             model=MODEL,
             input="Hello",
             stream=True,
             max_output_tokens=48,
+            temperature=0,
             include=["message.output_text.logprobs"],
             top_logprobs=2,
         )
@@ -104,11 +106,12 @@ def test_output_text_logprobs_come_from_vllm(client: OpenAI) -> None:
     entries = 0
     for event in events:
         if event.type == "response.output_text.delta":
-            assert event.logprobs  # some token wrote this text
+            # Text the translator salvaged from a malformed header has no entries (README), and
+            # random weights write such headers; text the model wrote as content has them.
             for entry in event.logprobs:
                 assert entry.logprob <= 0 and len(entry.top_logprobs or []) == 2
             entries += len(event.logprobs)
-    assert entries <= events[-1].response.usage.output_tokens
+    assert 0 < entries <= events[-1].response.usage.output_tokens
     for item in events[-1].response.output:
         for part in getattr(item, "content", None) or []:
             if part.type == "output_text" and "\ufffd" not in part.text:
