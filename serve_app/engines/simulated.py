@@ -88,12 +88,17 @@ from serve_app.engines.base import (
     TokenLogprob,
 )
 from serve_app.engines.prefix_cache import PrefixCacheStats, PrefixKVCache
-from serve_app.harmony.encoding import CALL_TOKEN, END_TOKEN, RETURN_TOKEN, get_encoding
+from serve_app.harmony.encoding import (
+    CALL_TOKEN,
+    END_TOKEN,
+    RETURN_TOKEN,
+    START_TOKEN,
+    get_encoding,
+)
 
 logger = logging.getLogger(__name__)
 
 SCRIPT_ENV = "SERVE_APP_SIM_SCRIPT"
-START_TOKEN = 200006  # <|start|>
 # Below this many seconds ahead of schedule the decode loop does not sleep (timer resolution):
 # at high decode rates several tokens then go out in one chunk, keeping the modelled rate.
 _MIN_SLEEP_S = 0.001
