@@ -88,6 +88,7 @@ from serve_app.engines.base import (
     TokenLogprob,
 )
 from serve_app.engines.prefix_cache import PrefixCacheStats, PrefixKVCache
+from serve_app.harmony import tools
 from serve_app.harmony.encoding import (
     CALL_TOKEN,
     END_TOKEN,
@@ -374,12 +375,12 @@ class _Harmony:
                 arguments = call.arguments
                 if not isinstance(arguments, str):
                     arguments = json.dumps(arguments, ensure_ascii=False)
-                recipient = f"{call.namespace or 'functions'}.{call.name}"
-                header = f"<|channel|>commentary to={recipient} <|constrain|>json"
+                to = tools.recipient(call.name, call.namespace)
+                header = f"<|channel|>commentary to={to} <|constrain|>json"
                 return self.message(header, arguments, CALL_TOKEN)
             case CustomToolCallItem(custom_tool_call=call):
-                recipient = f"{call.namespace or 'functions'}.{call.name}"
-                return self.message(f"<|channel|>commentary to={recipient}", call.input, CALL_TOKEN)
+                to = tools.recipient(call.name, call.namespace)
+                return self.message(f"<|channel|>commentary to={to}", call.input, CALL_TOKEN)
             case RawItem(raw=text):
                 return self.header(text)
         raise TypeError(f"not a message item: {item!r}")

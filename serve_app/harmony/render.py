@@ -40,7 +40,7 @@ from openai_harmony import (
 from serve_app.harmony import compaction, schemas
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec
+from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec, recipient
 from serve_app.harmony.typescript import NamespaceText, ToolText, tools_section
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import (
@@ -267,7 +267,7 @@ def _call_recipients(items: list[InputItem], tools: ToolRegistry) -> dict[str, s
         if isinstance(item, FunctionCallItem | CustomToolCallItem):
             spec = tools.by_name(item.name, item.namespace)
             recipients[item.call_id] = (
-                spec.recipient if spec else f"{item.namespace or DEFAULT_NAMESPACE}.{item.name}"
+                spec.recipient if spec else recipient(item.name, item.namespace)
             )
     return recipients
 
