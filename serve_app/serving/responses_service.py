@@ -21,9 +21,16 @@ from ray.serve.exceptions import BackPressureError
 from serve_app.config import AppArgs
 from serve_app.constraints import spec as constraint_spec
 from serve_app.constraints.spec import CompletionConstraint
-from serve_app.engines.base import SERVER_ERROR, GenerateChunk, GenerateRequest, SamplingSettings
+from serve_app.engines.base import (
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    SERVER_ERROR,
+    GenerateChunk,
+    GenerateRequest,
+    SamplingSettings,
+)
 from serve_app.harmony import compaction
-from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
+from serve_app.harmony.encoding import STOP_TOKENS
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import RenderedPrompt, render_request
 from serve_app.harmony.stream import ResponseStreamTranslator
@@ -32,6 +39,7 @@ from serve_app.harmony.truncation import truncate_to_fit
 from serve_app.protocol.errors import InvalidRequest, NotFound, model_not_found
 from serve_app.protocol.requests import InputItem, MessageItem, ResponsesRequest
 from serve_app.protocol.responses import (
+    ITEM_ID_PREFIXES,
     dump_response,
     initial_response,
     new_item_id,
@@ -134,18 +142,8 @@ class ResponsesService:
             if ENCRYPTED_REASONING in request.include
             else None
         )
-        generate = GenerateRequest(
-            request_id=response.id,
-            prompt_token_ids=prompt.token_ids,
-            sampling=SamplingSettings(
-                max_tokens=max_tokens,
-                temperature=1.0 if request.temperature is None else request.temperature,
-                top_p=1.0 if request.top_p is None else request.top_p,
-                stop_token_ids=(RETURN_TOKEN, CALL_TOKEN),
-                logprobs=_logprobs_wanted(request),
-            ),
-            session_id=key,
-            constraint=_constraint(request, prompt.tools),
+        generate = engine_request(
+            request, prompt, request_id=response.id, max_tokens=max_tokens, session_id=key
         )
         translator = ResponseStreamTranslator(
             response,
@@ -405,7 +403,7 @@ class ResponsesService:
         if not summary:
             raise GenerationFailed("The model wrote no summary.", "server_error")
         metrics.COMPACTIONS.inc()
-        compaction_id = new_item_id("cmp")
+        compaction_id = new_item_id(ITEM_ID_PREFIXES["compaction"])
         kept = [stored_item(item) for item in items if _is_user_message(item)]
         sealed = compaction.seal_summary(self._vault, summary, owner)
         return {
@@ -469,21 +467,12 @@ class ResponsesService:
 
 
 _INPUT_ITEMS = TypeAdapter(list[InputItem])
-_ID_PREFIXES = {
-    "message": "msg",
-    "reasoning": "rs",
-    "function_call": "fc",
-    "function_call_output": "fco",
-    "custom_tool_call": "ctc",
-    "custom_tool_call_output": "ctco",
-    "compaction": "cmp",
-}
 
 
 def stored_item(item: InputItem) -> dict[str, Any]:
     """An input item as stored: the client's fields, and an id (minted if it sent none)."""
     data = item.model_dump(mode="json", exclude_none=True, by_alias=True)
-    data.setdefault("id", new_item_id(_ID_PREFIXES.get(data["type"], "item")))
+    data.setdefault("id", new_item_id(ITEM_ID_PREFIXES.get(data["type"], "item")))
     if data["type"] == "message" and isinstance(data["content"], str):
         # As OpenAI lists them: string content becomes one text part.
         part_type = "output_text" if data["role"] == "assistant" else "input_text"
@@ -493,6 +482,32 @@ def stored_item(item: InputItem) -> dict[str, Any]:
 
 def _is_user_message(item: InputItem) -> bool:
     return isinstance(item, MessageItem) and item.role == "user"
+
+
+def engine_request(
+    request: ResponsesRequest,
+    prompt: RenderedPrompt,
+    *,
+    request_id: str,
+    max_tokens: int,
+    session_id: str | None,
+) -> GenerateRequest:
+    """What the engine is asked for a turn: the prompt's token ids and the request's sampling
+    (the engine's defaults where it sets none), stopping at harmony's ``<|return|>`` or
+    ``<|call|>``, and what the completion must obey. ``session_id``: the routing key."""
+    return GenerateRequest(
+        request_id=request_id,
+        prompt_token_ids=prompt.token_ids,
+        sampling=SamplingSettings(
+            max_tokens=max_tokens,
+            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+            top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+            stop_token_ids=STOP_TOKENS,
+            logprobs=_logprobs_wanted(request),
+        ),
+        session_id=session_id,
+        constraint=_constraint(request, prompt.tools),
+    )
 
 
 def _logprobs_wanted(request: ResponsesRequest) -> int | None:
