@@ -60,8 +60,8 @@ from ray import serve
 from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import (
     PrefixCacheAffinityRouter,
 )
-from ray.serve._private.request_router.common import PendingRequest
 from ray.serve.config import RequestRouterConfig
+from ray.serve.request_router import PendingRequest
 
 from serve_app.config import EngineConfig
 from serve_app.engines.base import GenerateRequest

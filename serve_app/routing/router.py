@@ -34,9 +34,7 @@ import logging
 import time
 from typing import Any
 
-from ray.serve._private.request_router.common import PendingRequest
-from ray.serve._private.request_router.replica_wrapper import RunningReplica
-from ray.serve._private.request_router.request_router import RequestRouter
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from serve_app.engines.base import GenerateRequest
 from serve_app.routing import metrics
