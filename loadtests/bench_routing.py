@@ -456,6 +456,21 @@ def report(
     )
 
 
+def add_placer_options(parser: argparse.ArgumentParser) -> None:
+    """Our router's placer options (each run of ``--min-bound``), shared with sim_routing.py."""
+    parser.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR, help="ours")
+    parser.add_argument(
+        "--new-load-factor",
+        type=float,
+        default=DEFAULT_NEW_LOAD_FACTOR,
+        help="ours; 0 turns balanced placement off",
+    )
+    parser.add_argument("--spill-factor", type=float, default=DEFAULT_SPILL_FACTOR, help="ours")
+    parser.add_argument(
+        "--min-bound", type=int, nargs="+", default=[DEFAULT_MIN_BOUND], help="ours, each"
+    )
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, default=8)
@@ -474,17 +489,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prefill-tokens-per-s", type=float, default=20_000)
     parser.add_argument("--decode-tokens-per-s", type=float, default=200)
     parser.add_argument("--kv-cache-tokens", type=int, default=262_144)
-    parser.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR, help="ours")
-    parser.add_argument(
-        "--new-load-factor",
-        type=float,
-        default=DEFAULT_NEW_LOAD_FACTOR,
-        help="ours; 0 turns balanced placement off",
-    )
-    parser.add_argument("--spill-factor", type=float, default=DEFAULT_SPILL_FACTOR, help="ours")
-    parser.add_argument(
-        "--min-bound", type=int, nargs="+", default=[DEFAULT_MIN_BOUND], help="ours, each"
-    )
+    add_placer_options(parser)
     parser.add_argument(
         "--served-out", type=Path, help="a directory: every served turn, ROUTER.jsonl"
     )
