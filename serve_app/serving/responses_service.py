@@ -16,12 +16,12 @@ from typing import Any
 
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
-from ray.serve.exceptions import BackPressureError
 
 from serve_app.config import AppArgs
 from serve_app.constraints import spec as constraint_spec
 from serve_app.constraints.spec import CompletionConstraint
 from serve_app.engines.base import (
+    CLIENT_ERROR_CODES,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_P,
     SERVER_ERROR,
@@ -36,7 +36,15 @@ from serve_app.harmony.render import RenderedPrompt, render_request
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.harmony.truncation import truncate_to_fit
-from serve_app.protocol.errors import InvalidRequest, NotFound, model_not_found
+from serve_app.protocol.errors import (
+    RATE_LIMITED,
+    APIError,
+    InvalidRequest,
+    NotFound,
+    RateLimited,
+    ServerError,
+    model_not_found,
+)
 from serve_app.protocol.requests import InputItem, MessageItem, ResponsesRequest
 from serve_app.protocol.responses import (
     ITEM_ID_PREFIXES,
@@ -57,8 +65,6 @@ logger = logging.getLogger(__name__)
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
-RATE_LIMITED = "rate_limit_exceeded"
-RETRY_AFTER_S = 1
 
 
 @dataclass
@@ -88,15 +94,16 @@ class Context:
     history: list[InputItem]
 
 
-class GenerationFailed(Exception):
-    """The engines could not produce a non-streaming answer (a stream ends in
-    ``response.failed`` instead). The ingress answers 429 for ``rate_limit_exceeded``, 400 for
-    the codes of a request the engine rejected (``CLIENT_ERROR_CODES``), else 500."""
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
+def failed_response_error(message: str, code: str) -> APIError:
+    """A failed response's error as the HTTP error a non-streaming client can act on (a stream
+    ends in ``response.failed`` with the same message and code instead): 429 for
+    ``rate_limit_exceeded``, 400 for the codes of a request the engine rejected
+    (``CLIENT_ERROR_CODES``: retrying cannot help), else 500."""
+    if code == RATE_LIMITED:
+        return RateLimited(message)
+    if code in CLIENT_ERROR_CODES:
+        return InvalidRequest(message, code=code)
+    return ServerError(message, code=code)
 
 
 class ResponsesService:
@@ -330,14 +337,12 @@ class ResponsesService:
                     break
             if not terminal:
                 terminal = translator.fail("The engine stream ended early.", "server_error")
-        except BackPressureError:
-            # Every engine replica is full and the queue too. Codex retries this code after
-            # the delay the message names; non-streaming callers get 429 with Retry-After.
+        except RateLimited as busy:
+            # Every engine replica is full and the queue too (the engine client's word for
+            # it). Codex retries this code after the delay the message names; non-streaming
+            # callers get 429 with Retry-After.
             logger.warning("response %s: engines at capacity", turn.response.id)
-            terminal = translator.fail(
-                f"The engines are at capacity. Please try again in {RETRY_AFTER_S}s.",
-                RATE_LIMITED,
-            )
+            terminal = translator.fail(busy.message, RATE_LIMITED)
         except Exception as exc:  # a replica died or the handle failed: never hang the client
             logger.exception("response %s: engine call failed", turn.response.id)
             terminal = translator.fail(f"The engine failed: {type(exc).__name__}", "server_error")
@@ -392,7 +397,7 @@ class ResponsesService:
         # The ask holds the stored history and the summary request as input items too.
         response = await self.run(await self.prepare(ask, owner, check_limits=False))
         if response.status == "failed" and response.error is not None:
-            raise GenerationFailed(response.error.message, response.error.code)
+            raise failed_response_error(response.error.message, response.error.code)
         summary = response.output_text.strip()
         if not summary and response.status == "incomplete":
             raise InvalidRequest(
@@ -401,7 +406,7 @@ class ResponsesService:
                 code="context_length_exceeded",
             )
         if not summary:
-            raise GenerationFailed("The model wrote no summary.", "server_error")
+            raise ServerError("The model wrote no summary.", code=SERVER_ERROR)
         metrics.COMPACTIONS.inc()
         compaction_id = new_item_id(ITEM_ID_PREFIXES["compaction"])
         kept = [stored_item(item) for item in items if _is_user_message(item)]
