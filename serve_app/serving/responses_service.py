@@ -40,12 +40,10 @@ from serve_app.protocol.errors import (
     RATE_LIMITED,
     APIError,
     InvalidRequest,
-    NotFound,
     RateLimited,
     ServerError,
-    model_not_found,
 )
-from serve_app.protocol.requests import InputItem, MessageItem, ResponsesRequest
+from serve_app.protocol.requests import InputItem, ItemReference, MessageItem, ResponsesRequest
 from serve_app.protocol.responses import (
     ITEM_ID_PREFIXES,
     dump_response,
@@ -53,12 +51,11 @@ from serve_app.protocol.responses import (
     new_item_id,
     new_response_id,
 )
-from serve_app.protocol.strict_schema import check_request as check_strict_schemas
 from serve_app.routing import metrics as routing_metrics
 from serve_app.routing.keys import key_digest, routing_key
-from serve_app.serving import metrics
+from serve_app.serving import metrics, validation
 from serve_app.serving.engine_client import EngineClient
-from serve_app.serving.references import resolve_references
+from serve_app.serving.references import find_referenced, replace_references
 from serve_app.store.base import ResponseStore, StoredResponse
 
 logger = logging.getLogger(__name__)
@@ -123,21 +120,14 @@ class ResponsesService:
         *,
         check_limits: bool = True,
     ) -> Turn:
-        """Everything that can reject the request happens here, before any event is sent.
-        ``recent``: contexts of responses not in the store (a WebSocket connection's), by id.
-        ``check_limits`` false: the server built the request (compaction's), so its item count
-        is not the client's to keep within ``max_input_items``."""
-        context = await self.context(request, owner, recent, check_limits=check_limits)
+        """The request through the door (`admit`), rendered, and the engine request built:
+        everything that can reject it happens before any event is sent."""
+        context = await self.admit(
+            request, owner, recent, check_limits=check_limits, generating=True
+        )
         request, history = context.request, context.history
-        # A strict schema OpenAI would refuse is a 400 here, not a promise we cannot keep.
-        check_strict_schemas(request)
-        prompt = render_request(request, history=history, vault=self._vault, owner=owner)
-        if request.background and not request.store:
-            raise InvalidRequest(
-                "Background responses are stored: they need `store` true.", param="store"
-            )
-        prompt = self._truncated(request, history, prompt, owner)
-        max_tokens = self._max_output_tokens(request, len(prompt.token_ids))
+        prompt = self._render(request, history, owner, truncate=True)
+        max_tokens = validation.output_budget(self._args, request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
         key = routing_key(request.prompt_cache_key, prompt.token_ids)
         metrics.ROUTING_KEYS.labels(
@@ -172,11 +162,32 @@ class ResponsesService:
         )
 
     async def render(self, request: ResponsesRequest, owner: str | None = None) -> RenderedPrompt:
-        """The prompt for a request: its stored history (if it continues one) and its input."""
-        context = await self.context(request, owner)
-        return render_request(
-            context.request, history=context.history, vault=self._vault, owner=owner
-        )
+        """The prompt for a request (``/v1/responses/input_tokens``): its stored history (if it
+        continues one) and its input, as is (no truncation)."""
+        context = await self.admit(request, owner)
+        return self._render(context.request, context.history, owner, truncate=False)
+
+    async def admit(
+        self,
+        request: ResponsesRequest,
+        owner: str | None,
+        recent: Mapping[str, list[InputItem]] | None = None,
+        *,
+        check_limits: bool = True,
+        generating: bool = False,
+    ) -> Context:
+        """The one door for rejections: every 4xx a request can earn before rendering, decided
+        by serve_app.serving.validation's rules in order. Returns the request with its item
+        references replaced by the stored items they name, and the items it continues.
+        ``generating``: also the rules only a request to generate is held to (strict schemas,
+        background needs store); a token count is not."""
+        context = await self.context(request, owner, recent, check_limits=check_limits)
+        if generating:
+            validation.check_strict_schemas(context.request)
+        validation.check_items(context.request, context.history, self._vault, owner)
+        if generating:
+            validation.check_generation(context.request)
+        return context
 
     async def context(
         self,
@@ -186,79 +197,69 @@ class ResponsesService:
         *,
         check_limits: bool = True,
     ) -> Context:
-        """The items a request continues, and the request, with the item references in both
-        replaced by the stored items they name (checked against its limits and model first).
-        Before rendering: a referenced tool call must pair with an output like a whole one."""
-        history = await self.history(request, owner, recent, check_limits=check_limits)
-        history_param = "conversation" if request.conversation_id else "previous_response_id"
+        """The door's first half: the request alone checked, the items it continues loaded,
+        and the item references in both checked and replaced by the stored items they name.
+        ``recent``: contexts of responses not in the store (a WebSocket connection's), by id."""
+        validation.check_request(self._args, request, check_limits=check_limits)
+        history = await self._history(request, owner, recent)
+        if history is None:
+            raise validation.history_not_found(request)
         given = request.input_items
-        history, inputs = await resolve_references(
-            self._store, owner, history, given, history_param=history_param
+        if not any(isinstance(item, ItemReference) for item in [*history, *given]):
+            return Context(request, history)
+        found = await find_referenced(self._store, owner, [*history, *given])
+        validation.check_references(
+            history, given, found, history_param=validation.history_param(request)
         )
-        if inputs is not given:
-            request = request.model_copy(update={"input": inputs})
-        return Context(request, history)
+        request = request.model_copy(update={"input": replace_references(given, found)})
+        return Context(request, replace_references(history, found))
 
-    async def history(
+    async def _history(
         self,
         request: ResponsesRequest,
         owner: str | None,
-        recent: Mapping[str, list[InputItem]] | None = None,
-        *,
-        check_limits: bool = True,
-    ) -> list[InputItem]:
-        """The items a request continues as stored, references unresolved (checked against
-        its limits and model first); ``context`` resolves them."""
-        if request.model not in self._args.served_names():
-            raise model_not_found(request.model)
-        if check_limits:
-            self._check_limits(request)
+        recent: Mapping[str, list[InputItem]] | None,
+    ) -> list[InputItem] | None:
+        """The items a request continues as stored, references unresolved; None when the
+        conversation or previous response is not the caller's. Loading only."""
         if request.conversation_id is not None:
-            if request.previous_response_id is not None:
-                raise InvalidRequest(
-                    "Use `conversation` or `previous_response_id`, not both.",
-                    param="conversation",
-                )
             return await self._conversation_history(request.conversation_id, owner)
         if recent is not None and request.previous_response_id in recent:
             return recent[request.previous_response_id]
-        return await self._history(request.previous_response_id, owner)
-
-    def _check_limits(self, request: ResponsesRequest) -> None:
-        limits = self._args.limits
-        if len(request.input_items) > limits.max_input_items:
-            raise InvalidRequest(
-                f"Too many input items: at most {limits.max_input_items}.", param="input"
-            )
-        if len(request.tools) > limits.max_tools:
-            raise InvalidRequest(f"Too many tools: at most {limits.max_tools}.", param="tools")
+        return await self._chain_history(request.previous_response_id, owner)
 
     async def _conversation_history(
         self, conversation_id: str, owner: str | None
-    ) -> list[InputItem]:
+    ) -> list[InputItem] | None:
         conversation = await self._store.get_conversation(conversation_id)
         if conversation is None or conversation.owner != owner:
-            raise NotFound(
-                f"Conversation with id '{conversation_id}' not found.", param="conversation"
-            )
+            return None
         return _INPUT_ITEMS.validate_python(await self._store.conversation_items(conversation_id))
 
-    async def _history(
+    async def _chain_history(
         self, previous_response_id: str | None, owner: str | None
-    ) -> list[InputItem]:
-        """The stored conversation a request continues: each turn's input, then its output."""
+    ) -> list[InputItem] | None:
+        """The stored chain a request continues: each turn's input, then its output."""
         if previous_response_id is None:
             return []
         chain = await self._store.chain(previous_response_id)
         # Another key's responses are not found, as if they did not exist.
         if chain is None or any(stored.owner != owner for stored in chain):
-            raise NotFound(
-                f"Previous response with id '{previous_response_id}' not found.",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
+            return None
         items = [item for stored in chain for item in [*stored.input_items, *stored.output_items]]
         return _INPUT_ITEMS.validate_python(items)
+
+    def _render(
+        self,
+        request: ResponsesRequest,
+        history: list[InputItem],
+        owner: str | None,
+        *,
+        truncate: bool,
+    ) -> RenderedPrompt:
+        with validation.unrenderable_is_a_400():
+            prompt = render_request(request, history=history, vault=self._vault, owner=owner)
+            return self._truncated(request, history, prompt, owner) if truncate else prompt
 
     def _summarize_reasoning(self, request: ResponsesRequest) -> bool:
         """A summary was asked for, and the operator lets the chain of thought fill it."""
@@ -290,18 +291,6 @@ class ResponsesService:
         # When nothing fits, the shortest prompt: it gets what room is left, or the 400 below.
         items = [*history, *request.input_items]
         return truncate_to_fit(request, items, fits, self._vault, owner)
-
-    def _max_output_tokens(self, request: ResponsesRequest, prompt_tokens: int) -> int:
-        room = self._args.max_context_tokens - prompt_tokens
-        if room <= 0:
-            raise InvalidRequest(
-                f"Your input has {prompt_tokens} tokens, more than this model's context of "
-                f"{self._args.max_context_tokens} tokens allows.",
-                param="input",
-                code="context_length_exceeded",
-            )
-        wanted = request.max_output_tokens or self._args.default_max_output_tokens
-        return min(wanted, room)
 
     async def events(self, turn: Turn) -> AsyncIterator[ResponseStreamEvent]:
         """The turn's events, from ``response.created`` to exactly one terminal event."""
