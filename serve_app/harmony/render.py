@@ -13,10 +13,6 @@ Layout of the prompt (gpt-oss's harmony format):
   go to the commentary channel, which harmony adds only when it sees the tools itself;
 - the history items in order, tool results as messages from ``functions.NAME``;
 - ``<|start|>assistant`` for the completion.
-
-Chain of thought: reasoning is kept between the tool calls of the current turn and dropped
-for turns that ended in a final answer. We drop it here, because harmony's own auto-drop only
-drops analysis before the first final message.
 """
 
 from __future__ import annotations
@@ -219,6 +215,10 @@ def _tool_text(spec: ToolSpec) -> ToolText:
 def _history_messages(
     items: list[InputItem], tools: ToolRegistry, vault: ReasoningVault | None, owner: str | None
 ) -> list[Message]:
+    """The history as harmony messages. Chain of thought is kept between the tool calls of the
+    current turn and dropped for turns that ended in a final answer: dropped here, because
+    harmony's own auto-drop (off in `render_request`) only drops analysis before the first
+    final message."""
     recipients = _call_recipients(items, tools)
     last_final = _last_final_answer(items)
     messages: list[Message] = []

@@ -1,7 +1,9 @@
-"""One Responses turn, end to end: validate, render, generate, translate.
+"""One Responses turn, end to end: admit (the one door for rejections), render, generate,
+translate.
 
 Plain Python (no Ray, no FastAPI): the ingress deployment calls it, and it reaches the engines
-through an `EngineClient`, so the whole protocol path runs in tests without a cluster.
+through an `EngineClient`, whose errors are ours (`RateLimited`), so the whole protocol path
+runs in tests without a cluster. Its 4xx rules live in serve_app.serving.validation.
 """
 
 from __future__ import annotations
