@@ -123,7 +123,10 @@ class ResponsesService:
         check_limits: bool = True,
     ) -> Turn:
         """The request through the door (`admit`), rendered, and the engine request built:
-        everything that can reject it happens before any event is sent."""
+        everything that can reject it happens before any event is sent. ``recent``: contexts
+        of responses not in the store (a WebSocket connection's), by id. ``check_limits``
+        false: the server built the request (compaction's), so its item count is not the
+        client's to keep within ``max_input_items``."""
         context = await self.admit(
             request, owner, recent, check_limits=check_limits, generating=True
         )
