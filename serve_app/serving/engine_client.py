@@ -41,6 +41,9 @@ class HandleEngineClient:
                 finished = chunk.finish_reason is not None
         except BackPressureError as exc:
             # Every engine replica is full, and the queue too: ours, so the service needs no Ray.
+            # The call never reached a replica: nothing to cancel (cancelling it would raise
+            # Ray's error again, in place of ours).
+            finished = True
             raise RateLimited() from exc
         finally:
             if not finished:
