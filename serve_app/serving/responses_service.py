@@ -21,6 +21,7 @@ from ray.serve.exceptions import BackPressureError
 from serve_app.config import AppArgs
 from serve_app.constraints import spec as constraint_spec
 from serve_app.constraints.spec import CompletionConstraint
+from serve_app.constraints.validate import check_compiles as check_constraints_compile
 from serve_app.engines.base import SERVER_ERROR, GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.harmony import compaction
 from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
@@ -117,6 +118,8 @@ class ResponsesService:
         # A strict schema OpenAI would refuse is a 400 here, not a promise we cannot keep.
         check_strict_schemas(request)
         prompt = render_request(request, history=history, vault=self._vault, owner=owner)
+        # So is a schema or grammar the engine's grammar library cannot compile.
+        check_constraints_compile(request, prompt.tools)
         if request.background and not request.store:
             raise InvalidRequest(
                 "Background responses are stored: they need `store` true.", param="store"
