@@ -100,22 +100,33 @@ def test_a_strict_json_schema_answer_always_validates(client: OpenAI) -> None:
         jsonschema.validate(json.loads(response.output_text), TRIP)
 
 
+ALLOWED = {
+    "type": "allowed_tools",
+    "mode": "required",
+    "tools": [{"type": "function", "name": "book_trip"}],
+}
+# strict omitted: enforced, since both schemas are already in the strict subset (README).
+DEFAULT_STRICT = [{key: value for key, value in tool.items() if key != "strict"} for tool in TOOLS]
+
+
 @pytest.mark.parametrize(
-    ("tool_choice", "names"),
+    ("tool_choice", "names", "tools"),
     [
-        ("required", {"book_trip", "cancel_trip"}),
-        ({"type": "function", "name": "cancel_trip"}, {"cancel_trip"}),
+        ("required", {"book_trip", "cancel_trip"}, TOOLS),
+        ({"type": "function", "name": "cancel_trip"}, {"cancel_trip"}, TOOLS),
+        (ALLOWED, {"book_trip"}, TOOLS),
+        ("required", {"book_trip", "cancel_trip"}, DEFAULT_STRICT),
     ],
-    ids=["required", "named"],
+    ids=["required", "named", "allowed_tools", "strict-omitted"],
 )
 def test_a_required_strict_call_always_validates(
-    client: OpenAI, tool_choice: Any, names: set[str]
+    client: OpenAI, tool_choice: Any, names: set[str], tools: list[dict[str, Any]]
 ) -> None:
     def ask(i: int) -> Response:
         return client.responses.create(
             model=MODEL,
             input=f"Handle booking request {i}.",
-            tools=TOOLS,  # type: ignore[arg-type]
+            tools=tools,  # type: ignore[arg-type]
             tool_choice=tool_choice,
             max_output_tokens=MAX_OUTPUT_TOKENS,
         )
