@@ -33,7 +33,7 @@ What it says:
   and abort cut it like any other output.
 
 Constraints (``GenerateRequest.constraint``, issue 20): honoured with the llguidance grammar
-meant for vLLM's guidance backend (not mapped there yet). Unscripted, a completion that must be
+vLLM's guidance backend enforces too. Unscripted, a completion that must be
 JSON or must call a tool is sampled under the grammar's token mask (seeded like the default
 answer), so it is valid by construction, not scripted; where a free final answer is allowed the
 default answer stands (it obeys), and under ``tool_choice`` auto the sampler answers and never

@@ -45,7 +45,8 @@ harmony completion from its first token (free analysis, then the constrained fin
 tool call), so it must apply from token 0: ``enable_in_reasoning=True`` (and no reasoning parser
 of ours) keeps vLLM from holding the grammar back until a reasoning parser sees the reasoning
 end, which for gpt-oss would be after the analysis channel, where our grammar starts. vLLM
-compiles each grammar once per engine (its grammar cache) and masks each step's logits. The
+builds an llguidance matcher per request (in its grammar thread pool, off the engine-core loop;
+llguidance compiles lazily, so this is cheap) and masks each step's logits with it. The
 replica also follows each constrained completion with its own matcher (the same grammar over
 the same vocabulary, ``serve_app.constraints``), before a token leaves the engine: a token the
 grammar does not allow (a dead end, a version that stops honouring the grammar) fails the
