@@ -5,7 +5,8 @@
 - ``tool_choice: {"type": "allowed_tools"}``: only those tools may be called, ``required``
   mode must call one, and every tool is still rendered;
 - tool calls only on the commentary channel, never from analysis;
-- a schema or grammar llguidance cannot compile: a 400 naming the param;
+- a schema or grammar llguidance cannot compile: a 400 naming the param; a sampler dead end:
+  a server error saying so;
 - the vLLM engine's side: structured outputs on the guidance backend from token 0, no
   unconstrained fallback, a token the grammar forbids fails the request.
 
@@ -27,7 +28,9 @@ from serve_app.constraints import spec
 from serve_app.constraints.grammar import to_lark
 from serve_app.constraints.matcher import compile_grammar, new_matcher
 from serve_app.constraints.sampling import MaskedSampler, allowed_tokens
+from serve_app.constraints.vocab import harmony_tokenizer
 from serve_app.engines.base import EngineError
+from serve_app.engines.simulated import _Sample
 from serve_app.engines.vllm_engine import VLLMEngine, VLLMEngineConfig, _ConstraintCheck
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.render import render_request
@@ -304,3 +307,23 @@ def test_max_free_tokens_ends_each_free_message() -> None:
         sampler.sample(400)
         assert sampler.done
     assert "max_tokens" not in to_lark(constraint)
+
+
+class _NothingAllowed:
+    """A matcher in a dead end: no token allowed, not stopped."""
+
+    def compute_bitmask(self) -> bytes:
+        return bytes((harmony_tokenizer().vocab_size + 7) // 8)
+
+    def is_stopped(self) -> bool:
+        return False
+
+    def get_error(self) -> str:
+        return "stuck"
+
+
+def test_a_sampler_dead_end_is_a_server_error_saying_so() -> None:
+    sample = _Sample(MaskedSampler(_NothingAllowed(), seed=0))  # type: ignore[arg-type]
+    with pytest.raises(EngineError, match="constrained decoding reached a dead end") as raised:
+        next(iter(sample.tokens))
+    assert raised.value.code == "server_error"  # a 500 / response.failed, not the client's 400

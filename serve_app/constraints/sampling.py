@@ -45,6 +45,11 @@ def allowed_tokens(matcher: llguidance.LLMatcher) -> np.ndarray:
     return np.flatnonzero(allowed_bits(matcher))
 
 
+class DeadEnd(RuntimeError):
+    """The grammar allows no token here, or refused the one it allowed: a bug in a grammar or
+    in llguidance, never the client's request (its schemas and grammars compiled)."""
+
+
 class MaskedSampler:
     """Draws one completion's tokens under ``matcher``; the same seed, the same tokens."""
 
@@ -60,7 +65,7 @@ class MaskedSampler:
     def next_token(self) -> int:
         token = self._choose(allowed_bits(self._matcher))
         if not self._matcher.consume_token(token):
-            raise RuntimeError(f"the matcher refused its own token: {self._matcher.get_error()}")
+            raise DeadEnd(f"the matcher refused its own token: {self._matcher.get_error()}")
         return token
 
     def sample(self, max_tokens: int) -> list[int]:
@@ -77,7 +82,7 @@ class MaskedSampler:
         if len(specials) and (coin < _P_SPECIAL or not has_plain):
             return self._pick(specials)
         if not has_plain:
-            raise RuntimeError(f"no token allowed: {self._matcher.get_error()}")
+            raise DeadEnd(f"no token allowed: {self._matcher.get_error()}")
         if coin < _P_STRUCTURAL:
             structural = _structural_ids()[bits[_structural_ids()] == 1]
             if len(structural):

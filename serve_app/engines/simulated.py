@@ -75,7 +75,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from serve_app.constraints.matcher import ConstraintError, new_matcher
-from serve_app.constraints.sampling import MaskedSampler
+from serve_app.constraints.sampling import DeadEnd, MaskedSampler
 from serve_app.constraints.spec import CompletionConstraint
 from serve_app.constraints.vocab import harmony_tokenizer
 from serve_app.engines.base import (
@@ -333,7 +333,12 @@ class _Sample:
     @property
     def tokens(self) -> Iterator[int]:
         while not self.sampler.done:
-            yield self.sampler.next_token()
+            try:
+                token = self.sampler.next_token()
+            except DeadEnd as exc:
+                # A server fault (500 / response.failed), said plainly: the request was valid.
+                raise EngineError(f"constrained decoding reached a dead end: {exc}") from exc
+            yield token
 
 
 _Step: TypeAlias = _Emit | _Fail | _Sleep | _Sample
