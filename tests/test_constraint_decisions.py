@@ -272,7 +272,9 @@ def test_the_vllm_engine_asks_for_the_guidance_backend_from_the_first_token() ->
     bare = VLLMEngineConfig(model="m", skip_tokenizer_init=True).engine_args()
     assert "structured_outputs_config" not in bare
     with pytest.raises(ValueError, match="constrained decoding"):
-        VLLMEngineConfig(model="m", engine_kwargs={"reasoning_parser": "openai_gptoss"})
+        VLLMEngineConfig(model="m", engine_kwargs={"structured_outputs_config": {}})
+    # A reasoning parser is harmless: enable_in_reasoning applies the grammar from token 0.
+    VLLMEngineConfig(model="m", engine_kwargs={"reasoning_parser": "openai_gptoss"})
 
 
 async def test_a_vllm_engine_without_a_tokenizer_refuses_a_constraint() -> None:
