@@ -27,7 +27,7 @@ from openai import BadRequestError
 from serve_app.constraints import spec
 from serve_app.constraints.grammar import to_lark
 from serve_app.constraints.matcher import compile_grammar, new_matcher
-from serve_app.constraints.sampling import MaskedSampler, allowed_tokens
+from serve_app.constraints.sampling import MaskedSampler, TokenMask
 from serve_app.constraints.vocab import harmony_tokenizer
 from serve_app.engines.base import EngineError
 from serve_app.engines.simulated import _Sample
@@ -302,7 +302,8 @@ def test_max_free_tokens_ends_each_free_message() -> None:
         assert matcher.consume_token(token)
     for token in ENCODING.encode(" a b c d", allowed_special=set()):
         assert matcher.consume_token(token)
-    assert list(allowed_tokens(matcher)) == [END]
+    mask = TokenMask(matcher)
+    assert list(mask.specials()) == [END] and not mask.has_plain()
     # Sampled completions stay valid, and unbounded grammars are unchanged.
     for seed in range(5):
         sampler = MaskedSampler(new_matcher(constraint, max_free_tokens=4), seed)
