@@ -3,11 +3,12 @@
 The architecture is gpt-oss's (``GptOssForCausalLM``: attention sinks, alternating sliding and
 full attention, a mixture of experts) at a toy size, with harmony's whole vocabulary, so prompts
 rendered by serve_app are valid input. Its output is random tokens: it exercises the engine
-wrapper and the stream translator's robustness, not answers. No tokenizer files are written
-unless ``--tokenizer`` asks for them: serve_app runs vLLM on token ids
-(``skip_tokenizer_init``); vLLM's structured outputs (constrained decoding) need the tokenizer
-in the engine, and ``--tokenizer`` writes gpt-oss's, converted offline from harmony's vocab
-(about 6 s, 28 MB). Needs ``transformers`` and ``torch`` (the vLLM environment has both).
+wrapper and the stream translator's robustness, not answers. ``--tokenizer`` also writes
+gpt-oss's ``tokenizer.json``, converted offline from harmony's vocab (about 6 s, 28 MB): token
+ids still go in and out, but the engine loads the tokenizer by default because vLLM's structured
+outputs (constrained decoding) need it. Without it, serve the checkpoint with
+``skip_tokenizer_init: true`` (constrained requests are then refused). Needs ``transformers``
+and ``torch`` (the vLLM environment has both).
 
     python scripts/tiny_gpt_oss.py /tmp/tiny-gpt-oss [--tokenizer]
 """

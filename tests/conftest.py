@@ -40,6 +40,7 @@ STARTUP_TIMEOUT_S = 180
 REPLICAS = 2  # of the ingress and of the engine
 ENGINE_MAX_ONGOING = 8
 ENGINE_MAX_QUEUED = 4  # per ingress replica (each holds its own handle)
+VLLM_MAX_FREE_TOKENS = 16  # the vLLM stage's constraint_max_free_tokens
 # The app's response store: "sqlite" (a file) or "postgresql" (a throwaway local server).
 STORE_BACKEND = os.environ.get("SERVE_APP_TEST_STORE", "sqlite")
 # The app's engine: "simulated" (scripted turns) or "vllm" (vLLM on CPU, random weights).
@@ -76,11 +77,17 @@ def _test_config(tmp: Path, port: int, store_url: str) -> Path:
 def _vllm_engine(tmp: Path) -> dict:
     checkpoint = tmp / "tiny-gpt-oss"
     script = REPO / "scripts" / "tiny_gpt_oss.py"
-    subprocess.run([sys.executable, str(script), str(checkpoint)], check=True, timeout=300)
+    # With gpt-oss's tokenizer.json (built offline from harmony's vocab): vLLM's structured
+    # outputs need it to enforce request constraints.
+    command = [sys.executable, str(script), str(checkpoint), "--tokenizer"]
+    subprocess.run(command, check=True, timeout=300)
     options = {
         "model": str(checkpoint),
         "max_model_len": 8192,
         "max_num_seqs": ENGINE_MAX_ONGOING,
+        # Random weights end a free (analysis) message by chance only; a constrained answer
+        # then comes after at most a few short ones (tests/vllm_cpu).
+        "constraint_max_free_tokens": VLLM_MAX_FREE_TOKENS,
         "engine_kwargs": {"enforce_eager": True},
     }
     return {"kind": "vllm", "options": options}

@@ -299,8 +299,10 @@ async def test_a_schema_llguidance_rejects_is_the_clients_error(tmp_path: Path) 
     }
     text = {"format": {"type": "json_schema", "name": "lb", "strict": True, "schema": schema}}
     async with in_process_api(tmp_path / "reject.db") as api:
-        with pytest.raises(BadRequestError, match="constraint cannot be compiled"):
+        with pytest.raises(BadRequestError, match="cannot enforce") as raised:
             await sdk_client(api).responses.create(model=MODEL, input="hi", text=text)
+    # Refused at the ingress, before the engine, naming the param.
+    assert raised.value.body["param"] == "text.format.schema"  # type: ignore[index]
 
 
 def test_the_constraint_crosses_ray() -> None:

@@ -5,7 +5,9 @@ as an llguidance Lark grammar over harmony's token structure, ``matcher`` compil
 against the o200k_harmony vocabulary built offline in ``vocab``, and ``sampling`` draws seeded
 tokens under its mask (the simulated engine's way of honouring a constraint).
 
-The ingress puts the constraint on `GenerateRequest.constraint`; the simulated engine honours
-it (sampling under the mask where it must, checking scripted turns). vLLM does not yet: mapping
-it to vLLM's guidance backend is the next step (README, "Not supported").
+The ingress checks that each schema and grammar compiles (``validate``: a 400 naming the param)
+and puts the constraint on `GenerateRequest.constraint`. The simulated engine honours it
+(sampling under the mask where it must, checking scripted turns); the vLLM engine hands the same
+grammar to vLLM's guidance backend as ``structured_outputs.grammar`` and follows the output with
+its own matcher.
 """

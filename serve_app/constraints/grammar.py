@@ -25,14 +25,22 @@ _FLEXIBLE_JSON_OPTIONS = {"whitespace_flexible": True}
 _CONSTRAIN_JSON = '" " <|constrain|> "json"'
 
 
-def to_lark(constraint: CompletionConstraint, *, compact_json: bool = True) -> str:
+def to_lark(
+    constraint: CompletionConstraint,
+    *,
+    compact_json: bool = True,
+    max_free_tokens: int | None = None,
+) -> str:
     """The grammar for ``constraint`` (deterministic: equal constraints, equal text).
-    ``compact_json`` false: JSON bodies may have whitespace (to check, not to sample)."""
+    ``compact_json`` false: JSON bodies may have whitespace (to check, not to sample).
+    ``max_free_tokens``: each free message (analysis, preamble) ends after at most that many
+    tokens; None leaves them unbounded (the model decides when it has reasoned enough)."""
     options = _JSON_OPTIONS if compact_json else _FLEXIBLE_JSON_OPTIONS
     rules = [
         "%llguidance {}",
         'start: (free <|start|> "assistant")* answer',
         "free: " + " | ".join(_free_messages(constraint)),
+        _free_text_rule(max_free_tokens),
     ]
     answers: list[str] = []
     if constraint.final is not None:
@@ -47,8 +55,15 @@ def to_lark(constraint: CompletionConstraint, *, compact_json: bool = True) -> s
 
 
 def _free_messages(constraint: CompletionConstraint) -> list[str]:
+    # Only a bare channel name before <|message|>: a recipient (`to=...`) there would be a tool
+    # call outside the calls the constraint allows, so none is written on analysis.
     channels = ["analysis", "commentary"] if constraint.preambles else ["analysis"]
-    return [f'<|channel|> "{channel}" <|message|> TEXT <|end|>' for channel in channels]
+    return [f'<|channel|> "{channel}" <|message|> free_text <|end|>' for channel in channels]
+
+
+def _free_text_rule(max_tokens: int | None) -> str:
+    # llguidance's max_tokens ends the lexeme after that many tokens: <|end|> must come next.
+    return "free_text: TEXT" if max_tokens is None else f"free_text[max_tokens={max_tokens}]: TEXT"
 
 
 def _final_rules(body: Body, options: dict[str, Any]) -> list[str]:

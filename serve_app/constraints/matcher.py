@@ -36,11 +36,16 @@ def compile_grammar(grammar: str) -> llguidance.LLMatcher:
 
 
 def new_matcher(
-    constraint: CompletionConstraint, *, compact_json: bool = True
+    constraint: CompletionConstraint,
+    *,
+    compact_json: bool = True,
+    max_free_tokens: int | None = None,
 ) -> llguidance.LLMatcher:
     """A fresh matcher for one completion under ``constraint`` (``compact_json`` false: to
-    check JSON written with whitespace, e.g. a test script's ``json.dumps``)."""
-    return compile_grammar(to_lark(constraint, compact_json=compact_json))
+    check JSON written with whitespace, e.g. a test script's ``json.dumps``;
+    ``max_free_tokens``: as ``to_lark``'s)."""
+    grammar = to_lark(constraint, compact_json=compact_json, max_free_tokens=max_free_tokens)
+    return compile_grammar(grammar)
 
 
 def cache_info() -> functools._CacheInfo:

@@ -67,6 +67,11 @@ class TokenMask:
         return np.concatenate(((set_bytes[rows] << 3) + columns, tail))
 
 
+class DeadEnd(RuntimeError):
+    """The grammar allows no token here, or refused the one it allowed: a bug in a grammar or
+    in llguidance, never the client's request (its schemas and grammars compiled)."""
+
+
 class MaskedSampler:
     """Draws one completion's tokens under ``matcher``; the same seed, the same tokens."""
 
@@ -82,7 +87,7 @@ class MaskedSampler:
     def next_token(self) -> int:
         token = self._choose(TokenMask(self._matcher))
         if not self._matcher.consume_token(token):
-            raise RuntimeError(f"the matcher refused its own token: {self._matcher.get_error()}")
+            raise DeadEnd(f"the matcher refused its own token: {self._matcher.get_error()}")
         return token
 
     def sample(self, max_tokens: int) -> list[int]:
@@ -98,7 +103,7 @@ class MaskedSampler:
         if len(specials) and (coin < _P_SPECIAL or not has_plain):
             return self._pick(specials)
         if not has_plain:
-            raise RuntimeError(f"no token allowed: {self._matcher.get_error()}")
+            raise DeadEnd(f"no token allowed: {self._matcher.get_error()}")
         if coin < _P_STRUCTURAL:
             structural = _structural_ids()[mask.allows(_structural_ids())]
             if len(structural):

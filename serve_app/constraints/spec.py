@@ -70,17 +70,20 @@ def from_request(
     request: ResponsesRequest, tools: ToolRegistry | None = None
 ) -> CompletionConstraint | None:
     """The constraint ``request`` asks for, or None where it asks for nothing enforceable
-    (``tool_choice`` auto, no strict format, no strict or grammar tool)."""
+    (``tool_choice`` auto, no strict format, no strict or grammar tool). ``allowed_tools``
+    leaves the other tools out of the calls the completion may end in."""
     tools = tools or ToolRegistry.from_request(request)
-    calls = tuple(_call_rule(spec) for spec in tools.tools)
-    final = None if tools.required and calls else _final_body(request)
+    calls = tuple(call_rule(spec) for spec in tools.tools if tools.callable(spec))
+    final = None if tools.required and calls else final_body(request)
     constraint = CompletionConstraint(final=final, tool_calls=calls)
-    if not tools.required and request.tool_choice != "none" and _all_free(constraint):
+    # allowed_tools restricts which tools may be called even when none is strict.
+    restricts = tools.required or tools.allowed is not None or request.tool_choice == "none"
+    if not restricts and _all_free(constraint):
         return None
     return constraint
 
 
-def _final_body(request: ResponsesRequest) -> Body:
+def final_body(request: ResponsesRequest) -> Body:
     text_format = request.text.format if request.text else None
     if text_format is None:
         return FREE
@@ -91,7 +94,7 @@ def _final_body(request: ResponsesRequest) -> Body:
     return FREE
 
 
-def _call_rule(spec: ToolSpec) -> ToolCallRule:
+def call_rule(spec: ToolSpec) -> ToolCallRule:
     if spec.kind == "custom":
         return ToolCallRule(spec.recipient, "custom", _grammar_body(spec))
     if spec.strict:

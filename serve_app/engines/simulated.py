@@ -33,7 +33,7 @@ What it says:
   and abort cut it like any other output.
 
 Constraints (``GenerateRequest.constraint``, issue 20): honoured with the llguidance grammar
-meant for vLLM's guidance backend (not mapped there yet). Unscripted, a completion that must be
+vLLM's guidance backend enforces too. Unscripted, a completion that must be
 JSON or must call a tool is sampled under the grammar's token mask (seeded like the default
 answer), so it is valid by construction, not scripted; where a free final answer is allowed the
 default answer stands (it obeys), and under ``tool_choice`` auto the sampler answers and never
@@ -75,7 +75,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from serve_app.constraints.matcher import ConstraintError, new_matcher
-from serve_app.constraints.sampling import MaskedSampler
+from serve_app.constraints.sampling import DeadEnd, MaskedSampler
 from serve_app.constraints.spec import CompletionConstraint
 from serve_app.constraints.vocab import harmony_tokenizer
 from serve_app.engines.base import (
@@ -340,7 +340,12 @@ class _Sample:
     @property
     def tokens(self) -> Iterator[int]:
         while not self.sampler.done:
-            yield self.sampler.next_token()
+            try:
+                token = self.sampler.next_token()
+            except DeadEnd as exc:
+                # A server fault (500 / response.failed), said plainly: the request was valid.
+                raise EngineError(f"constrained decoding reached a dead end: {exc}") from exc
+            yield token
 
 
 _Step: TypeAlias = _Emit | _Fail | _Sleep | _Sample

@@ -21,14 +21,43 @@ APIs used, and why:
 - ``check_health()`` raises once the engine core is dead; ``shutdown()`` stops the engine-core
   process and, with the Ray executor, its worker actors.
 
-Token ids in and out, no tokenizer: ``skip_tokenizer_init=True`` is supported with token
-prompts (vLLM's ``tests/engine/test_skip_tokenizer_init.py``; ``InputProcessor`` skips the
-token-id checks that need a tokenizer), and ``detokenize=False`` makes the ``OutputProcessor``
-use its plain ``IncrementalDetokenizer``, which only collects ids. The replica needs
-``config.json``/``generation_config.json`` and weights, no tokenizer files. Harmony's stop ids
-are ours; vLLM also merges the ``eos_token_id`` list of the model's ``generation_config.json``
-into ``stop_token_ids`` (``SamplingParams.update_from_generation_config``; the tokenizer's own
-eos is unknown without a tokenizer), so the harmony stop ids must be in one or the other.
+Token ids in and out, with a tokenizer for constrained decoding only: prompts are
+``TokensPrompt`` and ``detokenize=False`` makes the ``OutputProcessor`` use its plain
+``IncrementalDetokenizer``, which only collects ids; the ingress renders and parses with
+harmony. The tokenizer is still loaded (``skip_tokenizer_init=False``, the default) because
+vLLM's structured outputs need it: the guidance backend builds its llguidance vocabulary from
+it (``GuidanceBackend._build_ll_tokenizer``: ``llguidance.hf.from_tokenizer``), and
+``SamplingParams._validate_structured_outputs`` refuses a request with structured outputs on an
+engine without one. gpt-oss checkpoints ship ``tokenizer.json`` with harmony's special tokens
+marked special, so the grammar's ``<|channel|>``... resolve to their single ids (the tiny test
+checkpoint gets the same file from ``scripts/tiny_gpt_oss.py --tokenizer``). An operator may
+set ``skip_tokenizer_init: true`` (a model directory without tokenizer files): the engine then
+needs no tokenizer and refuses a constrained request with a clear error instead of generating
+it unconstrained. Harmony's stop ids are ours; vLLM also merges the ``eos_token_id`` list of the
+model's ``generation_config.json`` and the tokenizer's eos (``<|return|>``) into
+``stop_token_ids`` (``SamplingParams.update_from_generation_config`` / ``update_from_tokenizer``),
+so the harmony stop ids must be in one or the other.
+
+Constrained decoding (``GenerateRequest.constraint``, issue 20): ``SamplingParams(
+structured_outputs=StructuredOutputsParams(grammar=to_lark(constraint)))`` on the engine-level
+``guidance`` backend (llguidance reads the Lark text as is). The grammar covers the whole
+harmony completion from its first token (free analysis, then the constrained final answer or
+tool call), so it must apply from token 0, and we do not choose the reasoning parser: vLLM sets
+``openai_gptoss`` for gpt-oss by itself (``GptOssForCausalLM``'s ``verify_and_update_config``
+when none is configured). In 0.32 that parser reports reasoning as ended from the start, so the
+grammar applies anyway (measured: 8 of 8 valid both ways); earlier versions' parser waited for
+``<|start|>assistant<|channel|>final<|message|>`` (or found it in an earlier turn of the
+prompt), which would hold our grammar back until the final header, or not at all.
+``enable_in_reasoning=True`` applies the grammar from token 0 whatever the parser says. vLLM
+builds an llguidance matcher per request (in its grammar thread pool, off the engine-core loop;
+llguidance compiles lazily, so this is cheap) and masks each step's logits with it. The
+replica also follows each constrained completion with its own matcher (the same grammar over
+the same vocabulary, ``serve_app.constraints``), before a token leaves the engine: a token the
+grammar does not allow (a dead end, a version that stops honouring the grammar) fails the
+request with a server error rather than handing the client output that breaks its constraint.
+The first request with structured outputs makes vLLM build its guidance backend (llguidance's
+view of the vocabulary) and us our matcher's vocabulary, about 4 s on 2 CPU cores: ``start()``
+does it with one constrained token, before Serve routes anything to the replica.
 
 The stop token is in the output: ``Scheduler._update_request_with_output`` appends each
 sampled token before ``check_stop`` and trims only the tokens *after* the stop; the
@@ -77,11 +106,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from serve_app.constraints.grammar import to_lark
+from serve_app.constraints.matcher import ConstraintError, compile_grammar
+from serve_app.constraints.spec import FREE, CompletionConstraint
 from serve_app.engines.base import (
     Engine,
     EngineError,
@@ -91,8 +124,10 @@ from serve_app.engines.base import (
     SamplingSettings,
     TokenLogprob,
 )
+from serve_app.harmony.encoding import get_encoding
 
 if TYPE_CHECKING:
+    import llguidance
     from ray.util.placement_group import PlacementGroup
     from vllm import SamplingParams
     from vllm.config import VllmConfig
@@ -104,6 +139,11 @@ logger = logging.getLogger(__name__)
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 # Enough of a GPU to make it visible to the config-building task, not enough to block workers.
 _CONFIG_TASK_GPUS = 0.001
+# vLLM's StructuredOutputsConfig: llguidance (it reads our Lark grammars over harmony's special
+# tokens), applied from the completion's first token, analysis included (module notes).
+_STRUCTURED_OUTPUTS: dict[str, Any] = {"backend": "guidance", "enable_in_reasoning": True}
+# A reasoning parser may be set (enable_in_reasoning makes it irrelevant to our grammars).
+_OWNED_ENGINE_ARGS = frozenset({"structured_outputs_config"})
 
 
 class VLLMEngineConfig(BaseModel):
@@ -117,8 +157,15 @@ class VLLMEngineConfig(BaseModel):
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     enable_prefix_caching: bool = True
     max_num_seqs: int | None = Field(default=None, gt=0)
-    # Token ids in and out: the replica needs no tokenizer files.
-    skip_tokenizer_init: bool = True
+    # The tokenizer is loaded for vLLM's structured outputs only (token ids stay in and out).
+    # True: for a model directory without tokenizer files; constrained requests are then
+    # refused (an engine error), never generated unconstrained.
+    skip_tokenizer_init: bool = False
+    # Caps each free message (analysis, preamble) of a constrained completion at this many
+    # tokens (llguidance ends it there: <|end|> comes next). None: the model reasons as long as
+    # it likes, as gpt-oss was trained. A reasoning budget under a constraint; the vLLM test
+    # stage sets it because random weights end a free message by chance only (1 in ~200k).
+    constraint_max_free_tokens: int | None = Field(default=None, gt=0)
     # None: "ray" when tensor_parallel_size > 1 (workers on the replica's placement group, see
     # engines/placement.py), else vLLM's in-process executor on the replica's own GPU.
     distributed_executor_backend: Literal["ray", "mp", "uni"] | None = None
@@ -130,7 +177,16 @@ class VLLMEngineConfig(BaseModel):
         shadowed = sorted(set(self.engine_kwargs) & set(type(self).model_fields))
         if shadowed:
             raise ValueError(f"set {shadowed} as options of their own, not in engine_kwargs")
+        owned = sorted(set(self.engine_kwargs) & _OWNED_ENGINE_ARGS)
+        if owned:
+            # Our grammars need the guidance backend applied from the first token.
+            raise ValueError(f"{owned} is set by serve_app for constrained decoding")
         return self
+
+    @property
+    def constrains(self) -> bool:
+        """Whether the engine can enforce a request's constraint (it has a tokenizer)."""
+        return not self.skip_tokenizer_init
 
     @property
     def executor_backend(self) -> str | None:
@@ -153,6 +209,8 @@ class VLLMEngineConfig(BaseModel):
             "distributed_executor_backend": self.executor_backend,
         }
         args.update({name: value for name, value in optional.items() if value is not None})
+        if self.constrains:
+            args["structured_outputs_config"] = dict(_STRUCTURED_OUTPUTS)
         args.update(self.engine_kwargs)
         return args
 
@@ -164,7 +222,6 @@ class VLLMEngine(Engine):
         self._config = config
         self._engine: AsyncLLM | None = None
         self._in_flight: set[str] = set()
-        self._warned_constraint = False
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -186,6 +243,28 @@ class VLLMEngine(Engine):
             self._config.tensor_parallel_size,
             self._config.executor_backend or "uni",
         )
+        if self._config.constrains:
+            await self._warm_up_constraints()
+
+    async def _warm_up_constraints(self) -> None:
+        """One constrained token before Serve routes traffic here: the first request with
+        structured outputs makes vLLM build its guidance backend (llguidance's view of the 200k
+        vocabulary) and us our matcher's vocabulary, about 4 s on a 2-core CPU, which the
+        first client would otherwise wait for."""
+        request = GenerateRequest(
+            request_id=f"warm-up-{uuid.uuid4().hex}",
+            prompt_token_ids=_harmony_prompt(),
+            sampling=SamplingSettings(max_tokens=1),
+            constraint=CompletionConstraint(final=FREE),
+        )
+        try:
+            async for _ in self.generate(request):
+                pass
+        except Exception:  # unconstrained requests can still be served; each constrained one
+            # will fail with its own error
+            logger.exception("vLLM engine: constrained decoding warm-up failed")
+        else:
+            logger.info("vLLM engine: constrained decoding warmed up")
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         engine = self._running_engine()
@@ -195,9 +274,9 @@ class VLLMEngine(Engine):
         if request_id in self._in_flight:
             raise EngineError(f"request {request_id} is already running", code="invalid_request")
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
-        params = _sampling_params(request.sampling, detokenize=False)
-        if request.constraint is not None:
-            self._warn_unconstrained()
+        grammar = self._grammar(request.constraint)
+        check = await self._constraint_check(grammar)
+        params = _sampling_params(request.sampling, detokenize=False, grammar=grammar)
         num_prompt_tokens = len(request.prompt_token_ids)
         guard = _StopTokenGuard()
         self._in_flight.add(request_id)
@@ -212,6 +291,8 @@ class VLLMEngine(Engine):
                     )
                     if chunk is None:
                         continue
+                    if check is not None:
+                        check.follow(chunk.token_ids)
                     # No break after the last chunk: vLLM's generator ends by itself then, where
                     # closing it early would run its abort path for a finished request.
                     finished = chunk.finish_reason is not None
@@ -228,15 +309,31 @@ class VLLMEngine(Engine):
                 # also aborts when it is the one cancelled; a second abort is a no-op.
                 await self._abort_quietly(request_id)
 
-    def _warn_unconstrained(self) -> None:
-        # Not mapped yet: GenerateRequest.constraint is meant for vLLM's guidance backend
-        # (structured_outputs.grammar = to_lark(constraint)), issue 20's next step. Until then
-        # the request generates unconstrained, as before, and the prompt still asks for it.
-        if not self._warned_constraint:
-            self._warned_constraint = True
-            logger.warning(
-                "vLLM engine: request constraints are not enforced yet; generating unconstrained"
+    def _grammar(self, constraint: CompletionConstraint | None) -> str | None:
+        """The Lark grammar vLLM enforces for ``constraint`` (None: unconstrained)."""
+        if constraint is None:
+            return None
+        return to_lark(constraint, max_free_tokens=self._config.constraint_max_free_tokens)
+
+    async def _constraint_check(self, grammar: str | None) -> _ConstraintCheck | None:
+        """The replica's own matcher for ``grammar`` (None without one); refuses a grammar
+        this engine cannot enforce rather than generating it unconstrained."""
+        if grammar is None:
+            return None
+        if not self._config.constrains:
+            raise EngineError(
+                "this vLLM engine runs without a tokenizer (skip_tokenizer_init: true), so it "
+                "cannot enforce the request's strict format, strict tools or tool_choice; load "
+                "the model's tokenizer (the default) to serve such requests"
             )
+        try:
+            # The first call builds the vocabulary (about a second): not in the event loop.
+            matcher = await asyncio.to_thread(compile_grammar, grammar)
+        except ConstraintError as exc:
+            raise EngineError(
+                f"the request's constraint cannot be compiled: {exc}", code="invalid_request"
+            ) from exc
+        return _ConstraintCheck(matcher)
 
     async def abort(self, request_id: str) -> None:
         if self._engine is not None:
@@ -291,11 +388,47 @@ class _StopTokenGuard:
         return token_ids
 
 
-def _sampling_params(settings: SamplingSettings, *, detokenize: bool) -> SamplingParams:
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+class _ConstraintCheck:
+    """Follows one constrained completion token by token with our own llguidance matcher.
 
+    vLLM masks the logits with the same grammar, so every token should pass; one that does not
+    means the constraint was not applied (a dead end, a grammar held back, a vLLM change), and
+    the request fails before that token reaches the client.
+    """
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self._matcher = matcher
+
+    def follow(self, token_ids: Sequence[int]) -> None:
+        for token in token_ids:
+            if self._matcher.is_stopped():
+                return  # the grammar ended with its stop token; nothing after it is sampled
+            if not self._matcher.consume_token(token):
+                raise EngineError(
+                    f"constrained decoding failed: vLLM sampled token {token}, which the "
+                    f"request's grammar does not allow ({self._matcher.get_error()})"
+                )
+
+
+def _harmony_prompt() -> list[int]:
+    """A minimal prompt that ends where a completion starts (``<|start|>assistant``)."""
+    text = "<|start|>user<|message|>hi<|end|><|start|>assistant"
+    return get_encoding().encode(text, allowed_special="all")
+
+
+def _sampling_params(
+    settings: SamplingSettings,
+    *,
+    detokenize: bool,
+    grammar: str | None = None,
+) -> SamplingParams:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+    # The whole completion's grammar; the guidance backend takes Lark as is.
+    structured = None if grammar is None else StructuredOutputsParams(grammar=grammar)
     return SamplingParams(
+        structured_outputs=structured,
         max_tokens=settings.max_tokens,
         temperature=settings.temperature,
         top_p=settings.top_p,
@@ -408,9 +541,14 @@ async def _engine_config(args: dict[str, Any]) -> VllmConfig:
 
 
 def _build_vllm_config(args: dict[str, Any]) -> VllmConfig:
+    from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
 
+    args = dict(args)
+    structured = args.get("structured_outputs_config")
+    if isinstance(structured, dict):  # a plain dict until here: it crosses Ray pickled
+        args["structured_outputs_config"] = StructuredOutputsConfig(**structured)
     return AsyncEngineArgs(**args).create_engine_config(
         usage_context=UsageContext.OPENAI_API_SERVER
     )

@@ -169,6 +169,9 @@ def _instructions(
             parts.append(f"You must call the `{choice.name}` tool now.")
         else:
             parts.append("You must call one of the tools now.")
+    if tools.allowed is not None:
+        names = ", ".join(f"`{name}`" for name in sorted(tools.allowed))
+        parts.append(f"You may call only these tools: {names}.")
     text_format = request.text.format if request.text else None
     if text_format is not None and text_format.type == "json_object":
         parts.append("Answer with a JSON object.")

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from serve_app.protocol import strict_schema
 from serve_app.protocol.requests import (
     CustomTool,
     FunctionTool,
@@ -19,6 +20,7 @@ from serve_app.protocol.requests import (
     NamedToolChoice,
     NamespaceTool,
     ResponsesRequest,
+    allowed_tools,
 )
 
 logger = logging.getLogger(__name__)
@@ -55,8 +57,11 @@ class ToolSpec:
 @dataclass(frozen=True)
 class ToolRegistry:
     tools: tuple[ToolSpec, ...] = ()
-    # Set when tool_choice is "required" or names a tool.
+    # Set when tool_choice is "required" or names a tool (or allowed_tools in required mode).
     required: bool = False
+    # tool_choice allowed_tools: the names the model may call. Every tool is still rendered
+    # (the prompt, and so its cached prefix, stays the same as the allowed set changes).
+    allowed: frozenset[str] | None = None
 
     @classmethod
     def from_request(cls, request: ResponsesRequest) -> ToolRegistry:
@@ -69,7 +74,14 @@ class ToolRegistry:
         specs = tuple(_specs(request))
         if isinstance(choice, NamedToolChoice):
             return cls(tuple(spec for spec in specs if spec.name == choice.name), required=True)
+        allowed = allowed_tools(choice)
+        if allowed is not None:
+            return cls(specs, required=allowed.required, allowed=allowed.names)
         return cls(specs, required=choice == "required")
+
+    def callable(self, spec: ToolSpec) -> bool:
+        """Whether the model may call ``spec`` (all rendered tools, unless allowed_tools)."""
+        return self.allowed is None or spec.name in self.allowed
 
     def namespaces(self) -> dict[str | None, list[ToolSpec]]:
         grouped: dict[str | None, list[ToolSpec]] = {}
@@ -115,6 +127,28 @@ def _specs(request: ResponsesRequest) -> list[ToolSpec]:
     return specs
 
 
+def enforces_strict(tool: FunctionTool) -> bool:
+    """Whether ``tool``'s arguments are enforced (validate against its ``parameters``).
+
+    ``strict: true``: yes (the schema was checked at request time); ``false``: no. Omitted: the
+    Responses API "attempts to normalize your schema into strict mode when possible, and falls
+    back to non-strict, best-effort function calling" otherwise (OpenAI's function-calling
+    guide). We enforce a schema that already is in the strict subset and leave any other one
+    best-effort, never a 400. We do not rewrite a schema into the subset as OpenAI's
+    normalization does: that marks optional properties required, and the model must then
+    invent values for them (clients report exactly that), which a tool may reject.
+    """
+    if tool.strict is not None:
+        return tool.strict
+    if tool.parameters is None:
+        return False
+    try:
+        strict_schema.check_schema(tool.parameters)
+    except strict_schema.StrictSchemaError:
+        return False
+    return True
+
+
 def _spec(tool: FunctionTool | CustomTool, namespace: str | None = None) -> ToolSpec:
     if isinstance(tool, FunctionTool):
         return ToolSpec(
@@ -123,7 +157,7 @@ def _spec(tool: FunctionTool | CustomTool, namespace: str | None = None) -> Tool
             description=tool.description or "",
             parameters=tool.parameters or {"type": "object", "properties": {}},
             namespace=namespace,
-            strict=tool.strict is True,
+            strict=enforces_strict(tool),
         )
     grammar = syntax = None
     if tool.format is not None and tool.format.type == "grammar":

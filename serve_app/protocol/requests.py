@@ -12,6 +12,7 @@ never coerced (JSON's integers still pass for numbers).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -334,7 +335,8 @@ class NamedToolChoice(_Lenient):
 
 
 class OtherToolChoice(BaseModel):
-    """allowed_tools, hosted tool choices...: accepted and treated as ``auto``."""
+    """Hosted tool choices...: accepted and treated as ``auto``; ``allowed_tools`` is read
+    from its extra fields (``allowed_tools()``) and enforced."""
 
     model_config = ConfigDict(**STRICT_TYPES, extra="allow")
     type: str
@@ -478,10 +480,56 @@ def check_tool_call_pairs(items: list[InputItem], first_input: int = 0) -> None:
             )
 
 
+@dataclass(frozen=True)
+class AllowedTools:
+    """``tool_choice: {"type": "allowed_tools", "mode": ..., "tools": [...]}``: the model may
+    call only these function or custom tools (by name), and must call one when ``required``.
+    Hosted tools among them are left out, as hosted tools are."""
+
+    names: frozenset[str]
+    required: bool
+
+
+def allowed_tools(choice: ToolChoice) -> AllowedTools | None:
+    """The ``allowed_tools`` choice (400 naming the field if malformed), else None."""
+    if not isinstance(choice, OtherToolChoice) or choice.type != "allowed_tools":
+        return None
+    extra = choice.model_extra or {}
+    mode = extra.get("mode")
+    if mode not in ("auto", "required"):
+        raise InvalidRequest(
+            "tool_choice.mode must be 'auto' or 'required'.", param="tool_choice.mode"
+        )
+    tools = extra.get("tools")
+    if not isinstance(tools, list):
+        raise InvalidRequest("tool_choice.tools must be an array.", param="tool_choice.tools")
+    names: set[str] = set()
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+            raise InvalidRequest(
+                "Each allowed tool is an object with a `type`.",
+                param=f"tool_choice.tools[{index}]",
+            )
+        if tool["type"] in ("function", "custom"):
+            if not isinstance(tool.get("name"), str):
+                raise InvalidRequest(
+                    f"An allowed {tool['type']} tool needs a string `name`.",
+                    param=f"tool_choice.tools[{index}].name",
+                )
+            names.add(tool["name"])
+    return AllowedTools(frozenset(names), required=mode == "required")
+
+
+def _choice_name(choice: ToolChoice) -> str:
+    return choice.name if isinstance(choice, NamedToolChoice) else ""
+
+
 def check_tool_choice(request: ResponsesRequest) -> None:
-    """A named tool_choice must name a tool the request defines."""
+    """A named tool_choice (or each tool an ``allowed_tools`` choice names) must be a tool the
+    request defines."""
     choice = request.tool_choice
-    if not isinstance(choice, NamedToolChoice):
+    allowed = allowed_tools(choice)
+    if not isinstance(choice, NamedToolChoice) and allowed is None:
         return
     names = set()
     for tool in request.tools:
@@ -489,7 +537,9 @@ def check_tool_choice(request: ResponsesRequest) -> None:
             names.add(tool.name)
         elif isinstance(tool, NamespaceTool):
             names.update(inner.name for inner in tool.tools)
-    if choice.name not in names:
-        raise InvalidRequest(
-            f"Tool choice '{choice.name}' not found in 'tools' parameter.", param="tool_choice"
-        )
+    wanted = sorted(allowed.names) if allowed is not None else [_choice_name(choice)]
+    for name in wanted:
+        if name not in names:
+            raise InvalidRequest(
+                f"Tool choice '{name}' not found in 'tools' parameter.", param="tool_choice"
+            )

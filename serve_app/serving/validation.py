@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 
 from serve_app.config import AppArgs
+from serve_app.constraints import validate as constraints
 from serve_app.harmony import compaction, schemas
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import UnrenderableRequest
@@ -176,7 +177,9 @@ def _check_compaction_items(
 
 
 def check_generation(request: ResponsesRequest) -> None:
-    """What only a request to generate decides (a token count does not)."""
+    """What only a request to generate decides (a token count does not): every schema or
+    grammar it asks to enforce compiles, and a background response can be stored."""
+    constraints.check_compiles(request, ToolRegistry.from_request(request))
     if request.background and not request.store:
         raise InvalidRequest(
             "Background responses are stored: they need `store` true.", param="store"
