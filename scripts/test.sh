@@ -32,7 +32,8 @@ if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev
 fi
 
 ruff check serve_app tests loadtests k8s scripts
-python -m pytest "$@"
+# The property tests at full volume (tests/conftest.py: the `thorough` Hypothesis profile).
+python -m pytest --hypothesis-profile=thorough "$@"
 if [ $# -eq 0 ]; then
   # The stored-response suites again, with the app's store on PostgreSQL.
   SERVE_APP_TEST_STORE=postgresql python -m pytest -rs tests/test_stateful.py tests/test_agents_sdk.py

@@ -30,6 +30,7 @@ import httpx
 import pytest
 import yaml
 from fastapi import FastAPI
+from hypothesis import settings
 
 from serve_app.serving.auth import ApiKeys
 from tests import postgres
@@ -45,6 +46,15 @@ VLLM_MAX_FREE_TOKENS = 16  # the vLLM stage's constraint_max_free_tokens
 STORE_BACKEND = os.environ.get("SERVE_APP_TEST_STORE", "sqlite")
 # The app's engine: "simulated" (scripted turns) or "vllm" (vLLM on CPU, random weights).
 ENGINE = os.environ.get("SERVE_APP_TEST_ENGINE", "simulated")
+
+
+# How many examples the property tests draw (tests/test_fuzz.py takes its volume from here):
+# `thorough`, what scripts/test.sh (and so CI) runs, sends the fuzz tests over 10,000 requests;
+# the default keeps the fast tier (`pytest -m "not serve"`) fast with a few hundred. Pick one
+# with pytest's `--hypothesis-profile`.
+settings.register_profile("thorough", max_examples=2600)
+settings.register_profile("quick", max_examples=100)
+settings.load_profile("quick")
 
 
 def _free_port() -> int:
