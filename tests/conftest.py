@@ -50,10 +50,10 @@ ENGINE = os.environ.get("SERVE_APP_TEST_ENGINE", "simulated")
 
 # How many examples the property tests draw (tests/test_fuzz.py takes its volume from here):
 # `thorough`, what scripts/test.sh (and so CI) runs, sends the fuzz tests over 10,000 requests;
-# the default keeps the fast tier (`pytest -m "not serve"`) fast with a few hundred. Pick one
+# the default keeps the fast tier (`pytest -m "not serve"`) fast with 50 per test. Pick one
 # with pytest's `--hypothesis-profile`.
 settings.register_profile("thorough", max_examples=2600)
-settings.register_profile("quick", max_examples=100)
+settings.register_profile("quick", max_examples=50)
 settings.load_profile("quick")
 
 

@@ -35,7 +35,7 @@ from tests import open_responses
 
 MODEL = "gpt-oss-120b"
 # Per test, from the Hypothesis profile (tests/conftest.py): `thorough` (scripts/test.sh) draws
-# 2,600, over 10,000 requests in all; the fast tier's default draws 100.
+# 2,600, over 10,000 requests in all; the fast tier's default draws 50.
 EXAMPLES = settings().max_examples
 SCHEMA_EXAMPLES = max(EXAMPLES // 26, 4)  # per operation of the OpenAPI schema (21 operations)
 FUZZ = settings(
