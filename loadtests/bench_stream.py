@@ -62,10 +62,10 @@ PROMPT = "Benchmark prompt: tell me a story about streaming tokens."
 # --- the app on its own Ray cluster -----------------------------------------------------------
 
 
-def bench_config(port: int, tokens_per_s: float, output_tokens: int) -> dict:
-    """configs/local.yaml with one replica each, the engine at a fixed rate and room for every
-    stream (128 streams must not queue behind the engine's ``max_ongoing_requests``)."""
-    config = yaml.safe_load(CONFIG.read_text())
+def bench_config(source: Path, port: int, tokens_per_s: float, output_tokens: int) -> dict:
+    """``source`` (configs/local.yaml) with one replica each, the engine at a fixed rate and
+    room for every stream (128 must not queue behind the engine's ``max_ongoing_requests``)."""
+    config = yaml.safe_load(source.read_text())
     config["http_options"]["port"] = port
     app = config["applications"][0]
     app["args"]["default_max_output_tokens"] = output_tokens * 2
@@ -92,6 +92,7 @@ def start_app(config: dict, temp_dir: str) -> None:
         namespace=SERVE_NAMESPACE,
         include_dashboard=False,
         logging_level="ERROR",
+        log_to_driver=False,  # the replicas' access logs would bury the numbers
         _temp_dir=temp_dir,
     )
     schema = ServeDeploySchema.model_validate(config)
@@ -323,9 +324,11 @@ def run_round(
     transport: str, port: int, count: int, processes: dict[str, int], engine_alone_us: float
 ) -> Round:
     before = {name: cpu_seconds(pid) for name, pid in processes.items()}
+    client = time.process_time()
     streams = asyncio.run(run_streams(transport, port, count))
     after = {name: cpu_seconds(pid) for name, pid in processes.items()}
     cpu = {name: after[name] - before[name] for name in processes}
+    cpu["client"] = time.process_time() - client  # this process: the clients
     return Round(transport, count, streams, cpu, engine_alone_us)
 
 
@@ -394,6 +397,7 @@ def start_profiles(folder: Path, processes: dict[str, int], seconds: int) -> lis
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=CONFIG, help="the Serve config to deploy")
     parser.add_argument("--streams", type=int, nargs="+", default=[32, 128])
     parser.add_argument("--transports", nargs="+", choices=sorted(CLIENTS), default=["sse", "ws"])
     parser.add_argument("--decode-tokens-per-s", type=float, default=100)
@@ -413,7 +417,7 @@ def main() -> None:
         name, _, value = setting.partition("=")
         os.environ[name] = value
     port = free_port()
-    config = bench_config(port, args.decode_tokens_per_s, args.output_tokens)
+    config = bench_config(args.config, port, args.decode_tokens_per_s, args.output_tokens)
     alone = {count: engine_alone_us_per_token(config, count) for count in args.streams}
     temp_dir = tempfile.mkdtemp(prefix="ray_bs_", dir="/tmp")
     url = f"http://127.0.0.1:{port}"
