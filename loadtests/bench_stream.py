@@ -23,7 +23,7 @@ terminal event) so the client process takes as little of the shared CPU as it ca
 
     PYTHONPATH=. python loadtests/bench_stream.py                     # 32 and 128, SSE and WS
     PYTHONPATH=. python loadtests/bench_stream.py --streams 32 --transports sse --repeat 2
-    PYTHONPATH=. python loadtests/bench_stream.py --ray-env RAY_SERVE_THROUGHPUT_OPTIMIZED=1
+    PYTHONPATH=. python loadtests/bench_stream.py --ray-env RAY_SERVE_ENABLE_DIRECT_INGRESS=1
     PYTHONPATH=. python loadtests/bench_stream.py --py-spy /tmp/profiles  # collapsed stacks too
 
 This is a benchmark, not a test: it prints numbers and asserts nothing.
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -171,6 +172,37 @@ def cluster_processes(temp_dir: str) -> dict[str, int]:
                 name = role if role in ("proxy", "controller") else f"{role}-{counts[role]}"
                 found[name] = pid
     return found
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports ``pid`` listens on (its socket inodes matched in /proc/net/tcp)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in _read(table).splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def direct_ingress_port(temp_dir: str, timeout_s: float = 120) -> int:
+    """With RAY_SERVE_ENABLE_DIRECT_INGRESS=1 the ingress replica serves HTTP itself, on a port
+    the controller hands it (30000-31000 by default): found among the replica's sockets."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(RuntimeError, KeyError):
+            pid = cluster_processes(temp_dir)["ingress-1"]
+            ports = [port for port in listening_ports(pid) if 30000 <= port < 31000]
+            if ports:
+                return min(ports)
+        time.sleep(1)
+    raise TimeoutError("no direct-ingress port found on the ingress replica")
 
 
 # --- clients ----------------------------------------------------------------------------------
@@ -424,6 +456,10 @@ def main() -> None:
     print(f"starting the app on Ray ({temp_dir}, port {port}) ...", flush=True)
     start_app(config, temp_dir)
     try:
+        if os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "1":
+            port = direct_ingress_port(temp_dir)  # no proxy in the way: the replica's own port
+            url = f"http://127.0.0.1:{port}"
+            print(f"direct ingress: the ingress replica serves {url}", flush=True)
         wait_ready(url)
         processes = cluster_processes(temp_dir)
         print("processes:", ", ".join(f"{name} {pid}" for name, pid in processes.items()))
