@@ -309,7 +309,8 @@ class ResponsesService:
         """``events``, as one non-empty list per engine chunk: what a transport sends in one
         write (one ASGI message costs the same whether it carries one event or ten)."""
         translator = turn.translator
-        yield translator.start()
+        if started := translator.start():
+            yield started
         terminal: list[ResponseStreamEvent] = []
         prompt_tokens = cached_tokens = 0
         first_token_seen = False
@@ -355,7 +356,8 @@ class ResponsesService:
             await self.save(turn)
         if turn.request.conversation_id is not None:
             await self._extend_conversation(turn)
-        yield terminal
+        if terminal:
+            yield terminal
         routing_metrics.record_prompt(replica, prompt_tokens, cached_tokens)
         self._record(turn)
 
