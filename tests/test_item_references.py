@@ -14,9 +14,9 @@ import openai
 import pytest
 from openai import OpenAI
 
-from serve_app.harmony.render import render_request
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ItemReference, MessageItem, ResponsesRequest
+from serve_app.serving import validation
 from tests.helpers import WEATHER_TOOL, sdk_client
 
 MODEL = "gpt-oss-120b"
@@ -106,12 +106,12 @@ def test_a_reference_may_leave_out_its_type_or_send_it_null() -> None:
     ]
 
 
-def test_rendering_refuses_a_reference_left_unresolved() -> None:
-    # The service resolves references before rendering; rendering never guesses at one.
+def test_a_reference_left_unresolved_is_refused_before_rendering() -> None:
+    # The service resolves references before rendering; nothing renders a guess at one.
     request = ResponsesRequest.model_validate({"model": MODEL, "input": [reference("rs_1")]})
     history = [MessageItem(role="user", content="earlier")]
     with pytest.raises(InvalidRequest) as caught:
-        render_request(request, history=history)
+        validation.check_items(request, history)
     assert (caught.value.param, caught.value.code) == ("input[0].id", "item_not_found")
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
+from serve_app.serving import validation
 from tests.helpers import REPO, run_locust
 
 sys.path.insert(0, str(REPO / "loadtests"))
@@ -30,7 +31,9 @@ def test_every_turn_extends_the_previous_one_and_is_a_valid_request() -> None:
             assert items[: len(previous)] == previous  # a prefix extension: cacheable
             previous = items
             body = {"model": "gpt-oss-120b", "input": items, "tools": session.tools}
-            render_request(ResponsesRequest.model_validate(body))  # pairs checked, renders
+            request = ResponsesRequest.model_validate(body)
+            validation.check_items(request)  # pairs checked
+            render_request(request)  # renders
 
 
 def test_a_short_locust_replay_completes_with_cache_hits(app_url: str, tmp_path: Path) -> None:

@@ -11,13 +11,16 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import render_request
 from serve_app.protocol.errors import InvalidRequest, from_validation_errors
 from serve_app.protocol.requests import ResponsesRequest
+from serve_app.serving import validation
 from tests.helpers import CAPTURES, capture_body, decode
 
 NOW = datetime(2026, 11, 22, tzinfo=UTC)
 
 
 def render_text(body: dict, vault: ReasoningVault | None = None) -> str:
+    """Checked as the service checks a request before rendering it, then rendered."""
     request = ResponsesRequest.model_validate(body)
+    validation.check_items(request, vault=vault)
     return decode(render_request(request, vault=vault, now=NOW).token_ids)
 
 

@@ -30,6 +30,7 @@ from serve_app.harmony.render import render_request
 from serve_app.harmony.typescript import NamespaceText, ToolText, schema_text, tools_section
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
+from serve_app.serving import validation
 from tests.helpers import (
     CAPTURES,
     capture_body,
@@ -74,8 +75,11 @@ class TreeNode(BaseModel):
 
 
 def tool_section(body: dict[str, Any]) -> str:
-    """The decoded ``# Tools`` section of the prompt ``body`` renders to."""
-    text = decode(render_request(ResponsesRequest.model_validate(body), now=NOW).token_ids)
+    """The decoded ``# Tools`` section of the prompt ``body`` renders to, checked first as the
+    service checks a request before rendering it."""
+    request = ResponsesRequest.model_validate(body)
+    validation.check_items(request)
+    text = decode(render_request(request, now=NOW).token_ids)
     return text.split("# Tools", 1)[1].split("<|end|>", 1)[0]
 
 

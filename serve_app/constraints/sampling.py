@@ -14,7 +14,7 @@ import random
 import llguidance
 import numpy as np
 
-from serve_app.constraints.vocab import FIRST_SPECIAL, harmony_tokenizer
+from serve_app.constraints.vocab import FIRST_SPECIAL, MODEL_VOCAB_SIZE
 from serve_app.harmony.encoding import get_encoding
 
 # Short tokens that end or advance JSON and line-based grammars.
@@ -25,6 +25,12 @@ _STRUCTURAL_TEXT = (
 )
 _P_SPECIAL = 0.08
 _P_STRUCTURAL = 0.5
+# Random draws tried before scanning the whole mask for an allowed plain token.
+_REJECTION_TRIES = 8
+_SPECIAL_IDS = np.arange(FIRST_SPECIAL, MODEL_VOCAB_SIZE)
+# Plain ids that share their bitmask byte with the first special ids.
+_WHOLE_PLAIN_BYTES = FIRST_SPECIAL >> 3
+_PLAIN_TAIL_IDS = np.arange(_WHOLE_PLAIN_BYTES << 3, FIRST_SPECIAL)
 
 
 @functools.cache
@@ -34,15 +40,31 @@ def _structural_ids() -> np.ndarray:
     return np.array(sorted(token[0] for token in ids if len(token) == 1), dtype=np.int64)
 
 
-def allowed_bits(matcher: llguidance.LLMatcher) -> np.ndarray:
-    """One 0/1 entry per token id: whether ``matcher`` allows it next."""
-    mask = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
-    return np.unpackbits(mask, bitorder="little")[: harmony_tokenizer().vocab_size]
+class TokenMask:
+    """The tokens a matcher allows next, read from llguidance's packed bitmask (one bit per
+    token id, little-endian) without unpacking its 200k bits: a step reads a few bytes."""
 
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self._packed = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
 
-def allowed_tokens(matcher: llguidance.LLMatcher) -> np.ndarray:
-    """The token ids ``matcher`` allows next, ascending."""
-    return np.flatnonzero(allowed_bits(matcher))
+    def allows(self, tokens: np.ndarray) -> np.ndarray:
+        return ((self._packed[tokens >> 3] >> (tokens & 7)) & 1).astype(bool)
+
+    def specials(self) -> np.ndarray:
+        """The allowed special tokens (harmony's, from ``FIRST_SPECIAL``), ascending."""
+        return _SPECIAL_IDS[self.allows(_SPECIAL_IDS)]
+
+    def has_plain(self) -> bool:
+        return bool(self._packed[:_WHOLE_PLAIN_BYTES].any() or self.allows(_PLAIN_TAIL_IDS).any())
+
+    def plain(self) -> np.ndarray:
+        """Every allowed plain token id, ascending. Only the bytes with a bit set are
+        unpacked: a sparse mask (a digit, a key) has a few dozen of its 25k bytes set."""
+        set_bytes = np.flatnonzero(self._packed[:_WHOLE_PLAIN_BYTES])
+        bits = np.unpackbits(self._packed[set_bytes, None], axis=1, bitorder="little")
+        rows, columns = np.nonzero(bits)
+        tail = _PLAIN_TAIL_IDS[self.allows(_PLAIN_TAIL_IDS)]
+        return np.concatenate(((set_bytes[rows] << 3) + columns, tail))
 
 
 class MaskedSampler:
@@ -58,7 +80,7 @@ class MaskedSampler:
         return self._matcher.is_stopped()
 
     def next_token(self) -> int:
-        token = self._choose(allowed_bits(self._matcher))
+        token = self._choose(TokenMask(self._matcher))
         if not self._matcher.consume_token(token):
             raise RuntimeError(f"the matcher refused its own token: {self._matcher.get_error()}")
         return token
@@ -69,20 +91,29 @@ class MaskedSampler:
             tokens.append(self.next_token())
         return tokens
 
-    def _choose(self, bits: np.ndarray) -> int:
-        # A full scan of the 200k plain ids is the cost: only the uniform branch pays it.
-        specials = FIRST_SPECIAL + np.flatnonzero(bits[FIRST_SPECIAL:])
-        has_plain = bool(bits[:FIRST_SPECIAL].any())
+    def _choose(self, mask: TokenMask) -> int:
+        specials = mask.specials()
+        has_plain = mask.has_plain()
         coin = self._rng.random()
         if len(specials) and (coin < _P_SPECIAL or not has_plain):
             return self._pick(specials)
         if not has_plain:
             raise RuntimeError(f"no token allowed: {self._matcher.get_error()}")
         if coin < _P_STRUCTURAL:
-            structural = _structural_ids()[bits[_structural_ids()] == 1]
+            structural = _structural_ids()[mask.allows(_structural_ids())]
             if len(structural):
                 return self._pick(structural)
-        return self._pick(np.flatnonzero(bits[:FIRST_SPECIAL]))
+        return self._uniform_plain(mask)
+
+    def _uniform_plain(self, mask: TokenMask) -> int:
+        """A plain token uniformly among the allowed ones. Where most are allowed (free text),
+        a few random draws find one (rejection sampling, the same distribution); the scan of
+        all 200k ids is left for sparse masks."""
+        for _ in range(_REJECTION_TRIES):
+            token = self._rng.randrange(FIRST_SPECIAL)
+            if mask.allows(np.array([token]))[0]:
+                return token
+        return self._pick(mask.plain())
 
     def _pick(self, candidates: np.ndarray) -> int:
         return int(candidates[self._rng.randrange(len(candidates))])

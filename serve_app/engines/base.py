@@ -24,11 +24,16 @@ SERVER_ERROR = "server_error"
 CLIENT_ERROR_CODES = frozenset({"invalid_prompt", "invalid_request"})
 
 
+# What an engine samples with when the request sets nothing; the Response echoes them.
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
     # Harmony's <|return|> and <|call|>: sampling stops after either.
     stop_token_ids: tuple[int, ...] = ()
     # Alternatives wanted per sampled token (0: the sampled token's logprob only); None: no

@@ -5,14 +5,6 @@ GPU, ``STRICT_PACK`` so every shard shares a node (NVLink, and vLLM's Ray execut
 TP group spans nodes). The replica actor holds no GPU; vLLM's Ray executor starts one worker
 actor per GPU bundle (``num_cpus=0, num_gpus=1`` each, ``vllm/v1/executor/ray_executor.py``).
 
-Why the first bundle also carries the replica's CPU: Ray Serve 2.60 pins the replica actor to
-bundle 0 (``deployment_scheduler.py``: ``placement_group_bundle_index=0``) and rejects options
-whose ``ray_actor_options`` do not fit in that bundle (``ReplicaConfig``
-``_validate_placement_group_options``; ``num_cpus`` defaults to 1 there). Ray Serve LLM does the
-same: ``_merge_replica_actor_and_child_actor_bundles`` in ``core/server/llm_server.py`` adds the
-replica actor's resources to the first of its ``{"GPU": 1}`` bundles. The other bundles need no
-CPU because vLLM's workers ask for none.
-
 Single GPU: no placement group; the replica actor itself holds the GPU and vLLM runs its model in
 the engine-core process (``uni`` executor), which inherits the replica's ``CUDA_VISIBLE_DEVICES``.
 
@@ -42,6 +34,13 @@ def engine_placement(
     if tensor_parallel_size == 1:
         return {"ray_actor_options": {"num_cpus": cpus_for_replica, "num_gpus": gpus_per_bundle}}
 
+    # The first bundle also carries the replica's CPU: Ray Serve 2.60 pins the replica actor to
+    # bundle 0 (``deployment_scheduler.py``: ``placement_group_bundle_index=0``) and rejects
+    # options whose ``ray_actor_options`` do not fit in that bundle (``ReplicaConfig``
+    # ``_validate_placement_group_options``; ``num_cpus`` defaults to 1 there). Ray Serve LLM
+    # does the same: ``_merge_replica_actor_and_child_actor_bundles`` in
+    # ``core/server/llm_server.py`` adds the replica actor's resources to the first of its
+    # ``{"GPU": 1}`` bundles. The other bundles need no CPU: vLLM's workers ask for none.
     replica_bundle = _nonzero({"CPU": cpus_for_replica, "GPU": gpus_per_bundle})
     worker_bundles = [{"GPU": gpus_per_bundle} for _ in range(tensor_parallel_size - 1)]
     actor_options: dict[str, Any] = {"num_cpus": cpus_for_replica, "num_gpus": 0}

@@ -88,12 +88,18 @@ from serve_app.engines.base import (
     TokenLogprob,
 )
 from serve_app.engines.prefix_cache import PrefixCacheStats, PrefixKVCache
-from serve_app.harmony.encoding import CALL_TOKEN, END_TOKEN, RETURN_TOKEN, get_encoding
+from serve_app.harmony import tools
+from serve_app.harmony.encoding import (
+    CALL_TOKEN,
+    END_TOKEN,
+    RETURN_TOKEN,
+    START_TOKEN,
+    get_encoding,
+)
 
 logger = logging.getLogger(__name__)
 
 SCRIPT_ENV = "SERVE_APP_SIM_SCRIPT"
-START_TOKEN = 200006  # <|start|>
 # Below this many seconds ahead of schedule the decode loop does not sleep (timer resolution):
 # at high decode rates several tokens then go out in one chunk, keeping the modelled rate.
 _MIN_SLEEP_S = 0.001
@@ -108,70 +114,71 @@ _FILLER_WORDS = (
 
 
 # --------------------------------------------------------------------------------------------
-# The script: what a test wants the "model" to say.
+# The script: what a test wants the "model" to say. Its items are named ``Script*``: they are
+# steps of a scripted completion, not the Responses items of serve_app.protocol.requests.
 
 
-class _Item(BaseModel):
+class _ScriptItem(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ReasoningItem(_Item):
+class ScriptReasoning(_ScriptItem):
     """An ``analysis`` message (chain of thought)."""
 
     reasoning: str
 
 
-class PreambleItem(_Item):
+class ScriptPreamble(_ScriptItem):
     """A ``commentary`` message with no recipient (a preamble shown to the user)."""
 
     preamble: str
 
 
-class TextItem(_Item):
+class ScriptText(_ScriptItem):
     """A ``final`` message, ended with ``<|return|>``."""
 
     text: str
 
 
-class FunctionCall(_Item):
+class FunctionCallSpec(_ScriptItem):
     name: str = Field(pattern=_HEADER_NAME)
     # A dict is sent as compact JSON text; a string is sent as is (e.g. deliberately bad JSON).
     arguments: dict[str, Any] | str = Field(default_factory=dict)
     namespace: str | None = Field(default=None, pattern=_HEADER_NAME)
 
 
-class FunctionCallItem(_Item):
+class ScriptFunctionCall(_ScriptItem):
     """``commentary to=functions.NAME <|constrain|>json``, ended with ``<|call|>``."""
 
-    function_call: FunctionCall
+    function_call: FunctionCallSpec
 
 
-class CustomToolCall(_Item):
+class CustomToolCallSpec(_ScriptItem):
     name: str = Field(pattern=_HEADER_NAME)
     input: str
     namespace: str | None = Field(default=None, pattern=_HEADER_NAME)
 
 
-class CustomToolCallItem(_Item):
+class ScriptCustomToolCall(_ScriptItem):
     """``commentary to=functions.NAME`` with raw text input, ended with ``<|call|>``."""
 
-    custom_tool_call: CustomToolCall
+    custom_tool_call: CustomToolCallSpec
 
 
-class RawItem(_Item):
+class ScriptRaw(_ScriptItem):
     """Harmony text encoded verbatim, special tokens included (for malformed-output tests)."""
 
     raw: str
 
 
-class Failure(_Item):
+class Failure(_ScriptItem):
     message: str
     # ``server_error``: the engine failed; ``invalid_prompt`` / ``invalid_request``: vLLM
     # rejected the request as the client's fault (a 400 for the client).
     code: str = SERVER_ERROR
 
 
-class FailItem(_Item):
+class ScriptFail(_ScriptItem):
     """The engine raises ``EngineError`` here, after streaming the items before it: a message
     (a ``server_error``), or ``{message, code}``."""
 
@@ -182,31 +189,31 @@ class FailItem(_Item):
         return self.fail if isinstance(self.fail, Failure) else Failure(message=self.fail)
 
 
-class SleepItem(_Item):
+class ScriptSleep(_ScriptItem):
     """Pause the stream for this many seconds (abortable)."""
 
     sleep: float = Field(ge=0)
 
 
 ScriptItem: TypeAlias = (
-    ReasoningItem
-    | PreambleItem
-    | TextItem
-    | FunctionCallItem
-    | CustomToolCallItem
-    | RawItem
-    | FailItem
-    | SleepItem
+    ScriptReasoning
+    | ScriptPreamble
+    | ScriptText
+    | ScriptFunctionCall
+    | ScriptCustomToolCall
+    | ScriptRaw
+    | ScriptFail
+    | ScriptSleep
 )
-_ITEM_TYPES: dict[str, type[_Item]] = {
-    "reasoning": ReasoningItem,
-    "preamble": PreambleItem,
-    "text": TextItem,
-    "function_call": FunctionCallItem,
-    "custom_tool_call": CustomToolCallItem,
-    "raw": RawItem,
-    "fail": FailItem,
-    "sleep": SleepItem,
+_ITEM_TYPES: dict[str, type[_ScriptItem]] = {
+    "reasoning": ScriptReasoning,
+    "preamble": ScriptPreamble,
+    "text": ScriptText,
+    "function_call": ScriptFunctionCall,
+    "custom_tool_call": ScriptCustomToolCall,
+    "raw": ScriptRaw,
+    "fail": ScriptFail,
+    "sleep": ScriptSleep,
 }
 
 
@@ -229,10 +236,10 @@ class ScriptTurn(BaseModel):
         """Parse each item by its one key, so a typo gets a one-line error, not a union dump."""
         if not isinstance(items, list | tuple):
             return items
-        return [item if isinstance(item, _Item) else _parse_item(item) for item in items]
+        return [item if isinstance(item, _ScriptItem) else _parse_item(item) for item in items]
 
 
-def _parse_item(item: Any) -> _Item:
+def _parse_item(item: Any) -> _ScriptItem:
     kind = next(iter(item)) if isinstance(item, Mapping) and len(item) == 1 else None
     if kind not in _ITEM_TYPES:
         raise ValueError(f"a script item is one key of {sorted(_ITEM_TYPES)}: got {item!r}")
@@ -359,23 +366,23 @@ class _Harmony:
 
     def item_tokens(self, item: ScriptItem) -> list[int]:
         match item:
-            case ReasoningItem(reasoning=text):
+            case ScriptReasoning(reasoning=text):
                 return self.message("<|channel|>analysis", text, END_TOKEN)
-            case PreambleItem(preamble=text):
+            case ScriptPreamble(preamble=text):
                 return self.message("<|channel|>commentary", text, END_TOKEN)
-            case TextItem(text=text):
+            case ScriptText(text=text):
                 return self.message("<|channel|>final", text, RETURN_TOKEN)
-            case FunctionCallItem(function_call=call):
+            case ScriptFunctionCall(function_call=call):
                 arguments = call.arguments
                 if not isinstance(arguments, str):
                     arguments = json.dumps(arguments, ensure_ascii=False)
-                recipient = f"{call.namespace or 'functions'}.{call.name}"
-                header = f"<|channel|>commentary to={recipient} <|constrain|>json"
+                to = tools.recipient(call.name, call.namespace)
+                header = f"<|channel|>commentary to={to} <|constrain|>json"
                 return self.message(header, arguments, CALL_TOKEN)
-            case CustomToolCallItem(custom_tool_call=call):
-                recipient = f"{call.namespace or 'functions'}.{call.name}"
-                return self.message(f"<|channel|>commentary to={recipient}", call.input, CALL_TOKEN)
-            case RawItem(raw=text):
+            case ScriptCustomToolCall(custom_tool_call=call):
+                to = tools.recipient(call.name, call.namespace)
+                return self.message(f"<|channel|>commentary to={to}", call.input, CALL_TOKEN)
+            case ScriptRaw(raw=text):
                 return self.header(text)
         raise TypeError(f"not a message item: {item!r}")
 
@@ -384,13 +391,13 @@ class _Harmony:
         steps: list[_Step] = []
         emitted = False
         for item in turn.items:
-            if isinstance(item, FailItem):
+            if isinstance(item, ScriptFail):
                 steps.append(_Fail(item.failure.message, item.failure.code))
-            elif isinstance(item, SleepItem):
+            elif isinstance(item, ScriptSleep):
                 steps.append(_Sleep(item.sleep))
             else:
                 tokens = self.item_tokens(item)
-                if emitted and not isinstance(item, RawItem):
+                if emitted and not isinstance(item, ScriptRaw):
                     tokens = [*self.start_assistant, *tokens]
                 steps.append(_Emit(tuple(tokens), honour_stop=False))
                 emitted = True

@@ -9,7 +9,6 @@ everything it replaced.
 from __future__ import annotations
 
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.protocol.errors import InvalidRequest
 
 # Bound to the sealed blob, so only a compaction summary opens as one.
 PURPOSE = b"compaction"
@@ -29,15 +28,7 @@ def seal_summary(vault: ReasoningVault, summary: str, owner: str | None = None) 
     return vault.seal(summary, PURPOSE, owner=owner)
 
 
-def open_summary(vault: ReasoningVault | None, blob: str, owner: str | None = None) -> str:
-    """The summary a compaction item holds; a 400 if this server did not seal it for
-    ``owner``."""
-    summary = vault.open(blob, PURPOSE, owner=owner) if vault is not None else None
-    if summary is None:
-        raise InvalidRequest(
-            "A compaction item could not be opened: it was made by another server, with "
-            "another key or for another API key, or altered. Send the full history instead.",
-            param="input",
-            code="invalid_encrypted_content",
-        )
-    return summary
+def open_summary(vault: ReasoningVault | None, blob: str, owner: str | None = None) -> str | None:
+    """The summary a compaction item holds; None if this server did not seal it for ``owner``
+    (serve_app.serving.validation turns that into a 400)."""
+    return vault.open(blob, PURPOSE, owner=owner) if vault is not None else None

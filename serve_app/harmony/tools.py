@@ -26,6 +26,12 @@ logger = logging.getLogger(__name__)
 DEFAULT_NAMESPACE = "functions"
 
 
+def recipient(name: str, namespace: str | None = None) -> str:
+    """The harmony recipient of a tool call: ``functions.NAME`` for a top-level tool,
+    ``NAMESPACE.NAME`` for one of a client's namespace tools."""
+    return f"{namespace or DEFAULT_NAMESPACE}.{name}"
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
@@ -43,7 +49,7 @@ class ToolSpec:
 
     @property
     def recipient(self) -> str:
-        return f"{self.namespace or DEFAULT_NAMESPACE}.{self.name}"
+        return recipient(self.name, self.namespace)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+RATE_LIMITED = "rate_limit_exceeded"
+RETRY_AFTER_S = 1  # how long a client turned away at capacity waits before its retry
+
 
 class APIError(Exception):
     """An error answered to the client as JSON in OpenAI's shape, with an HTTP status."""
@@ -41,6 +44,28 @@ class InvalidRequest(APIError):
 
 class NotFound(APIError):
     status_code = 404
+
+
+class RateLimited(APIError):
+    """429: every engine is busy. ``Retry-After`` says when to try again; Codex reads the delay
+    from the message instead, so the message names it too."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str | None = None, retry_after_s: int = RETRY_AFTER_S) -> None:
+        super().__init__(
+            message or f"The engines are at capacity. Please try again in {retry_after_s}s.",
+            code=RATE_LIMITED,
+            headers={"Retry-After": str(retry_after_s)},
+        )
+
+
+class ServerError(APIError):
+    """500: the server (an engine, a replica) failed; the request may succeed if sent again."""
+
+    status_code = 500
+    error_type = "server_error"
 
 
 def error_body(

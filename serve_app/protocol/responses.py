@@ -25,6 +25,8 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from openai.types.shared import Reasoning
 from pydantic import TypeAdapter, ValidationError
 
+# The sampling defaults the engine uses when the request leaves them out: echoed like OpenAI does.
+from serve_app.engines.base import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from serve_app.protocol.requests import (
     CustomTool,
     FunctionTool,
@@ -36,9 +38,6 @@ from serve_app.protocol.requests import (
 
 logger = logging.getLogger(__name__)
 
-# Sampling defaults the engine uses when the request leaves them out; echoed like OpenAI does.
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_TOP_P = 1.0
 # OpenAI's defaults for the other echoed request fields.
 DEFAULT_PENALTY = 0.0
 DEFAULT_TOP_LOGPROBS = 0
@@ -66,25 +65,42 @@ def new_response_id() -> str:
     return "resp_" + _hex(32)
 
 
+# The id prefix of each item type, as OpenAI mints them (``msg_...``); another type's is ``item``.
+ITEM_ID_PREFIXES = {
+    "message": "msg",
+    "reasoning": "rs",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
+    "compaction": "cmp",
+}
+
+
 def new_item_id(prefix: str) -> str:
-    """An output item id: ``msg_``, ``rs_``, ``fc_`` or ``ctc_`` + 32 hex characters."""
+    """An item id: ``prefix`` (one of `ITEM_ID_PREFIXES`) + ``_`` + 32 hex characters."""
     return f"{prefix}_{_hex(32)}"
 
 
 def new_message_id() -> str:
-    return new_item_id("msg")
+    return new_item_id(ITEM_ID_PREFIXES["message"])
 
 
 def new_reasoning_id() -> str:
-    return new_item_id("rs")
+    return new_item_id(ITEM_ID_PREFIXES["reasoning"])
 
 
 def new_function_call_id() -> str:
-    return new_item_id("fc")
+    return new_item_id(ITEM_ID_PREFIXES["function_call"])
 
 
 def new_custom_tool_call_id() -> str:
-    return new_item_id("ctc")
+    return new_item_id(ITEM_ID_PREFIXES["custom_tool_call"])
+
+
+def new_conversation_id() -> str:
+    """``conv_`` + 32 hex characters."""
+    return "conv_" + _hex(32)
 
 
 def new_call_id() -> str:

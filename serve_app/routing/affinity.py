@@ -14,7 +14,7 @@ So the choice is made once, when a conversation is new, and remembered:
   every ingress replica places a conversation alike. The ``min_bound`` floor that keeps known
   conversations home does not apply: a new conversation has no prefix to lose, so it goes to
   an emptier replica as soon as its owner is over the bound, even at a few requests each
-  (TTFT p90 216 against 234 ms with the floor, in the 5,000 tokens/s replay of the README).
+  (TTFT p90 216 against 234 ms with the floor, in the 5,000 tokens/s replay of docs/routing.md).
 - A new conversation is also kept off replicas that already have more than
   ``new_load_factor`` (1.1) times the mean number of active conversations (balanced
   placement; ``None`` turns it off). A new conversation costs the same everywhere (only the
@@ -39,7 +39,7 @@ So the choice is made once, when a conversation is new, and remembered:
   to 10 requests (against a mean of 4) spilled up to 17 turns a run at a floor of 8, each a
   whole prefill; at 16, none. In a replay at four times the load per replica with the floor
   at 8, spilling at 1.25 doubled TTFT p90 against spilling at 2 (``loadtests/sim_routing.py``,
-  see the README); with the floor at 16 the two are level there.
+  see docs/routing.md); with the floor at 16 the two are level there.
 
 Scaling: adding a replica moves no conversation (the new one takes new conversations and
 spills); removing one re-places only that replica's conversations. Conversations idle for

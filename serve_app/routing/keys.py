@@ -11,10 +11,8 @@ import functools
 import hashlib
 from collections.abc import Sequence
 
-from serve_app.harmony.encoding import get_encoding
+from serve_app.harmony.encoding import END_TOKEN, START_TOKEN, get_encoding
 
-START_TOKEN = 200006  # <|start|>
-END_TOKEN = 200007  # <|end|>
 # Bound the hashed prefix so a huge first message costs little and long prompts still agree.
 MAX_KEY_PREFIX_TOKENS = 8192
 

@@ -6,16 +6,8 @@ the ingress sets to the ``prompt_cache_key`` (or a hash of the prompt's start). 
 conversation goes is `serve_app.routing.affinity.ConversationPlacer`'s choice, pure computation
 over the router's own queue-length view and the engine replicas' routing stats (the
 conversations each serves, ``serve_app.routing.directory``), both of which Ray Serve delivers
-to the router: no remote call on the router's event loop.
-
-One wait, never a call: a later turn of a conversation this router does not know (its prompt
-holds the model's earlier messages) was most likely placed a moment ago by another ingress
-replica's router, not yet reported. Placing it now could pick another replica (the counts
-behind balanced placement may have moved since), a whole prefill lost. So the request waits,
-at most ``report_wait_s`` (3 s), for a round of reports made after it arrived, which names the
-replica if any served the conversation: about one ``request_routing_stats_period_s``. Turns of
-known conversations and first turns never wait; a conversation resumed after ``idle_s`` waits
-once. ``report_wait_s: 0`` turns it off (one ingress replica has nothing to wait for).
+to the router: no remote call on the router's event loop, only one bounded wait
+(`PrefixAffinityRouter._await_reports_for`).
 
 Configure it in the Serve config (``request_router_kwargs`` are the placer's keyword arguments
 and ``report_wait_s``):
@@ -34,9 +26,7 @@ import logging
 import time
 from typing import Any
 
-from ray.serve._private.request_router.common import PendingRequest
-from ray.serve._private.request_router.replica_wrapper import RunningReplica
-from ray.serve._private.request_router.request_router import RequestRouter
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from serve_app.engines.base import GenerateRequest
 from serve_app.routing import metrics
@@ -119,7 +109,17 @@ class PrefixAffinityRouter(RequestRouter):
 
     async def _await_reports_for(self, key: str, pending_request: PendingRequest) -> None:
         """For a later turn of a conversation no router has told this one about: wait for
-        every engine replica to report after the turn arrived (see the module docstring)."""
+        every engine replica to report after the turn arrived.
+
+        One wait, never a call: such a turn (its prompt holds the model's earlier messages) was
+        most likely placed a moment ago by another ingress replica's router, not yet reported.
+        Placing it now could pick another replica (the counts behind balanced placement may
+        have moved since), a whole prefill lost. So the request waits, at most
+        ``report_wait_s`` (3 s), for a round of reports made after it arrived, which names the
+        replica if any served the conversation: about one ``request_routing_stats_period_s``.
+        Turns of known conversations and first turns never wait; a conversation resumed after
+        ``idle_s`` waits once. ``report_wait_s: 0`` turns it off (one ingress replica has
+        nothing to wait for)."""
         if (
             self._report_wait_s <= 0
             or self._placer.knows(key)

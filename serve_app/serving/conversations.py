@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Literal
 
 from fastapi import APIRouter, Query
@@ -11,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from serve_app.protocol.errors import NotFound
 from serve_app.protocol.requests import STRICT_TYPES, InputItem
+from serve_app.protocol.responses import new_conversation_id
 from serve_app.serving.auth import Owner
 from serve_app.serving.pagination import listing, unknown_after
 from serve_app.serving.responses_service import stored_item
@@ -49,7 +49,7 @@ def conversations_router(store: ResponseStore) -> APIRouter:
     @router.post("")
     async def create_conversation(body: ConversationCreate, owner: Owner) -> dict:
         conversation = StoredConversation(
-            id=f"conv_{uuid.uuid4().hex}",
+            id=new_conversation_id(),
             created_at=int(time.time()),
             metadata=body.metadata or {},
             owner=owner,

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from ray.serve.exceptions import BackPressureError
+
 from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest, error_chunk
+from serve_app.protocol.errors import RateLimited
 
 
 class EngineClient(Protocol):
@@ -15,7 +18,8 @@ class EngineClient(Protocol):
 
 
 class HandleEngineClient:
-    """Calls the engine deployment through its handle.
+    """Calls the engine deployment through its handle. Ray's back-pressure error (every engine
+    replica and the queue full) comes out as `RateLimited`.
 
     ``session_id`` carries the routing key, so the engine deployment's request router can keep
     a conversation on the replica that holds its prefix in KV cache. ``caller``: the name of
@@ -35,6 +39,12 @@ class HandleEngineClient:
             async for chunk in response:
                 yield chunk
                 finished = chunk.finish_reason is not None
+        except BackPressureError as exc:
+            # Every engine replica is full, and the queue too: ours, so the service needs no Ray.
+            # The call never reached a replica: nothing to cancel (cancelling it would raise
+            # Ray's error again, in place of ours).
+            finished = True
+            raise RateLimited() from exc
         finally:
             if not finished:
                 # The client went away (or the ingress failed): cancel the engine call, which

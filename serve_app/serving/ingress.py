@@ -20,7 +20,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.config import AppArgs
-from serve_app.engines.base import CLIENT_ERROR_CODES
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.protocol.errors import (
     APIError,
@@ -40,12 +39,7 @@ from serve_app.serving.body_limit import BodyLimits
 from serve_app.serving.conversations import conversations_router
 from serve_app.serving.engine_client import EngineClient, HandleEngineClient
 from serve_app.serving.pagination import page as _page
-from serve_app.serving.responses_service import (
-    RATE_LIMITED,
-    RETRY_AFTER_S,
-    GenerationFailed,
-    ResponsesService,
-)
+from serve_app.serving.responses_service import ResponsesService, failed_response_error
 from serve_app.serving.websocket import websocket_router
 from serve_app.store.base import ResponseStore, StoredResponse
 from serve_app.store.sql import SqlResponseStore
@@ -95,7 +89,7 @@ def create_api(
             return _event_stream(_sse(service.event_batches(turn)))
         response = await service.run(turn)
         if response.status == "failed" and response.error is not None:
-            raise GenerationFailed(response.error.message, response.error.code)
+            raise failed_response_error(response.error.message, response.error.code)
         return JSONResponse(dump_response(response))
 
     @api.post("/v1/responses/input_tokens")
@@ -220,19 +214,6 @@ class NameTheReplica:
         await self.app(scope, receive, named)
 
 
-def _failure(message: str, code: str) -> JSONResponse:
-    """A non-streaming response that failed, as the HTTP error a client can act on."""
-    if code == RATE_LIMITED:
-        return JSONResponse(
-            error_body(message, "rate_limit_error", None, code),
-            status_code=429,
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
-    if code in CLIENT_ERROR_CODES:  # the engine rejected the request: retrying cannot help
-        return JSONResponse(error_body(message, "invalid_request_error", None, code), 400)
-    return JSONResponse(error_body(message, "server_error", None, code), status_code=500)
-
-
 def _event_stream(chunks: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(
         chunks,
@@ -293,10 +274,6 @@ def _install_error_handlers(api: FastAPI) -> None:
         metrics.REQUESTS.labels("rejected").inc()
         logger.info("rejected: %s (param %s, code %s)", exc.message, exc.param, exc.code)
         return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
-
-    @api.exception_handler(GenerationFailed)
-    async def generation_failed(_: Request, exc: GenerationFailed) -> JSONResponse:
-        return _failure(exc.message, exc.code)
 
     @api.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -10,58 +10,42 @@ found, as if it did not exist.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from pydantic import TypeAdapter, ValidationError
 
-from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import InputItem, ItemReference
 from serve_app.store.base import ResponseStore
 
 _INPUT_ITEM = TypeAdapter(InputItem)
 
 
-async def resolve_references(
-    store: ResponseStore,
-    owner: str | None,
-    history: list[InputItem],
-    inputs: list[InputItem],
-    *,
-    history_param: str,
-) -> tuple[list[InputItem], list[InputItem]]:
-    """``history`` and ``inputs`` with every reference replaced by the item it names (one
-    store lookup for all). A reference that names nothing of ``owner``'s is a 400
-    ``item_not_found`` naming ``input[i].id``, or ``history_param`` for one in the history (a
-    conversation's items may hold references)."""
-    ids = {item.id for item in [*history, *inputs] if isinstance(item, ItemReference)}
+async def find_referenced(
+    store: ResponseStore, owner: str | None, items: Iterable[InputItem]
+) -> dict[str, InputItem | None]:
+    """The stored items of ``owner``'s that the references among ``items`` name, by id (one
+    store lookup for all): None for one stored yet not an item a request may send; an id that
+    names nothing is absent. Loading only: serve_app.serving.validation decides what is a 400."""
+    ids = {item.id for item in items if isinstance(item, ItemReference)}
     if not ids:
-        return history, inputs
-    found = await store.find_items(ids, owner)
-    return (
-        _replace(history, found, lambda _: history_param),
-        _replace(inputs, found, lambda index: f"input[{index}].id"),
-    )
+        return {}
+    return {
+        item_id: _as_input(stored)
+        for item_id, stored in (await store.find_items(ids, owner)).items()
+    }
 
 
-def _replace(
-    items: Sequence[InputItem], found: dict[str, dict], param: Callable[[int], str]
+def _as_input(stored: dict) -> InputItem | None:
+    try:
+        return _INPUT_ITEM.validate_python(stored)
+    except ValidationError:
+        return None
+
+
+def replace_references(
+    items: Sequence[InputItem], found: Mapping[str, InputItem | None]
 ) -> list[InputItem]:
-    resolved: list[InputItem] = []
-    for index, item in enumerate(items):
-        if not isinstance(item, ItemReference):
-            resolved.append(item)
-            continue
-        stored = found.get(item.id)
-        if stored is None:
-            raise InvalidRequest(
-                f"Item with id '{item.id}' not found.", param=param(index), code="item_not_found"
-            )
-        try:
-            resolved.append(_INPUT_ITEM.validate_python(stored))
-        except ValidationError as error:  # stored, yet not an item a request may send
-            raise InvalidRequest(
-                f"Item with id '{item.id}' cannot be used as input.",
-                param=param(index),
-                code="invalid_value",
-            ) from error
-    return resolved
+    """``items`` with every reference replaced by the item it names (checked to exist first)."""
+    return [
+        found.get(item.id) or item if isinstance(item, ItemReference) else item for item in items
+    ]

@@ -1,7 +1,9 @@
-"""One Responses turn, end to end: validate, render, generate, translate.
+"""One Responses turn, end to end: admit (the one door for rejections), render, generate,
+translate.
 
 Plain Python (no Ray, no FastAPI): the ingress deployment calls it, and it reaches the engines
-through an `EngineClient`, so the whole protocol path runs in tests without a cluster.
+through an `EngineClient`, whose errors are ours (`RateLimited`), so the whole protocol path
+runs in tests without a cluster. Its 4xx rules live in serve_app.serving.validation.
 """
 
 from __future__ import annotations
@@ -16,41 +18,52 @@ from typing import Any
 
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
-from ray.serve.exceptions import BackPressureError
 
 from serve_app.config import AppArgs
 from serve_app.constraints import spec as constraint_spec
 from serve_app.constraints.spec import CompletionConstraint
-from serve_app.engines.base import SERVER_ERROR, GenerateChunk, GenerateRequest, SamplingSettings
+from serve_app.engines.base import (
+    CLIENT_ERROR_CODES,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    SERVER_ERROR,
+    GenerateChunk,
+    GenerateRequest,
+    SamplingSettings,
+)
 from serve_app.harmony import compaction
-from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
+from serve_app.harmony.encoding import STOP_TOKENS
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import RenderedPrompt, render_request
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.harmony.truncation import truncate_to_fit
-from serve_app.protocol.errors import InvalidRequest, NotFound, model_not_found
-from serve_app.protocol.requests import InputItem, MessageItem, ResponsesRequest
+from serve_app.protocol.errors import (
+    RATE_LIMITED,
+    APIError,
+    InvalidRequest,
+    RateLimited,
+    ServerError,
+)
+from serve_app.protocol.requests import InputItem, ItemReference, MessageItem, ResponsesRequest
 from serve_app.protocol.responses import (
+    ITEM_ID_PREFIXES,
     dump_response,
     initial_response,
     new_item_id,
     new_response_id,
 )
-from serve_app.protocol.strict_schema import check_request as check_strict_schemas
 from serve_app.routing import metrics as routing_metrics
 from serve_app.routing.keys import key_digest, routing_key
-from serve_app.serving import metrics
+from serve_app.serving import metrics, validation
 from serve_app.serving.engine_client import EngineClient
-from serve_app.serving.references import resolve_references
+from serve_app.serving.references import find_referenced, replace_references
 from serve_app.store.base import ResponseStore, StoredResponse
 
 logger = logging.getLogger(__name__)
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
-RATE_LIMITED = "rate_limit_exceeded"
-RETRY_AFTER_S = 1
 
 
 @dataclass
@@ -80,15 +93,16 @@ class Context:
     history: list[InputItem]
 
 
-class GenerationFailed(Exception):
-    """The engines could not produce a non-streaming answer (a stream ends in
-    ``response.failed`` instead). The ingress answers 429 for ``rate_limit_exceeded``, 400 for
-    the codes of a request the engine rejected (``CLIENT_ERROR_CODES``), else 500."""
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
+def failed_response_error(message: str, code: str) -> APIError:
+    """A failed response's error as the HTTP error a non-streaming client can act on (a stream
+    ends in ``response.failed`` with the same message and code instead): 429 for
+    ``rate_limit_exceeded``, 400 for the codes of a request the engine rejected
+    (``CLIENT_ERROR_CODES``: retrying cannot help), else 500."""
+    if code == RATE_LIMITED:
+        return RateLimited(message)
+    if code in CLIENT_ERROR_CODES:
+        return InvalidRequest(message, code=code)
+    return ServerError(message, code=code)
 
 
 class ResponsesService:
@@ -108,21 +122,17 @@ class ResponsesService:
         *,
         check_limits: bool = True,
     ) -> Turn:
-        """Everything that can reject the request happens here, before any event is sent.
-        ``recent``: contexts of responses not in the store (a WebSocket connection's), by id.
-        ``check_limits`` false: the server built the request (compaction's), so its item count
-        is not the client's to keep within ``max_input_items``."""
-        context = await self.context(request, owner, recent, check_limits=check_limits)
+        """The request through the door (`admit`), rendered, and the engine request built:
+        everything that can reject it happens before any event is sent. ``recent``: contexts
+        of responses not in the store (a WebSocket connection's), by id. ``check_limits``
+        false: the server built the request (compaction's), so its item count is not the
+        client's to keep within ``max_input_items``."""
+        context = await self.admit(
+            request, owner, recent, check_limits=check_limits, generating=True
+        )
         request, history = context.request, context.history
-        # A strict schema OpenAI would refuse is a 400 here, not a promise we cannot keep.
-        check_strict_schemas(request)
-        prompt = render_request(request, history=history, vault=self._vault, owner=owner)
-        if request.background and not request.store:
-            raise InvalidRequest(
-                "Background responses are stored: they need `store` true.", param="store"
-            )
-        prompt = self._truncated(request, history, prompt, owner)
-        max_tokens = self._max_output_tokens(request, len(prompt.token_ids))
+        prompt = self._render(request, history, owner, truncate=True)
+        max_tokens = validation.output_budget(self._args, request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
         key = routing_key(request.prompt_cache_key, prompt.token_ids)
         metrics.ROUTING_KEYS.labels(
@@ -134,18 +144,8 @@ class ResponsesService:
             if ENCRYPTED_REASONING in request.include
             else None
         )
-        generate = GenerateRequest(
-            request_id=response.id,
-            prompt_token_ids=prompt.token_ids,
-            sampling=SamplingSettings(
-                max_tokens=max_tokens,
-                temperature=1.0 if request.temperature is None else request.temperature,
-                top_p=1.0 if request.top_p is None else request.top_p,
-                stop_token_ids=(RETURN_TOKEN, CALL_TOKEN),
-                logprobs=_logprobs_wanted(request),
-            ),
-            session_id=key,
-            constraint=_constraint(request, prompt.tools),
+        generate = engine_request(
+            request, prompt, request_id=response.id, max_tokens=max_tokens, session_id=key
         )
         translator = ResponseStreamTranslator(
             response,
@@ -167,11 +167,32 @@ class ResponsesService:
         )
 
     async def render(self, request: ResponsesRequest, owner: str | None = None) -> RenderedPrompt:
-        """The prompt for a request: its stored history (if it continues one) and its input."""
-        context = await self.context(request, owner)
-        return render_request(
-            context.request, history=context.history, vault=self._vault, owner=owner
-        )
+        """The prompt for a request (``/v1/responses/input_tokens``): its stored history (if it
+        continues one) and its input, as is (no truncation)."""
+        context = await self.admit(request, owner)
+        return self._render(context.request, context.history, owner, truncate=False)
+
+    async def admit(
+        self,
+        request: ResponsesRequest,
+        owner: str | None,
+        recent: Mapping[str, list[InputItem]] | None = None,
+        *,
+        check_limits: bool = True,
+        generating: bool = False,
+    ) -> Context:
+        """The one door for rejections: every 4xx a request can earn before rendering, decided
+        by serve_app.serving.validation's rules in order. Returns the request with its item
+        references replaced by the stored items they name, and the items it continues.
+        ``generating``: also the rules only a request to generate is held to (strict schemas,
+        background needs store); a token count is not."""
+        context = await self.context(request, owner, recent, check_limits=check_limits)
+        if generating:
+            validation.check_strict_schemas(context.request)
+        validation.check_items(context.request, context.history, self._vault, owner)
+        if generating:
+            validation.check_generation(context.request)
+        return context
 
     async def context(
         self,
@@ -181,79 +202,69 @@ class ResponsesService:
         *,
         check_limits: bool = True,
     ) -> Context:
-        """The items a request continues, and the request, with the item references in both
-        replaced by the stored items they name (checked against its limits and model first).
-        Before rendering: a referenced tool call must pair with an output like a whole one."""
-        history = await self.history(request, owner, recent, check_limits=check_limits)
-        history_param = "conversation" if request.conversation_id else "previous_response_id"
+        """The door's first half: the request alone checked, the items it continues loaded,
+        and the item references in both checked and replaced by the stored items they name.
+        ``recent``: contexts of responses not in the store (a WebSocket connection's), by id."""
+        validation.check_request(self._args, request, check_limits=check_limits)
+        history = await self._history(request, owner, recent)
+        if history is None:
+            raise validation.history_not_found(request)
         given = request.input_items
-        history, inputs = await resolve_references(
-            self._store, owner, history, given, history_param=history_param
+        if not any(isinstance(item, ItemReference) for item in [*history, *given]):
+            return Context(request, history)
+        found = await find_referenced(self._store, owner, [*history, *given])
+        validation.check_references(
+            history, given, found, history_param=validation.history_param(request)
         )
-        if inputs is not given:
-            request = request.model_copy(update={"input": inputs})
-        return Context(request, history)
+        request = request.model_copy(update={"input": replace_references(given, found)})
+        return Context(request, replace_references(history, found))
 
-    async def history(
+    async def _history(
         self,
         request: ResponsesRequest,
         owner: str | None,
-        recent: Mapping[str, list[InputItem]] | None = None,
-        *,
-        check_limits: bool = True,
-    ) -> list[InputItem]:
-        """The items a request continues as stored, references unresolved (checked against
-        its limits and model first); ``context`` resolves them."""
-        if request.model not in self._args.served_names():
-            raise model_not_found(request.model)
-        if check_limits:
-            self._check_limits(request)
+        recent: Mapping[str, list[InputItem]] | None,
+    ) -> list[InputItem] | None:
+        """The items a request continues as stored, references unresolved; None when the
+        conversation or previous response is not the caller's. Loading only."""
         if request.conversation_id is not None:
-            if request.previous_response_id is not None:
-                raise InvalidRequest(
-                    "Use `conversation` or `previous_response_id`, not both.",
-                    param="conversation",
-                )
             return await self._conversation_history(request.conversation_id, owner)
         if recent is not None and request.previous_response_id in recent:
             return recent[request.previous_response_id]
-        return await self._history(request.previous_response_id, owner)
-
-    def _check_limits(self, request: ResponsesRequest) -> None:
-        limits = self._args.limits
-        if len(request.input_items) > limits.max_input_items:
-            raise InvalidRequest(
-                f"Too many input items: at most {limits.max_input_items}.", param="input"
-            )
-        if len(request.tools) > limits.max_tools:
-            raise InvalidRequest(f"Too many tools: at most {limits.max_tools}.", param="tools")
+        return await self._chain_history(request.previous_response_id, owner)
 
     async def _conversation_history(
         self, conversation_id: str, owner: str | None
-    ) -> list[InputItem]:
+    ) -> list[InputItem] | None:
         conversation = await self._store.get_conversation(conversation_id)
         if conversation is None or conversation.owner != owner:
-            raise NotFound(
-                f"Conversation with id '{conversation_id}' not found.", param="conversation"
-            )
+            return None
         return _INPUT_ITEMS.validate_python(await self._store.conversation_items(conversation_id))
 
-    async def _history(
+    async def _chain_history(
         self, previous_response_id: str | None, owner: str | None
-    ) -> list[InputItem]:
-        """The stored conversation a request continues: each turn's input, then its output."""
+    ) -> list[InputItem] | None:
+        """The stored chain a request continues: each turn's input, then its output."""
         if previous_response_id is None:
             return []
         chain = await self._store.chain(previous_response_id)
         # Another key's responses are not found, as if they did not exist.
         if chain is None or any(stored.owner != owner for stored in chain):
-            raise NotFound(
-                f"Previous response with id '{previous_response_id}' not found.",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
+            return None
         items = [item for stored in chain for item in [*stored.input_items, *stored.output_items]]
         return _INPUT_ITEMS.validate_python(items)
+
+    def _render(
+        self,
+        request: ResponsesRequest,
+        history: list[InputItem],
+        owner: str | None,
+        *,
+        truncate: bool,
+    ) -> RenderedPrompt:
+        with validation.unrenderable_is_a_400():
+            prompt = render_request(request, history=history, vault=self._vault, owner=owner)
+            return self._truncated(request, history, prompt, owner) if truncate else prompt
 
     def _summarize_reasoning(self, request: ResponsesRequest) -> bool:
         """A summary was asked for, and the operator lets the chain of thought fill it."""
@@ -285,18 +296,6 @@ class ResponsesService:
         # When nothing fits, the shortest prompt: it gets what room is left, or the 400 below.
         items = [*history, *request.input_items]
         return truncate_to_fit(request, items, fits, self._vault, owner)
-
-    def _max_output_tokens(self, request: ResponsesRequest, prompt_tokens: int) -> int:
-        room = self._args.max_context_tokens - prompt_tokens
-        if room <= 0:
-            raise InvalidRequest(
-                f"Your input has {prompt_tokens} tokens, more than this model's context of "
-                f"{self._args.max_context_tokens} tokens allows.",
-                param="input",
-                code="context_length_exceeded",
-            )
-        wanted = request.max_output_tokens or self._args.default_max_output_tokens
-        return min(wanted, room)
 
     async def events(self, turn: Turn) -> AsyncIterator[ResponseStreamEvent]:
         """The turn's events, from ``response.created`` to exactly one terminal event."""
@@ -340,14 +339,12 @@ class ResponsesService:
                     break
             if not terminal:
                 terminal = translator.fail("The engine stream ended early.", "server_error")
-        except BackPressureError:
-            # Every engine replica is full and the queue too. Codex retries this code after
-            # the delay the message names; non-streaming callers get 429 with Retry-After.
+        except RateLimited as busy:
+            # Every engine replica is full and the queue too (the engine client's word for
+            # it). Codex retries this code after the delay the message names; non-streaming
+            # callers get 429 with Retry-After.
             logger.warning("response %s: engines at capacity", turn.response.id)
-            terminal = translator.fail(
-                f"The engines are at capacity. Please try again in {RETRY_AFTER_S}s.",
-                RATE_LIMITED,
-            )
+            terminal = translator.fail(busy.message, RATE_LIMITED)
         except Exception as exc:  # a replica died or the handle failed: never hang the client
             logger.exception("response %s: engine call failed", turn.response.id)
             terminal = translator.fail(f"The engine failed: {type(exc).__name__}", "server_error")
@@ -402,7 +399,7 @@ class ResponsesService:
         # The ask holds the stored history and the summary request as input items too.
         response = await self.run(await self.prepare(ask, owner, check_limits=False))
         if response.status == "failed" and response.error is not None:
-            raise GenerationFailed(response.error.message, response.error.code)
+            raise failed_response_error(response.error.message, response.error.code)
         summary = response.output_text.strip()
         if not summary and response.status == "incomplete":
             raise InvalidRequest(
@@ -411,9 +408,9 @@ class ResponsesService:
                 code="context_length_exceeded",
             )
         if not summary:
-            raise GenerationFailed("The model wrote no summary.", "server_error")
+            raise ServerError("The model wrote no summary.", code=SERVER_ERROR)
         metrics.COMPACTIONS.inc()
-        compaction_id = new_item_id("cmp")
+        compaction_id = new_item_id(ITEM_ID_PREFIXES["compaction"])
         kept = [stored_item(item) for item in items if _is_user_message(item)]
         sealed = compaction.seal_summary(self._vault, summary, owner)
         return {
@@ -477,21 +474,12 @@ class ResponsesService:
 
 
 _INPUT_ITEMS = TypeAdapter(list[InputItem])
-_ID_PREFIXES = {
-    "message": "msg",
-    "reasoning": "rs",
-    "function_call": "fc",
-    "function_call_output": "fco",
-    "custom_tool_call": "ctc",
-    "custom_tool_call_output": "ctco",
-    "compaction": "cmp",
-}
 
 
 def stored_item(item: InputItem) -> dict[str, Any]:
     """An input item as stored: the client's fields, and an id (minted if it sent none)."""
     data = item.model_dump(mode="json", exclude_none=True, by_alias=True)
-    data.setdefault("id", new_item_id(_ID_PREFIXES.get(data["type"], "item")))
+    data.setdefault("id", new_item_id(ITEM_ID_PREFIXES.get(data["type"], "item")))
     if data["type"] == "message" and isinstance(data["content"], str):
         # As OpenAI lists them: string content becomes one text part.
         part_type = "output_text" if data["role"] == "assistant" else "input_text"
@@ -501,6 +489,32 @@ def stored_item(item: InputItem) -> dict[str, Any]:
 
 def _is_user_message(item: InputItem) -> bool:
     return isinstance(item, MessageItem) and item.role == "user"
+
+
+def engine_request(
+    request: ResponsesRequest,
+    prompt: RenderedPrompt,
+    *,
+    request_id: str,
+    max_tokens: int,
+    session_id: str | None,
+) -> GenerateRequest:
+    """What the engine is asked for a turn: the prompt's token ids and the request's sampling
+    (the engine's defaults where it sets none), stopping at harmony's ``<|return|>`` or
+    ``<|call|>``, and what the completion must obey. ``session_id``: the routing key."""
+    return GenerateRequest(
+        request_id=request_id,
+        prompt_token_ids=prompt.token_ids,
+        sampling=SamplingSettings(
+            max_tokens=max_tokens,
+            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+            top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+            stop_token_ids=STOP_TOKENS,
+            logprobs=_logprobs_wanted(request),
+        ),
+        session_id=session_id,
+        constraint=_constraint(request, prompt.tools),
+    )
 
 
 def _logprobs_wanted(request: ResponsesRequest) -> int | None:

@@ -3,13 +3,8 @@
 SQLite runs in WAL mode so readers never block the writer and a crash loses no committed
 response; PostgreSQL lets many ingress replicas share one store. Each response is one row
 written in one transaction, together with the index of its items (``items``), which item
-references are resolved through.
-
-Every write is one transaction that sees what it reads: on SQLite, SQLAlchemy emits the BEGIN
-(not the sqlite3 module, which starts a transaction only at the first INSERT/UPDATE/DELETE, so
-a read before it was outside the transaction), and a writing transaction begins IMMEDIATE: it
-takes SQLite's one write lock at once, waiting for it (``busy_timeout``) rather than failing
-later when a read snapshot turns out stale. Reads begin DEFERRED and never wait.
+references are resolved through. Every write is one transaction that sees what it reads
+(on SQLite: see `_sqlite_begin`).
 """
 
 from __future__ import annotations
@@ -622,10 +617,15 @@ def _sqlite_pragmas(connection, _record) -> None:
     cursor.execute("PRAGMA synchronous=NORMAL")  # durable at each commit in WAL mode
     cursor.execute("PRAGMA busy_timeout=5000")  # writers from other replicas wait, not fail
     cursor.close()
-    # SQLAlchemy emits BEGIN (_sqlite_begin), not the driver: see the module's docstring.
+    # SQLAlchemy emits BEGIN (_sqlite_begin), not the driver.
     connection.isolation_level = None
 
 
 def _sqlite_begin(connection) -> None:
+    """SQLAlchemy, not the sqlite3 module, begins each transaction: the module starts one only
+    at the first INSERT/UPDATE/DELETE, so a read before it was outside the transaction. A
+    writing transaction begins IMMEDIATE: it takes SQLite's one write lock at once, waiting for
+    it (``busy_timeout``) rather than failing later when a read snapshot turns out stale. Reads
+    begin DEFERRED and never wait."""
     writes = connection.get_execution_options().get(_WRITES, False)
     connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")

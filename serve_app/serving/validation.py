@@ -1,0 +1,208 @@
+"""The one door for rejections of ``POST /v1/responses``: the rules every 4xx is decided by.
+
+`ResponsesService.admit` applies them in this order, before anything is rendered: the request
+on its own (`check_request`), the items it continues once loaded (`history_not_found`,
+`check_references`), then request and items together (`check_strict_schemas`, `check_items`,
+`check_generation`). Rendering only renders and loading only loads; neither rejects. Two
+answers can only be known from the rendered prompt, and are decided here too, right after
+rendering: harmony refusing client content (`unrenderable_is_a_400`) and the context length
+(`output_budget`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+
+from serve_app.config import AppArgs
+from serve_app.harmony import compaction, schemas
+from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.harmony.render import UnrenderableRequest
+from serve_app.harmony.tools import ToolRegistry
+from serve_app.protocol import strict_schema
+from serve_app.protocol.errors import InvalidRequest, NotFound, model_not_found
+from serve_app.protocol.requests import (
+    CompactionItem,
+    InputItem,
+    ItemReference,
+    ResponsesRequest,
+    check_tool_call_pairs,
+    check_tool_choice,
+)
+
+# Tool parameters nested deeper than this were a 400 when harmony parsed them (its JSON parser's
+# recursion limit); they stay one: the response could not echo much deeper ones back anyway.
+MAX_PARAMETERS_NESTING = 120
+
+
+def check_request(args: AppArgs, request: ResponsesRequest, *, check_limits: bool = True) -> None:
+    """What the request alone decides: a model we serve, within the limits (``check_limits``
+    false: the server built the request, so its item count is not the client's to keep), and
+    at most one of the two ways to continue."""
+    if request.model not in args.served_names():
+        raise model_not_found(request.model)
+    if check_limits:
+        _check_limits(args, request)
+    if request.conversation_id is not None and request.previous_response_id is not None:
+        raise InvalidRequest(
+            "Use `conversation` or `previous_response_id`, not both.", param="conversation"
+        )
+
+
+def _check_limits(args: AppArgs, request: ResponsesRequest) -> None:
+    limits = args.limits
+    if len(request.input_items) > limits.max_input_items:
+        raise InvalidRequest(
+            f"Too many input items: at most {limits.max_input_items}.", param="input"
+        )
+    if len(request.tools) > limits.max_tools:
+        raise InvalidRequest(f"Too many tools: at most {limits.max_tools}.", param="tools")
+
+
+def history_not_found(request: ResponsesRequest) -> NotFound:
+    """The 404 for a conversation or previous response that is not the caller's (another key's
+    is not found, as if it did not exist)."""
+    if request.conversation_id is not None:
+        return NotFound(
+            f"Conversation with id '{request.conversation_id}' not found.", param="conversation"
+        )
+    return NotFound(
+        f"Previous response with id '{request.previous_response_id}' not found.",
+        param="previous_response_id",
+        code="previous_response_not_found",
+    )
+
+
+def history_param(request: ResponsesRequest) -> str:
+    """What an error about an item of the continued history names."""
+    return "conversation" if request.conversation_id else "previous_response_id"
+
+
+def check_references(
+    history: Sequence[InputItem],
+    inputs: Sequence[InputItem],
+    found: Mapping[str, InputItem | None],
+    *,
+    history_param: str,
+) -> None:
+    """Every item reference names a stored item of the caller's (``found``: the stored items by
+    id, None for one stored yet not an item a request may send). The error names
+    ``input[i].id``, or ``history_param`` for a reference inside the history (a conversation's
+    items may hold references)."""
+    for items, param in ((history, lambda _: history_param), (inputs, _input_id_param)):
+        for index, item in enumerate(items):
+            if isinstance(item, ItemReference):
+                _check_reference(item.id, found, param(index))
+
+
+def _input_id_param(index: int) -> str:
+    return f"input[{index}].id"
+
+
+def _check_reference(item_id: str, found: Mapping[str, InputItem | None], param: str) -> None:
+    if item_id not in found:
+        raise InvalidRequest(
+            f"Item with id '{item_id}' not found.", param=param, code="item_not_found"
+        )
+    if found[item_id] is None:
+        raise InvalidRequest(
+            f"Item with id '{item_id}' cannot be used as input.",
+            param=param,
+            code="invalid_value",
+        )
+
+
+def check_strict_schemas(request: ResponsesRequest) -> None:
+    """A strict schema OpenAI would refuse is a 400 here, not a promise we cannot keep."""
+    strict_schema.check_request(request)
+
+
+def check_items(
+    request: ResponsesRequest,
+    history: Sequence[InputItem] = (),
+    vault: ReasoningVault | None = None,
+    owner: str | None = None,
+) -> None:
+    """What the prompt's items decide, in the order rendering meets them: no reference left
+    unresolved, every tool call paired with its output, a named ``tool_choice`` that exists,
+    tool parameters harmony can take, and compaction items this server sealed for ``owner``."""
+    items = [*history, *request.input_items]
+    _check_resolved(items, first_input=len(history))
+    check_tool_call_pairs(items, first_input=len(history))
+    check_tool_choice(request)
+    _check_tool_parameters(ToolRegistry.from_request(request))
+    _check_compaction_items(items, vault, owner)
+
+
+def _check_resolved(items: Sequence[InputItem], first_input: int) -> None:
+    """Defensive: `ResponsesService.admit` replaces references with stored items first; one
+    left here names nothing that can be rendered."""
+    for index, item in enumerate(items):
+        if isinstance(item, ItemReference):
+            raise InvalidRequest(
+                f"Item with id '{item.id}' not found.",
+                param=_input_id_param(index - first_input) if index >= first_input else "input",
+                code="item_not_found",
+            )
+
+
+def _check_tool_parameters(tools: ToolRegistry) -> None:
+    for specs in tools.namespaces().values():
+        for spec in specs:
+            if spec.kind != "function":
+                continue
+            depth = schemas.nesting_depth(spec.parameters, MAX_PARAMETERS_NESTING)
+            if depth > MAX_PARAMETERS_NESTING:
+                raise InvalidRequest(
+                    f"The parameters of tool '{spec.name}' nest deeper than "
+                    f"{MAX_PARAMETERS_NESTING} levels.",
+                    param="tools",
+                )
+
+
+def _check_compaction_items(
+    items: Sequence[InputItem], vault: ReasoningVault | None, owner: str | None
+) -> None:
+    for item in items:
+        if not isinstance(item, CompactionItem):
+            continue
+        if compaction.open_summary(vault, item.encrypted_content, owner) is None:
+            raise InvalidRequest(
+                "A compaction item could not be opened: it was made by another server, with "
+                "another key or for another API key, or altered. Send the full history instead.",
+                param="input",
+                code="invalid_encrypted_content",
+            )
+
+
+def check_generation(request: ResponsesRequest) -> None:
+    """What only a request to generate decides (a token count does not)."""
+    if request.background and not request.store:
+        raise InvalidRequest(
+            "Background responses are stored: they need `store` true.", param="store"
+        )
+
+
+@contextlib.contextmanager
+def unrenderable_is_a_400() -> Iterator[None]:
+    """Harmony refusing to render: only client content can make it fail, so the request is at
+    fault, not the server."""
+    try:
+        yield
+    except UnrenderableRequest as error:
+        raise InvalidRequest(str(error)) from error
+
+
+def output_budget(args: AppArgs, request: ResponsesRequest, prompt_tokens: int) -> int:
+    """The output tokens the turn may write: what it asks for (or the default) within the room
+    the prompt leaves in the context; no room at all is a 400 ``context_length_exceeded``."""
+    room = args.max_context_tokens - prompt_tokens
+    if room <= 0:
+        raise InvalidRequest(
+            f"Your input has {prompt_tokens} tokens, more than this model's context of "
+            f"{args.max_context_tokens} tokens allows.",
+            param="input",
+            code="context_length_exceeded",
+        )
+    wanted = request.max_output_tokens or args.default_max_output_tokens
+    return min(wanted, room)
