@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
 import sys
 import time
@@ -44,11 +43,10 @@ from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.responses_service import engine_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import MODEL, TERMINAL, free_port, percentile
 from traces import SAMPLE, load_traces
 
 APP_NAME = "bench"
-MODEL = "gpt-oss-120b"
-TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 
 @dataclass
@@ -60,12 +58,6 @@ class Sample:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.stream_s if self.stream_s > 0 else float("nan")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _body(prompt: str) -> dict:
@@ -181,7 +173,7 @@ async def ten_turns_over_websocket(url: str, turns: int) -> list[Turn]:
 
 def _turn_row(name: str, played: list[Turn]) -> str:
     latencies = sorted(turn.latency_s * 1000 for turn in played)
-    p90 = latencies[min(len(latencies) - 1, int(0.9 * len(latencies)))]
+    p90 = percentile(latencies, 0.9)
     sent = statistics.mean(turn.sent_bytes for turn in played)
     return f"{name:<22} {statistics.median(latencies):>9.1f} {p90:>9.1f} {sent:>12.0f}"
 
@@ -189,7 +181,7 @@ def _turn_row(name: str, played: list[Turn]) -> str:
 def _row(name: str, samples: list[Sample]) -> str:
     ttfe = sorted(sample.first_event_s * 1000 for sample in samples)
     rates = [sample.tokens_per_s for sample in samples]
-    p90 = ttfe[min(len(ttfe) - 1, int(0.9 * len(ttfe)))]
+    p90 = percentile(ttfe, 0.9)
     return (
         f"{name:<22} {statistics.median(ttfe):>9.1f} {p90:>9.1f} "
         f"{statistics.median(rates):>12.0f} {statistics.mean(s.tokens for s in samples):>8.0f}"
@@ -238,7 +230,7 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=5, help="ten-turn, per transport")
     args = parser.parse_args()
 
-    port = _free_port()
+    port = free_port()
     ray.init(include_dashboard=False, logging_level="ERROR")
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     engine = EngineConfig(

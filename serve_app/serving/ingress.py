@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Literal
 
 import ray
@@ -16,6 +17,7 @@ from openai.types.responses import ResponseStreamEvent
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.config import AppArgs
 from serve_app.harmony.reasoning_vault import ReasoningVault
@@ -64,12 +66,8 @@ def create_api(
     # Added last, so it runs first: the key is checked before the body is read or validated.
     api.add_middleware(RequireKey, api_keys=api_keys)
 
-    @api.middleware("http")
-    async def name_the_replica(request: Request, call_next):
-        # Which ingress replica answered: for logs and debugging, and tests of shared state.
-        response = await call_next(request)
-        response.headers["x-serve-app-replica"] = replica_id
-        return response
+    # Added after RequireKey, so it runs first and names the replica on its refusals too.
+    api.add_middleware(NameTheReplica, replica_id=replica_id)
 
     service = ResponsesService(args, engine, vault, store)
     background = BackgroundRunner(service, store, replica_id, args.background)
@@ -88,7 +86,7 @@ def create_api(
                 return _event_stream(background.stream(turn.response.id))
             return JSONResponse(dump_response(turn.response))
         if body.stream:
-            return _event_stream(_sse(service.events(turn)))
+            return _event_stream(_sse(service.event_batches(turn)))
         response = await service.run(turn)
         if response.status == "failed" and response.error is not None:
             raise failed_response_error(response.error.message, response.error.code)
@@ -180,9 +178,40 @@ def create_api(
     return api
 
 
-async def _sse(events: AsyncIterator[ResponseStreamEvent]) -> AsyncIterator[bytes]:
-    async for event in events:
-        yield encode_event(event)
+async def _sse(batches: AsyncGenerator[list[ResponseStreamEvent]]) -> AsyncIterator[bytes]:
+    """One body message per engine chunk, all its events in it: each message is a round trip
+    to the HTTP proxy. Closing this closes the events, which aborts the engine request."""
+    async with contextlib.aclosing(batches):
+        async for batch in batches:
+            yield b"".join(encode_event(event) for event in batch)
+
+
+class NameTheReplica:
+    """Which ingress replica answered (``x-serve-app-replica``): for logs and debugging, and
+    tests of shared state. Pure ASGI: Starlette's ``BaseHTTPMiddleware`` (``@app.middleware``)
+    relays every message of a streamed body through a memory stream and a task of its own,
+    which cost more CPU per streamed token than the rest of the ingress (bench_stream.py)."""
+
+    def __init__(self, app: ASGIApp, replica_id: str) -> None:
+        self.app = app
+        self.header = (b"x-serve-app-replica", replica_id.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (name, value)
+                    for name, value in message.get("headers", ())
+                    if name.lower() != self.header[0]
+                ]
+                message = {**message, "headers": [*headers, self.header]}
+            await send(message)
+
+        await self.app(scope, receive, named)
 
 
 def _event_stream(chunks: AsyncIterator[bytes]) -> StreamingResponse:

@@ -299,9 +299,17 @@ class ResponsesService:
 
     async def events(self, turn: Turn) -> AsyncIterator[ResponseStreamEvent]:
         """The turn's events, from ``response.created`` to exactly one terminal event."""
+        async with contextlib.aclosing(self.event_batches(turn)) as batches:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+
+    async def event_batches(self, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]:
+        """``events``, as one non-empty list per engine chunk: what a transport sends in one
+        write (one ASGI message costs the same whether it carries one event or ten)."""
         translator = turn.translator
-        for event in translator.start():
-            yield event
+        if started := translator.start():
+            yield started
         terminal: list[ResponseStreamEvent] = []
         prompt_tokens = cached_tokens = 0
         first_token_seen = False
@@ -315,8 +323,8 @@ class ResponsesService:
                     first_token_seen = True
                     turn.first_token_at = time.monotonic()
                     metrics.TIME_TO_FIRST_TOKEN.observe(turn.first_token_at - turn.arrived_at)
-                for event in translator.feed(chunk.token_ids, chunk.logprobs):
-                    yield event
+                if fed := translator.feed(chunk.token_ids, chunk.logprobs):
+                    yield fed
                 if chunk.finish_reason == "error":
                     # The engine's code says whose fault it was (invalid_prompt: the client's).
                     code = chunk.error_code or SERVER_ERROR
@@ -345,8 +353,8 @@ class ResponsesService:
             await self.save(turn)
         if turn.request.conversation_id is not None:
             await self._extend_conversation(turn)
-        for event in terminal:
-            yield event
+        if terminal:
+            yield terminal
         routing_metrics.record_prompt(replica, prompt_tokens, cached_tokens)
         self._record(turn)
 
