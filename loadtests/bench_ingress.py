@@ -40,10 +40,11 @@ from serve_app.app import build_app
 from serve_app.config import AppArgs, EngineConfig
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
+from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
 from serve_app.serving.responses_service import engine_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import MODEL, TERMINAL, free_port, percentile
+from common import MODEL, free_port, percentile
 from traces import SAMPLE, load_traces
 
 APP_NAME = "bench"
@@ -139,8 +140,9 @@ async def ten_turns_over_sse(client: httpx.AsyncClient, url: str, turns: int) ->
             "POST", f"{url}/v1/responses", content=body, headers=headers
         ) as response:
             async for line in response.aiter_lines():
-                if line.startswith("data: ") and json.loads(line[6:])["type"] in TERMINAL:
-                    final = json.loads(line[6:])["response"]
+                event = json.loads(line[6:]) if line.startswith("data: ") else {}
+                if event.get("type") in TERMINAL_EVENT_TYPES:
+                    final = event["response"]
         played.append(Turn(time.perf_counter() - start, len(body)))
         history += final["output"]  # Codex keeps the output items and re-sends them
     return played
@@ -164,7 +166,7 @@ async def ten_turns_over_websocket(url: str, turns: int) -> list[Turn]:
             text = json.dumps(message)
             start = time.perf_counter()
             await socket.send(text)
-            while (event := json.loads(await socket.recv()))["type"] not in TERMINAL:
+            while (event := json.loads(await socket.recv()))["type"] not in TERMINAL_EVENT_TYPES:
                 pass
             played.append(Turn(time.perf_counter() - start, len(text.encode())))
             previous = event["response"]["id"]

@@ -51,7 +51,9 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import MODEL, TERMINAL, free_port, percentile
+from common import MODEL, free_port, percentile
+
+from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "local.yaml"
@@ -260,7 +262,7 @@ async def sse_stream(port: int) -> Stream:
             complete, pending = pending[: end + 2], pending[end + 2 :]
             if b"delta\ndata: " in complete:
                 stream.delivered(now)
-            for name in TERMINAL:
+            for name in TERMINAL_EVENT_TYPES:
                 marker = f"event: {name}\ndata: ".encode()
                 if marker in complete:
                     data_line = complete.split(marker, 1)[1].split(b"\n", 1)[0]
@@ -282,7 +284,7 @@ async def websocket_stream(port: int) -> Stream:
             head = message[:64]
             if '.delta"' in head:
                 stream.delivered(now)
-            elif any(f'"type":"{name}"' in head for name in TERMINAL):
+            elif any(f'"type":"{name}"' in head for name in TERMINAL_EVENT_TYPES):
                 stream.finished(json.loads(message))
                 return stream
     return stream

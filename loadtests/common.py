@@ -6,7 +6,6 @@ import socket
 from collections.abc import Sequence
 
 MODEL = "gpt-oss-120b"
-TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 
 def free_port() -> int:

@@ -27,13 +27,14 @@ from locust import HttpUser, events, task
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from traces import SAMPLE, load_traces
 
+from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
+
 SESSIONS = load_traces(os.environ.get("TRACE_FILE", SAMPLE))
 TIME_SCALE = float(os.environ.get("TRACE_TIME_SCALE", "0.1"))
 MODEL = os.environ.get("MODEL", "gpt-oss-120b")
 # Seconds a turn may wait for the server's next bytes: a hung stream ends in an error.
 TURN_TIMEOUT_S = float(os.environ.get("TURN_TIMEOUT_S", "600"))
 _next_session = itertools.cycle(SESSIONS)
-TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 
 def record(kind: str, value: float) -> None:
@@ -86,7 +87,7 @@ class CodexSession(HttpUser):
                 event = json.loads(line[6:])
                 if first_token is None and event["type"].endswith(".delta"):
                     first_token = time.perf_counter()
-                if event["type"] in TERMINAL:
+                if event["type"] in TERMINAL_EVENT_TYPES:
                     final = event
                     break
             if final is None or final["type"] != "response.completed":

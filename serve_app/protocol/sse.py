@@ -25,6 +25,9 @@ from openai.types.responses import (
 
 from serve_app.protocol.responses import integral_timestamps
 
+# The events that end a stream: exactly one of them is a Response stream's last event.
+TERMINAL_EVENT_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
 # The delta events by type, with their fields in the SDK's declaration order (the order a
 # pydantic dump writes them in), ``type`` left out: it is written first.
 _DELTA_FIELDS: dict[str, tuple[str, ...]] = {
@@ -84,4 +87,9 @@ def event_json(event: ResponseStreamEvent) -> str:
 
 
 def encode_event(event: ResponseStreamEvent) -> bytes:
-    return f"event: {event.type}\ndata: {event_json(event)}\n\n".encode()
+    return frame(event.type, event_json(event))
+
+
+def frame(event_type: str, data: str) -> bytes:
+    """One SSE event: its type, its JSON (from `event_json`, kept as sent) and a blank line."""
+    return f"event: {event_type}\ndata: {data}\n\n".encode()

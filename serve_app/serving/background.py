@@ -30,6 +30,7 @@ from typing import Any
 from openai.types.responses import ResponseStreamEvent
 
 from serve_app.config import BackgroundArgs
+from serve_app.protocol import sse
 from serve_app.protocol.sse import event_json
 from serve_app.serving.responses_service import ResponsesService, Turn
 from serve_app.store.base import ResponseStore, RunEnding
@@ -41,7 +42,6 @@ POLL_INTERVAL_S = 0.05  # how often a stream reader looks for new events
 CANCEL_CHECK_INTERVAL_S = 0.25
 # How often a stream reader that finds nothing new checks that the run is still alive.
 LIVENESS_CHECK_INTERVAL_S = 1.0
-TERMINAL_TYPES = ("response.completed", "response.incomplete", "response.failed")
 RUNNING = ("queued", "in_progress")
 INTERRUPTED_MESSAGE = (
     "The background response was interrupted: the server running it stopped before it "
@@ -214,9 +214,9 @@ class BackgroundRunner:
         while True:
             events = await self._store.events_after(response_id, after)
             for number, data in events:
-                yield f"event: {_event_type(data)}\ndata: {data}\n\n".encode()
+                yield sse.frame(_event_type(data), data)
                 after = number
-                if _event_type(data) in TERMINAL_TYPES:
+                if _event_type(data) in sse.TERMINAL_EVENT_TYPES:
                     return
             if events:
                 continue
