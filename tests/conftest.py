@@ -17,6 +17,7 @@ written by scripts/tiny_gpt_oss.py, one replica.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -30,7 +31,6 @@ import httpx
 import pytest
 import yaml
 from fastapi import FastAPI
-from hypothesis import settings
 
 from serve_app.serving.auth import ApiKeys
 from tests import postgres
@@ -52,9 +52,13 @@ ENGINE = os.environ.get("SERVE_APP_TEST_ENGINE", "simulated")
 # `thorough`, what scripts/test.sh (and so CI) runs, sends the fuzz tests over 10,000 requests;
 # the default keeps the fast tier (`pytest -m "not serve"`) fast with 50 per test. Pick one
 # with pytest's `--hypothesis-profile`.
-settings.register_profile("thorough", max_examples=2600)
-settings.register_profile("quick", max_examples=50)
-settings.load_profile("quick")
+# (The vLLM stage's environment has no Hypothesis, nor a test that uses it.)
+with contextlib.suppress(ImportError):
+    from hypothesis import settings
+
+    settings.register_profile("thorough", max_examples=2600)
+    settings.register_profile("quick", max_examples=50)
+    settings.load_profile("quick")
 
 
 def _free_port() -> int:
