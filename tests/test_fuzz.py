@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -96,7 +97,10 @@ def check_answer(status: int, content_type: str, content: bytes) -> None:
     assert status < 500, content[:500]
     spec = open_responses.available()
     if content_type.startswith("text/event-stream"):
-        data = [line[6:] for line in content.decode().splitlines() if line.startswith("data: ")]
+        # Lines end at CR, LF or CRLF only, as SSE defines them: `str.splitlines` would also
+        # split inside a JSON string holding U+2028 or U+0085, which JSON writes unescaped.
+        lines = re.split(r"\r\n|\r|\n", content.decode())
+        data = [line[6:] for line in lines if line.startswith("data: ")]
         assert json.loads(data[-1])["type"] in TERMINAL_EVENTS, data[-1][:500]
         for event in data if spec else ():
             open_responses.check_event(json.loads(event))
