@@ -60,9 +60,11 @@ class _SlowFirstTokenEngine:
 
 async def test_the_first_token_carries_the_time_the_engine_took_to_produce_it() -> None:
     replica = SimpleNamespace(_engine=_SlowFirstTokenEngine())  # only what _produce reads
-    queue: asyncio.Queue = asyncio.Queue()
-    await Replica._produce(replica, None, queue)
-    chunks = [queue.get_nowait() for _ in range(3)]
+    sent: list[tuple[GenerateChunk, bool]] = []
+    await Replica._produce(replica, None, lambda *chunk_and_flag: sent.append(chunk_and_flag))
+    chunks = [chunk for chunk, _ in sent]
+    # The chunk holding the first token is the one a channel sends without waiting its window.
+    assert [first_token for _, first_token in sent] == [False, True, False]
     assert chunks[0].engine_ttft_s is None  # no token yet
     assert 0.05 <= chunks[1].engine_ttft_s < 1
     assert chunks[2].engine_ttft_s is None  # only the first token is stamped
@@ -79,9 +81,9 @@ class _ModelledTimeEngine:
 
 async def test_an_engine_that_models_its_time_keeps_its_first_token_time() -> None:
     replica = SimpleNamespace(_engine=_ModelledTimeEngine())
-    queue: asyncio.Queue = asyncio.Queue()
-    await Replica._produce(replica, None, queue)
-    assert queue.get_nowait().engine_ttft_s == 0.25  # not the few microseconds it took here
+    sent: list[GenerateChunk] = []
+    await Replica._produce(replica, None, lambda chunk, _: sent.append(chunk))
+    assert sent[0].engine_ttft_s == 0.25  # not the few microseconds it took here
 
 
 class _FailingEngine:
@@ -104,9 +106,9 @@ async def test_an_engine_error_ends_the_stream_with_its_code_on_a_replica_and_in
         (EngineError("too long", code="invalid_prompt"), "invalid_prompt", "too long"),
         (RuntimeError("internal detail"), "server_error", "RuntimeError"),
     ):
-        queue: asyncio.Queue = asyncio.Queue()
-        await Replica._produce(SimpleNamespace(_engine=_FailingEngine(error)), request, queue)
-        on_replica = [queue.get_nowait() for _ in range(2)]
+        on_replica: list[GenerateChunk] = []
+        replica = SimpleNamespace(_engine=_FailingEngine(error))
+        await Replica._produce(replica, request, lambda c, _, sent=on_replica: sent.append(c))
         in_process = [c async for c in InProcessEngineClient(_FailingEngine(error)).stream(request)]
         for chunks in (on_replica, in_process):
             assert [chunk.finish_reason for chunk in chunks] == [None, "error"]
@@ -135,6 +137,7 @@ def _replica_with(engine: SimulatedEngine, live: set[str] | None) -> Any:
     replica._replica_id = "engine-1"
     replica._served = ServedConversations("engine-1")
     replica._producers = {}
+    replica._outboxes = {}
     replica._callers = CallerWatch(replica._abort_orphan, live_callers, period_s=0.1)
     return replica
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from serve_app.constraints.spec import CompletionConstraint
@@ -86,26 +86,32 @@ class GenerateChunk:
 
     def merge(self, later: GenerateChunk) -> GenerateChunk:
         """One chunk standing for ``self`` followed by ``later`` (used to coalesce a stream)."""
-        return GenerateChunk(
-            token_ids=self.token_ids + later.token_ids,
-            finish_reason=later.finish_reason or self.finish_reason,
-            num_prompt_tokens=later.num_prompt_tokens or self.num_prompt_tokens,
-            num_cached_tokens=max(self.num_cached_tokens, later.num_cached_tokens),
-            error=later.error or self.error,
-            error_code=later.error_code or self.error_code,
-            replica=self.replica or later.replica,
-            engine_ttft_s=self.engine_ttft_s
-            if self.engine_ttft_s is not None
-            else later.engine_ttft_s,
-            logprobs=_merged_logprobs(self, later),
+        merged = replace(
+            self,
+            token_ids=list(self.token_ids),
+            logprobs=None if self.logprobs is None else list(self.logprobs),
         )
+        merged.absorb(later)
+        return merged
 
-
-def _merged_logprobs(first: GenerateChunk, later: GenerateChunk) -> list[TokenLogprob] | None:
-    if first.logprobs is None and later.logprobs is None:
-        return None
-    # A chunk without logprobs (e.g. the last one, with no tokens) adds none.
-    return (first.logprobs or []) + (later.logprobs or [])
+    def absorb(self, later: GenerateChunk) -> None:
+        """Make this chunk stand for itself followed by ``later``, in place: for a chunk the
+        caller owns (a pending chunk in a channel's outbox), no copy per token."""
+        self.token_ids.extend(later.token_ids)
+        self.finish_reason = later.finish_reason or self.finish_reason
+        self.num_prompt_tokens = later.num_prompt_tokens or self.num_prompt_tokens
+        self.num_cached_tokens = max(self.num_cached_tokens, later.num_cached_tokens)
+        self.error = later.error or self.error
+        self.error_code = later.error_code or self.error_code
+        self.replica = self.replica or later.replica
+        if self.engine_ttft_s is None:
+            self.engine_ttft_s = later.engine_ttft_s
+        if later.logprobs is not None:
+            # A chunk without logprobs (e.g. the last one, with no tokens) adds none.
+            if self.logprobs is None:
+                self.logprobs = list(later.logprobs)
+            else:
+                self.logprobs.extend(later.logprobs)
 
 
 class EngineError(RuntimeError):

@@ -85,6 +85,11 @@ class PrefixAffinityRouter(RequestRouter):
         if pending_request is not None:
             pending_request.routing_context.should_backoff = True
         by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
+        pinned = _pinned_replica(pending_request)
+        if pinned is not None:
+            # A channel call (serve_app.serving.engine_channel) goes to the replica it names;
+            # if that one is gone, anywhere: the replica there ends it at once.
+            return [[by_id.get(pinned) or candidate_replicas[0]]]
         key = pending_request.metadata.session_id if pending_request is not None else None
         if key and pending_request is not None:
             await self._await_reports_for(key, pending_request)
@@ -150,6 +155,13 @@ class PrefixAffinityRouter(RequestRouter):
             queue_len = self._replica_queue_len_cache.get(replica_id)
             loads[replica_id.unique_id] = queue_len or 0
         return loads
+
+
+def _pinned_replica(pending_request: PendingRequest | None) -> str | None:
+    """The engine replica a ``channel`` call asks for; other calls name none."""
+    if pending_request is None or pending_request.metadata.call_method != "channel":
+        return None
+    return pending_request.kwargs.get("replica")
 
 
 def _prompt_token_ids(pending_request: PendingRequest) -> list[int]:

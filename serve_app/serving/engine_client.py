@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Protocol
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, Protocol
 
 from ray.serve.exceptions import BackPressureError
 
 from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest, error_chunk
 from serve_app.protocol.errors import RateLimited
+from serve_app.serving.engine_channel import ChannelClosed, Inboxes, OnChannel
+from serve_app.serving.metrics import ENGINE_CHANNELS, ENGINE_STREAMS_ON_CHANNEL, ENGINE_STREAMS_OWN
+
+logger = logging.getLogger(__name__)
+
+# A channel an engine replica refused (it is gone, or the call found it full) is not asked for
+# again sooner than this; its requests stream on their own meanwhile.
+CHANNEL_RETRY_S = 1.0
 
 
 class EngineClient(Protocol):
@@ -24,21 +36,54 @@ class HandleEngineClient:
     ``session_id`` carries the routing key, so the engine deployment's request router can keep
     a conversation on the replica that holds its prefix in KV cache. ``caller``: the name of
     this (ingress) replica's actor, so an engine replica aborts the requests of a caller that
-    died (see serve_app.serving.engine_deployment).
+    died (see serve_app.serving.engine_deployment), and so it can open a channel to each
+    engine replica it uses: their requests' chunks then come over it, one batch per send, not
+    one stream item per chunk (``serve_app.serving.engine_channel``). ``channels=False``
+    keeps every request on its own stream.
     """
 
-    def __init__(self, handle, caller: str | None = None) -> None:  # a DeploymentHandle
-        self._handle = handle.options(stream=True)
+    def __init__(self, handle, caller: str | None = None, channels: bool = True) -> None:
+        self._handle = handle.options(stream=True)  # a DeploymentHandle
         self._caller = caller
+        self._use_channels = channels and caller is not None
+        self._inboxes = Inboxes()
+        self._channels: dict[str, asyncio.Task] = {}  # engine replica -> its channel's reader
+        self._reopen_at: dict[str, float] = {}  # engine replica -> no new try before then
+        self._lingering: set[asyncio.Task] = set()  # ends of finished requests' streams
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        request_id = request.request_id
+        # Before the call: its chunks may come over the channel before its marker does.
+        inbox = self._inboxes.expect(request_id) if self._use_channels else None
         call = self._handle.options(session_id=request.session_id).generate
         response = call.remote(request, caller=self._caller)
         finished = False
+        replica = None
         try:
+            first = await anext(response, None)
+            if isinstance(first, OnChannel):
+                assert inbox is not None
+                replica = first.replica
+                self._inboxes.attach(request_id, replica, replica in self._channels)
+                self._linger(_fail_on_error(response, inbox))
+                ENGINE_STREAMS_ON_CHANNEL.inc()
+                while not finished:
+                    item = await inbox.get()
+                    if isinstance(item, Exception):
+                        raise item
+                    finished = item.finish_reason is not None
+                    yield item
+                return
+            self._inboxes.forget(request_id)
+            ENGINE_STREAMS_OWN.inc()
+            if first is None:
+                return
+            self._open_channel(first.replica)
+            finished = first.finish_reason is not None
+            yield first
             async for chunk in response:
-                yield chunk
                 finished = chunk.finish_reason is not None
+                yield chunk
         except BackPressureError as exc:
             # Every engine replica is full, and the queue too: ours, so the service needs no Ray.
             # The call never reached a replica: nothing to cancel (cancelling it would raise
@@ -46,10 +91,59 @@ class HandleEngineClient:
             finished = True
             raise RateLimited() from exc
         finally:
+            self._inboxes.forget(request_id, replica)
             if not finished:
                 # The client went away (or the ingress failed): cancel the engine call, which
                 # makes the engine replica abort the request and free its KV blocks.
                 response.cancel()
+
+    def _open_channel(self, replica: str | None) -> None:
+        """Open a channel to ``replica`` unless one is open (or was refused a moment ago)."""
+        if not self._use_channels or replica is None or replica in self._channels:
+            return
+        if self._reopen_at.get(replica, 0.0) > time.monotonic():
+            return
+        self._channels[replica] = asyncio.create_task(
+            self._read_channel(replica), name=f"engine channel {replica}"
+        )
+
+    async def _read_channel(self, replica: str) -> None:
+        """Deliver the channel's batches until it ends; then fail its requests still waiting
+        (none, unless the replica or the channel died)."""
+        response = self._handle.channel.remote(self._caller, replica=replica)
+        ended = ChannelClosed(f"the channel from engine replica {replica} closed")
+        delivered = False
+        ENGINE_CHANNELS.inc()
+        try:
+            async for batch in response:
+                delivered = True
+                self._inboxes.deliver(batch)
+        except Exception as exc:
+            logger.warning("engine channel from %s failed: %r", replica, exc)
+            ended = ChannelClosed(f"the channel from engine replica {replica} failed: {exc!r}")
+            with contextlib.suppress(Exception):
+                response.cancel()  # the replica must not keep sending to a reader gone
+        finally:
+            ENGINE_CHANNELS.dec()
+            del self._channels[replica]
+            if not delivered:  # refused (the replica is gone, or full): not again at once
+                self._reopen_at[replica] = time.monotonic() + CHANNEL_RETRY_S
+            self._inboxes.channel_ended(replica, ended)
+
+    def _linger(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._lingering.add(task)
+        task.add_done_callback(self._lingering.discard)
+
+
+async def _fail_on_error(response: Any, inbox: asyncio.Queue) -> None:
+    """Wait out a channel request's own stream (its marker read): if the call fails (the
+    engine replica died, say), the request's reader gets the error."""
+    try:
+        async for _ in response:
+            pass
+    except Exception as exc:
+        inbox.put_nowait(exc)
 
 
 class InProcessEngineClient:

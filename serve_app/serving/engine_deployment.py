@@ -31,10 +31,19 @@ from serve_app.config import EngineConfig
 from serve_app.engines.base import GenerateChunk, GenerateRequest, error_chunk
 from serve_app.engines.factory import make_engine
 from serve_app.routing.directory import ServedConversations
+from serve_app.serving.engine_channel import (
+    CHANNEL_IDLE_S,
+    Batch,
+    ChannelClosed,
+    OnChannel,
+    Outbox,
+)
 
 logger = logging.getLogger(__name__)
 
 _END = object()
+# CallerWatch keys of channels (request ids never start so): a dead caller's channel closes.
+_CHANNEL = "channel:"
 CALLER_CHECK_PERIOD_S = 2.0
 # After a chunk is sent, the next is sent no sooner than this: tokens arriving meanwhile ride
 # together. Each chunk through a handle, and then each ASGI message through the HTTP proxy,
@@ -104,27 +113,67 @@ class EngineDeployment:
         self._replica_id = serve.get_replica_context().replica_id.unique_id
         self._served = ServedConversations(self._replica_id)
         self._producers: dict[str, asyncio.Task] = {}
+        self._outboxes: dict[str, Outbox] = {}  # caller -> its open channel (engine_channel)
         self._callers = CallerWatch(self._abort_orphan, self._live_callers)
         await self._engine.start()
 
     async def generate(
         self, request: GenerateRequest, caller: str | None = None
+    ) -> AsyncIterator[GenerateChunk | OnChannel]:
+        """Stream the engine's chunks, or, where ``caller`` has a channel open here, send them
+        on it and stream only an `OnChannel` marker (``serve_app.serving.engine_channel``).
+
+        ``caller``: the name of the calling replica's actor, watched while the request runs.
+        """
+        if request.session_id:
+            self._served.record(request.session_id)
+        outbox = self._outboxes.get(caller) if caller else None
+        if outbox is None:
+            async for chunk in self._stream(request, caller):
+                yield chunk
+            return
+        yield OnChannel(self._replica_id)
+        await self._send_on(outbox, request, caller)
+
+    async def channel(self, caller: str, replica: str) -> AsyncIterator[Batch]:
+        """The channel from this replica to ``caller`` (an ingress replica's actor): the chunks
+        of its requests, one batch per send, until idle (``engine_channel.CHANNEL_IDLE_S``).
+
+        ``replica``: the engine replica the caller asked for (the request router pins the call
+        to it). Elsewhere (it is gone), or with a channel to the caller already open, the stream
+        ends at once: the caller's requests stream their chunks themselves meanwhile.
+        """
+        if replica != self._replica_id or caller in self._outboxes:
+            return
+        outbox = Outbox(STREAM_WINDOW_S, CHANNEL_IDLE_S)
+        self._outboxes[caller] = outbox
+        watch_key = _CHANNEL + caller
+        self._callers.add(caller, watch_key)
+        try:
+            async for batch in outbox.batches():
+                yield batch
+        finally:
+            # Before anything can await: no request is told to use a channel that has ended.
+            if self._outboxes.get(caller) is outbox:
+                del self._outboxes[caller]
+            outbox.close()
+            self._callers.discard(caller, watch_key)
+            for producer in outbox.requests.values():  # their chunks can no longer be sent
+                producer.cancel()
+
+    async def _stream(
+        self, request: GenerateRequest, caller: str | None
     ) -> AsyncIterator[GenerateChunk]:
-        """Stream the engine's chunks, coalescing those the reader has not taken yet.
+        """A request's chunks on its own stream, coalescing those the reader has not taken yet.
 
         Each chunk through a handle costs real time (~1k chunks/s per stream). The engine runs
         ahead into a queue; every yield sends all that is queued as one chunk, so a slow reader
         gets fewer, larger chunks. After each send the next waits out ``STREAM_WINDOW_S``, so
         a request streams at most one chunk per window (see the constant).
-        ``caller``: the name of the calling replica's actor, watched while the request runs.
         """
-        if request.session_id:
-            self._served.record(request.session_id)
         queue: asyncio.Queue[object] = asyncio.Queue()
-        producer = asyncio.create_task(self._produce(request, queue))
-        if caller:
-            self._producers[request.request_id] = producer
-            self._callers.add(caller, request.request_id)
+        producer = asyncio.create_task(self._produce_into(queue, request))
+        self._watch(caller, request.request_id, producer)
         finished = False
         first = True
         try:
@@ -140,20 +189,61 @@ class EngineDeployment:
                     # Cancelled here like anywhere (a client gone): the finally aborts.
                     await asyncio.sleep(STREAM_WINDOW_S)
         finally:
-            if caller:
-                self._callers.discard(caller, request.request_id)
-                self._producers.pop(request.request_id, None)
-            if not finished:
-                # Cancelled by the caller (client disconnect), or the caller died (the
-                # watch stopped the producer): stop generating and free KV.
-                producer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await producer
-                await self._engine.abort(request.request_id)
+            await self._settle(caller, request.request_id, producer, finished)
+
+    async def _send_on(self, outbox: Outbox, request: GenerateRequest, caller: str) -> None:
+        """Run a request whose chunks ride ``outbox``'s channel; return when it is done.
+        Raises `ChannelClosed` if the channel ended first (the caller learns it here too)."""
+        request_id = request.request_id
+        first = True
+
+        def send(chunk: GenerateChunk, first_token: bool) -> None:
+            nonlocal first
+            if first:
+                chunk.replica, first = self._replica_id, False
+            outbox.put(request_id, chunk, urgent=first_token)
+
+        producer = asyncio.create_task(self._produce(request, send))
+        outbox.requests[request_id] = producer
+        self._watch(caller, request_id, producer)
+        finished = False
+        try:
+            await asyncio.wait([producer])  # cancelled here (the client left): the finally aborts
+            if outbox.closed:
+                raise ChannelClosed(f"the channel to {caller} closed before request {request_id}")
+            # A producer cancelled because its caller died ends the stream without more ado.
+            finished = not producer.cancelled()
+        finally:
+            outbox.requests.pop(request_id, None)
+            await self._settle(caller, request_id, producer, finished)
+
+    def _watch(self, caller: str | None, request_id: str, producer: asyncio.Task) -> None:
+        if caller:
+            self._producers[request_id] = producer
+            self._callers.add(caller, request_id)
+
+    async def _settle(
+        self, caller: str | None, request_id: str, producer: asyncio.Task, finished: bool
+    ) -> None:
+        if caller:
+            self._callers.discard(caller, request_id)
+            self._producers.pop(request_id, None)
+        if not finished:
+            # Cancelled by the caller (client disconnect), or the caller died (the watch
+            # stopped the producer): stop generating and free KV.
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
+            await self._engine.abort(request_id)
 
     async def _abort_orphan(self, request_id: str) -> None:
         """Stop a request whose caller died: its stream then ends here, and the engine frees
-        its KV now (not when the stream's end is noticed)."""
+        its KV now (not when the stream's end is noticed). A dead caller's channel closes."""
+        if request_id.startswith(_CHANNEL):
+            outbox = self._outboxes.get(request_id.removeprefix(_CHANNEL))
+            if outbox is not None:
+                outbox.close()
+            return
         producer = self._producers.pop(request_id, None)
         if producer is not None:
             producer.cancel()
@@ -163,22 +253,31 @@ class EngineDeployment:
     async def _live_callers() -> set[str]:
         return await asyncio.to_thread(_live_actor_names)
 
-    async def _produce(self, request: GenerateRequest, queue: asyncio.Queue[object]) -> None:
+    async def _produce_into(self, queue: asyncio.Queue[object], request: GenerateRequest) -> None:
+        try:
+            await self._produce(request, lambda chunk, _first_token: queue.put_nowait(chunk))
+        finally:
+            queue.put_nowait(_END)
+
+    async def _produce(
+        self, request: GenerateRequest, send: Callable[[GenerateChunk, bool], None]
+    ) -> None:
+        """Run the engine on ``request``, handing each chunk to ``send`` with whether it holds
+        the first token; an engine error becomes the last chunk (`error_chunk`)."""
         arrived = time.monotonic()
         first_token = True
         try:
             async for chunk in self._engine.generate(request):
-                if first_token and chunk.token_ids:
+                holds_first_token = first_token and bool(chunk.token_ids)
+                if holds_first_token:
                     if chunk.engine_ttft_s is None:  # the engine did not model it
                         chunk.engine_ttft_s = time.monotonic() - arrived
                     first_token = False
-                queue.put_nowait(chunk)
+                send(chunk, holds_first_token)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            queue.put_nowait(error_chunk(request.request_id, exc))
-        finally:
-            queue.put_nowait(_END)
+            send(error_chunk(request.request_id, exc), False)
 
     @staticmethod
     async def _next_coalesced(queue: asyncio.Queue[object]) -> GenerateChunk | None:

@@ -37,6 +37,7 @@ from serve_app.serving.auth import ApiKeys, Owner, RequireKey, caller
 from serve_app.serving.background import BackgroundRunner
 from serve_app.serving.body_limit import BodyLimits
 from serve_app.serving.conversations import conversations_router
+from serve_app.serving.engine_channel import CHANNELS_ENABLED
 from serve_app.serving.engine_client import EngineClient, HandleEngineClient
 from serve_app.serving.pagination import page as _page
 from serve_app.serving.responses_service import ResponsesService, failed_response_error
@@ -303,8 +304,13 @@ class ResponsesIngress:
         await self._store.start()
         self._api = create_api(
             args,
-            # Named so engine replicas abort this replica's requests should it die.
-            HandleEngineClient(engine_handle, caller=ray.get_runtime_context().get_actor_name()),
+            # Named so engine replicas abort this replica's requests should it die, and send
+            # them its requests' chunks over one channel each (engine_channel).
+            HandleEngineClient(
+                engine_handle,
+                caller=ray.get_runtime_context().get_actor_name(),
+                channels=CHANNELS_ENABLED,
+            ),
             ReasoningVault.from_env(),
             self._store,
             replica_id=serve.get_replica_context().replica_id.unique_id,

@@ -49,3 +49,14 @@ WEBSOCKET_RESPONSES = Counter(
 COMPACTIONS = Counter(
     "serve_app:compactions", "Histories summarized by POST /v1/responses/compact."
 )
+ENGINE_STREAMS = Counter(
+    "serve_app:engine_streams",
+    "Engine requests by how their chunks came: over this ingress replica's channel to the "
+    "engine replica, or on their own stream (no channel open yet).",
+    ["path"],
+)
+ENGINE_STREAMS_ON_CHANNEL = ENGINE_STREAMS.labels("channel")
+ENGINE_STREAMS_OWN = ENGINE_STREAMS.labels("own")
+ENGINE_CHANNELS = Gauge(
+    "serve_app:engine_channels", "Channels open from this ingress replica to engine replicas."
+)

@@ -1,0 +1,271 @@
+"""The channel between an engine replica and an ingress replica (serve_app.serving.engine_channel),
+both ends for real (`HandleEngineClient`, the engine deployment's class, the simulated engine),
+joined by a stand-in for Ray's streamed handle calls that behaves as Ray's do: the replica's
+generator runs on as a task of its own, its items queue for the caller, and cancelling the call
+cancels that task. No Ray (the session app's tests run the same code through Serve)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from ray.serve.exceptions import RequestCancelledError
+
+from serve_app.engines.base import GenerateChunk, GenerateRequest, SamplingSettings
+from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
+from serve_app.routing.directory import ServedConversations
+from serve_app.serving import engine_deployment
+from serve_app.serving.engine_channel import ChannelClosed
+from serve_app.serving.engine_client import HandleEngineClient
+from serve_app.serving.engine_deployment import CallerWatch, EngineDeployment
+
+CALLER = "ingress-1"
+_DONE = object()
+
+
+class _Call:
+    """A streamed handle call as Ray runs it: the generator is driven by a task of its own."""
+
+    def __init__(self, generator: AsyncIterator[Any], items_seen: list[int]) -> None:
+        self._items: asyncio.Queue[Any] = asyncio.Queue()
+        self._items_seen = items_seen
+        self._task = asyncio.create_task(self._drive(generator))
+
+    async def _drive(self, generator: AsyncIterator[Any]) -> None:
+        try:
+            async for item in generator:
+                self._items_seen.append(1)
+                self._items.put_nowait(item)
+            self._items.put_nowait(_DONE)
+        except asyncio.CancelledError:  # Ray's caller gets an error of its own
+            self._items.put_nowait(RequestCancelledError("cancelled"))
+        except Exception as exc:  # handed to the caller, as Ray does
+            self._items.put_nowait(exc)
+
+    def __aiter__(self) -> _Call:
+        return self
+
+    async def __anext__(self) -> Any:
+        item = await self._items.get()
+        if item is _DONE:
+            self._items.put_nowait(_DONE)
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._items.put_nowait(item)
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+
+class _Handle:
+    """The handle methods the engine client calls, on one replica: ``generate`` and ``channel``."""
+
+    def __init__(self, replica: Any) -> None:
+        self.replica = replica
+        self.items: dict[str, list[int]] = {"generate": [], "channel": []}
+
+    def options(self, **_: Any) -> _Handle:
+        return self
+
+    @property
+    def generate(self) -> Any:
+        return _Method(lambda *a, **k: self.replica.generate(*a, **k), self.items["generate"])
+
+    @property
+    def channel(self) -> Any:
+        return _Method(lambda *a, **k: self.replica.channel(*a, **k), self.items["channel"])
+
+
+class _Method:
+    def __init__(self, call: Any, items_seen: list[int]) -> None:
+        self._call = call
+        self._items_seen = items_seen
+
+    def remote(self, *args: Any, **kwargs: Any) -> _Call:
+        return _Call(self._call(*args, **kwargs), self._items_seen)
+
+
+class _Recording(SimulatedEngine):
+    """The simulated engine, keeping each request's tokens as it produced them."""
+
+    def __init__(self, config: SimulatedEngineConfig) -> None:
+        super().__init__(config)
+        self.produced: dict[str, list[int]] = {}
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        tokens = self.produced.setdefault(request.request_id, [])
+        async for chunk in super().generate(request):
+            tokens.extend(chunk.token_ids)
+            yield chunk
+
+
+class _BareReplica(EngineDeployment.func_or_class):  # type: ignore[name-defined,misc]
+    def __del__(self) -> None:
+        pass
+
+
+async def _replica(decode_tokens_per_s: float, output_tokens: int) -> Any:
+    engine = _Recording(
+        SimulatedEngineConfig(
+            decode_tokens_per_s=decode_tokens_per_s, default_output_tokens=output_tokens
+        )
+    )
+    await engine.start()
+    replica = _BareReplica.__new__(_BareReplica)
+    replica._engine = engine
+    replica._replica_id = "engine-1"
+    replica._served = ServedConversations("engine-1")
+    replica._producers = {}
+    replica._outboxes = {}
+
+    async def everyone_alive() -> set[str]:
+        return {CALLER}
+
+    replica._callers = CallerWatch(replica._abort_orphan, everyone_alive, period_s=0.1)
+    return replica
+
+
+def _request(request_id: str, max_tokens: int) -> GenerateRequest:
+    prompt = [200006, 1428, 200008, 12194, 200007]
+    return GenerateRequest(request_id, prompt, SamplingSettings(max_tokens))
+
+
+async def _tokens(client: HandleEngineClient, request: GenerateRequest) -> list[GenerateChunk]:
+    return [chunk async for chunk in client.stream(request)]
+
+
+@pytest.fixture
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """The replica (its answers 60 tokens long, or as many as the test's parameter), the
+    handle stand-in and an engine client with a caller name, so it opens channels."""
+    output_tokens = getattr(request, "param", 60)
+    replica = await _replica(decode_tokens_per_s=200, output_tokens=output_tokens)
+    handle = _Handle(replica)
+    yield replica, handle, HandleEngineClient(handle, caller=CALLER)
+    await replica._engine.shutdown()
+
+
+async def _channel_open(client: HandleEngineClient) -> None:
+    for _ in range(100):
+        if client._channels:
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail("no channel was opened")
+
+
+async def test_requests_ride_one_channel_with_every_token_in_order(served: Any) -> None:
+    replica, handle, client = served
+    first = await _tokens(client, _request("r0", 60))  # no channel yet: its own stream
+    assert first[-1].finish_reason is not None and first[0].replica == "engine-1"
+    await _channel_open(client)
+    handle.items["generate"].clear()
+
+    answers = await asyncio.gather(*(_tokens(client, _request(f"r{i}", 60)) for i in range(1, 17)))
+    for i, chunks in enumerate(answers, start=1):
+        assert [t for chunk in chunks for t in chunk.token_ids] == replica._engine.produced[f"r{i}"]
+        assert [chunk.finish_reason for chunk in chunks][-1] == "length"
+        assert all(chunk.finish_reason is None for chunk in chunks[:-1])
+        assert chunks[0].replica == "engine-1"  # cache-hit attribution still works
+    # Each request's own stream carried its marker only; the channel carried the chunks, many
+    # requests' per item.
+    assert len(handle.items["generate"]) == 16
+    chunks_sent = sum(len(chunks) for chunks in answers)
+    assert chunks_sent >= 4 * len(handle.items["channel"]), (chunks_sent, handle.items)
+
+
+@pytest.mark.parametrize("served", [4000], indirect=True)
+async def test_a_client_leaving_aborts_its_request_on_the_channel_at_once(served: Any) -> None:
+    replica, _, client = served
+    await _tokens(client, _request("r0", 5))
+    await _channel_open(client)
+    long = _request("long", 10_000)
+    stream = client.stream(long)
+    await anext(stream)
+    assert replica._engine.num_ongoing_requests() == 1
+    await stream.aclose()  # the client went away
+    for _ in range(100):
+        if replica._engine.num_ongoing_requests() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert replica._engine.num_ongoing_requests() == 0
+    assert long.request_id not in replica._callers._requests.get(CALLER, set())
+
+
+@pytest.mark.parametrize("served", [4000], indirect=True)
+async def test_a_channel_that_ends_mid_request_fails_the_request_not_hangs(served: Any) -> None:
+    replica, _, client = served
+    await _tokens(client, _request("r0", 5))
+    await _channel_open(client)
+    stream = client.stream(_request("long", 10_000))
+    await anext(stream)
+    replica._outboxes[CALLER].close()  # as when the watch finds the caller gone
+    with pytest.raises(ChannelClosed):
+        async with asyncio.timeout(5):
+            async for _ in stream:
+                pass
+    for _ in range(100):
+        if replica._engine.num_ongoing_requests() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert replica._engine.num_ongoing_requests() == 0  # nothing left generating for nobody
+
+
+async def test_an_idle_channel_closes_and_the_next_request_streams_on_its_own(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_deployment, "CHANNEL_IDLE_S", 0.2)
+    replica, handle, client = served
+    await _tokens(client, _request("r0", 5))
+    await _channel_open(client)
+    await _tokens(client, _request("r1", 5))
+    for _ in range(100):  # idle: both ends let it go
+        if not client._channels and not replica._outboxes:
+            break
+        await asyncio.sleep(0.05)
+    assert not client._channels and not replica._outboxes
+    handle.items["generate"].clear()
+    chunks = await _tokens(client, _request("r2", 30))  # on its own stream, complete
+    assert [t for chunk in chunks for t in chunk.token_ids] == replica._engine.produced["r2"]
+    assert len(handle.items["generate"]) == len(chunks)
+    await _channel_open(client)  # and the channel opens again for the next ones
+
+
+async def test_a_first_token_is_not_held_back_by_the_channel_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(engine_deployment, "STREAM_WINDOW_S", 0.5)
+    replica = await _replica(decode_tokens_per_s=200, output_tokens=400)
+    client = HandleEngineClient(_Handle(replica), caller=CALLER)
+    try:
+        await _tokens(client, _request("r0", 5))
+        await _channel_open(client)
+        busy = asyncio.create_task(_tokens(client, _request("busy", 400)))  # keeps sends paced
+        await asyncio.sleep(0.1)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        stream = client.stream(_request("new", 400))
+        chunk = await anext(stream)
+        while not chunk.token_ids:
+            chunk = await anext(stream)
+        # Well inside the 0.5 s window a later send would wait for.
+        assert loop.time() - started < 0.25
+        await stream.aclose()
+        busy.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await busy
+    finally:
+        await replica._engine.shutdown()
+
+
+async def test_without_a_caller_every_request_streams_on_its_own(served: Any) -> None:
+    replica, handle, _ = served
+    client = HandleEngineClient(handle)  # e.g. a benchmark calling the engine directly
+    for i in range(3):
+        chunks = await _tokens(client, _request(f"r{i}", 20))
+        assert [t for chunk in chunks for t in chunk.token_ids] == replica._engine.produced[f"r{i}"]
+    assert handle.items["channel"] == [] and not replica._outboxes
