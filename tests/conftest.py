@@ -79,7 +79,9 @@ def _test_config(tmp: Path, port: int, store_url: str) -> Path:
     for deployment in app["deployments"]:
         deployment["num_replicas"] = REPLICAS
         if deployment["name"] == "EngineDeployment":  # small, so overload is reachable
-            deployment["max_ongoing_requests"] = ENGINE_MAX_ONGOING
+            # ENGINE_MAX_ONGOING generations, plus each ingress replica's channel (as the
+            # configs count them: serve_app/serving/engine_channel.py).
+            deployment["max_ongoing_requests"] = ENGINE_MAX_ONGOING + REPLICAS
             deployment["max_queued_requests"] = ENGINE_MAX_QUEUED
             if ENGINE == "vllm":  # one model in memory, both cores for it
                 deployment["num_replicas"] = 1

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from openai import AsyncOpenAI
 from ray.serve.exceptions import RequestCancelledError
 
 from serve_app.engines.base import GenerateChunk, GenerateRequest, SamplingSettings
@@ -21,6 +23,7 @@ from serve_app.serving import engine_deployment
 from serve_app.serving.engine_channel import ChannelClosed
 from serve_app.serving.engine_client import HandleEngineClient
 from serve_app.serving.engine_deployment import CallerWatch, EngineDeployment
+from tests.helpers import scrape_metrics
 
 CALLER = "ingress-1"
 _DONE = object()
@@ -269,3 +272,50 @@ async def test_without_a_caller_every_request_streams_on_its_own(served: Any) ->
         chunks = await _tokens(client, _request(f"r{i}", 20))
         assert [t for chunk in chunks for t in chunk.token_ids] == replica._engine.produced[f"r{i}"]
     assert handle.items["channel"] == [] and not replica._outboxes
+
+
+# --- through Serve: the session app ----------------------------------------------------------
+
+
+def _engine_streams(app_url: str) -> dict[str, float]:
+    """Engine requests by path (channel / own), summed over the ingress replicas."""
+    pattern = r'^serve_app:engine_streams_total\{path="(\w+)"\} ([0-9.e+]+)$'
+    totals = {"channel": 0.0, "own": 0.0}
+    for page in scrape_metrics(app_url).values():
+        for path, value in re.findall(pattern, page, re.M):
+            totals[path] += float(value)
+    return totals
+
+
+async def _streamed_text(client: AsyncOpenAI, key: str) -> tuple[str, str, str]:
+    """A streamed turn: the text its deltas spell, its last event's type, the final text."""
+    deltas: list[str] = []
+    last = None
+    stream = await client.responses.create(
+        model="gpt-oss-120b", input=f"SDK-TEXT: channel {key}", prompt_cache_key=key, stream=True
+    )
+    async for event in stream:
+        last = event
+        if event.type == "response.output_text.delta":
+            deltas.append(event.delta)
+    assert last is not None
+    return "".join(deltas), last.type, last.response.output_text
+
+
+async def test_the_app_streams_its_requests_over_channels_without_losing_a_token(
+    app_url: str,
+) -> None:
+    before = _engine_streams(app_url)
+    async with AsyncOpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0) as client:
+        for round_ in range(3):  # back to back: the channels opened by the first stay open
+            turns = await asyncio.gather(
+                *(_streamed_text(client, f"channel-{round_}-{i}") for i in range(8))
+            )
+            for streamed, last_type, final in turns:
+                assert last_type == "response.completed"
+                assert final and streamed == final  # every delta, in order, once
+    after = _engine_streams(app_url)
+    on_channel = after["channel"] - before["channel"]
+    # At most one request per (ingress, engine replica) pair streams on its own before the
+    # pair's channel is open, or a round's worth while it opens.
+    assert on_channel >= 8, (before, after)
