@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
+from ray.exceptions import ActorDiedError
 from ray.serve.exceptions import RequestCancelledError
 
 from serve_app.engines.base import GenerateChunk, GenerateRequest, SamplingSettings
@@ -64,6 +65,11 @@ class _Call:
     def cancel(self) -> None:
         self._task.cancel()
 
+    def die(self) -> None:
+        """The replica's process died: the call stops and its caller gets Ray's error."""
+        self._task.cancel()
+        self._items.put_nowait(ActorDiedError())
+
 
 class _Handle:
     """The handle methods the engine client calls, on one replica: ``generate`` and ``channel``."""
@@ -90,7 +96,12 @@ class _Method:
         self._items_seen = items_seen
 
     def remote(self, *args: Any, **kwargs: Any) -> _Call:
-        return _Call(self._call(*args, **kwargs), self._items_seen)
+        call = _Call(self._call(*args, **kwargs), self._items_seen)
+        _CALLS.append(call)
+        return call
+
+
+_CALLS: list[_Call] = []  # every call made, to kill the replica under them
 
 
 class _Recording(SimulatedEngine):
@@ -197,6 +208,27 @@ async def test_a_client_leaving_aborts_its_request_on_the_channel_at_once(served
         await asyncio.sleep(0.01)
     assert replica._engine.num_ongoing_requests() == 0
     assert long.request_id not in replica._callers._requests.get(CALLER, set())
+
+
+@pytest.mark.parametrize("served", [4000], indirect=True)
+async def test_requests_on_a_channel_fail_at_once_when_the_engine_replica_dies(
+    served: Any,
+) -> None:
+    _, _, client = served
+    await _tokens(client, _request("r0", 5))
+    await _channel_open(client)
+    streams = [client.stream(_request(f"long{i}", 10_000)) for i in range(3)]
+    for stream in streams:
+        await anext(stream)
+    for call in _CALLS:  # every call on the replica: the channel's and each request's
+        call.die()
+    for stream in streams:
+        with pytest.raises((ActorDiedError, ChannelClosed)):
+            async with asyncio.timeout(2):
+                async for _ in stream:
+                    pass
+    await asyncio.sleep(0)
+    assert not client._channels  # the next request to a replica opens a new one
 
 
 @pytest.mark.parametrize("served", [4000], indirect=True)
