@@ -53,35 +53,35 @@ class HandleEngineClient:
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         request_id = request.request_id
-        # Before the call: its chunks may come over the channel before its marker does.
+        # Before the call: once its marker is out, its chunks may come over the channel first.
         inbox = self._inboxes.expect(request_id) if self._use_channels else None
         call = self._handle.options(session_id=request.session_id).generate
         response = call.remote(request, caller=self._caller)
         finished = False
         replica = None
         try:
-            first = await anext(response, None)
-            if isinstance(first, OnChannel):
-                assert inbox is not None
-                replica = first.replica
-                self._inboxes.attach(request_id, replica, replica in self._channels)
-                self._linger(_fail_on_error(response, inbox))
-                ENGINE_STREAMS_ON_CHANNEL.inc()
-                while not finished:
-                    item = await inbox.get()
-                    if isinstance(item, Exception):
-                        raise item
-                    finished = item.finish_reason is not None
-                    yield item
+            async for item in response:
+                if isinstance(item, OnChannel):
+                    replica = item.replica
+                    break
+                if replica is None:  # the first chunk names the replica: a channel for the next
+                    replica = item.replica
+                    self._open_channel(replica)
+                finished = item.finish_reason is not None
+                yield item
+            else:
+                ENGINE_STREAMS_OWN.inc()
                 return
-            self._inboxes.forget(request_id)
-            ENGINE_STREAMS_OWN.inc()
-            if first is None:
-                return
-            self._open_channel(first.replica)
-            finished = first.finish_reason is not None
-            yield first
-            async for chunk in response:
+            # The rest rides the channel (the replica moved the request to it, or it started
+            # there): its own stream ends with the generation, or raises if the call fails.
+            assert inbox is not None and replica is not None
+            ENGINE_STREAMS_ON_CHANNEL.inc()
+            self._inboxes.attach(request_id, replica, replica in self._channels)
+            self._linger(_fail_on_error(response, inbox))
+            while not finished:
+                chunk = await inbox.get()
+                if isinstance(chunk, Exception):
+                    raise chunk
                 finished = chunk.finish_reason is not None
                 yield chunk
         except BackPressureError as exc:

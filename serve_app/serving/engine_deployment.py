@@ -105,6 +105,37 @@ class CallerWatch:
                     await self._abort(request_id)
 
 
+class _Route:
+    """Where a request's chunks go: its own stream's queue, until `move_to` a channel."""
+
+    __slots__ = ("_outbox", "_replica", "queue", "request_id")
+
+    def __init__(self, request_id: str, replica: str) -> None:
+        self.request_id = request_id
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self._outbox: Outbox | None = None
+        self._replica: str | None = replica  # stamped on the first chunk, then None
+
+    def send(self, chunk: GenerateChunk, first_token: bool) -> None:
+        if self._replica is not None:
+            chunk.replica, self._replica = self._replica, None
+        if self._outbox is None:
+            self.queue.put_nowait(chunk)
+        else:
+            self._outbox.put(self.request_id, chunk, urgent=first_token)
+
+    def move_to(self, outbox: Outbox, producer: asyncio.Task) -> None:
+        """Send the chunks the own stream has not sent yet, and all that follow, on
+        ``outbox``'s channel (in order: its marker goes out on the own stream first)."""
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            if item is not _END:  # these have waited a window already: no new wait
+                assert isinstance(item, GenerateChunk)
+                outbox.put(self.request_id, item, urgent=True)
+        self._outbox = outbox
+        outbox.requests[self.request_id] = producer
+
+
 @serve.deployment(name="EngineDeployment", max_ongoing_requests=64)
 class EngineDeployment:
     async def __init__(self, engine: EngineConfig) -> None:
@@ -120,20 +151,41 @@ class EngineDeployment:
     async def generate(
         self, request: GenerateRequest, caller: str | None = None
     ) -> AsyncIterator[GenerateChunk | OnChannel]:
-        """Stream the engine's chunks, or, where ``caller`` has a channel open here, send them
-        on it and stream only an `OnChannel` marker (``serve_app.serving.engine_channel``).
+        """Stream the engine's chunks until ``caller`` has a channel open here; from then on
+        send them on it, after an `OnChannel` marker (``serve_app.serving.engine_channel``).
+        A request that starts with the channel open streams only the marker.
+
+        On its own stream, the engine runs ahead into a queue and every yield sends all that is
+        queued as one chunk, so a slow reader gets fewer, larger chunks; after each send the
+        next waits out ``STREAM_WINDOW_S`` (see the constant). On a channel, the channel's
+        `Outbox` does that for all the caller's requests at once.
 
         ``caller``: the name of the calling replica's actor, watched while the request runs.
         """
         if request.session_id:
             self._served.record(request.session_id)
-        outbox = self._outboxes.get(caller) if caller else None
-        if outbox is None:
-            async for chunk in self._stream(request, caller):
+        route = _Route(request.request_id, self._replica_id)
+        producer = asyncio.create_task(self._produce_routed(request, route))
+        self._watch(caller, request.request_id, producer)
+        finished = False
+        try:
+            while not finished:
+                outbox = self._outboxes.get(caller) if caller else None
+                if outbox is not None:
+                    route.move_to(outbox, producer)
+                    yield OnChannel(self._replica_id)
+                    finished = await self._ride(outbox, route, producer, caller)
+                    return
+                chunk = await self._next_coalesced(route.queue)
+                if chunk is None:
+                    break
+                finished = chunk.finish_reason is not None
                 yield chunk
-            return
-        yield OnChannel(self._replica_id)
-        await self._send_on(outbox, request, caller)
+                if not finished and STREAM_WINDOW_S > 0:
+                    # Cancelled here like anywhere (a client gone): the finally aborts.
+                    await asyncio.sleep(STREAM_WINDOW_S)
+        finally:
+            await self._settle(caller, request.request_id, producer, finished)
 
     async def channel(self, caller: str, replica: str) -> AsyncIterator[Batch]:
         """The channel from this replica to ``caller`` (an ingress replica's actor): the chunks
@@ -161,61 +213,22 @@ class EngineDeployment:
             for producer in outbox.requests.values():  # their chunks can no longer be sent
                 producer.cancel()
 
-    async def _stream(
-        self, request: GenerateRequest, caller: str | None
-    ) -> AsyncIterator[GenerateChunk]:
-        """A request's chunks on its own stream, coalescing those the reader has not taken yet.
-
-        Each chunk through a handle costs real time (~1k chunks/s per stream). The engine runs
-        ahead into a queue; every yield sends all that is queued as one chunk, so a slow reader
-        gets fewer, larger chunks. After each send the next waits out ``STREAM_WINDOW_S``, so
-        a request streams at most one chunk per window (see the constant).
-        """
-        queue: asyncio.Queue[object] = asyncio.Queue()
-        producer = asyncio.create_task(self._produce_into(queue, request))
-        self._watch(caller, request.request_id, producer)
-        finished = False
-        first = True
-        try:
-            while not finished:
-                chunk = await self._next_coalesced(queue)
-                if chunk is None:
-                    break
-                if first:
-                    chunk.replica, first = self._replica_id, False
-                finished = chunk.finish_reason is not None
-                yield chunk
-                if not finished and STREAM_WINDOW_S > 0:
-                    # Cancelled here like anywhere (a client gone): the finally aborts.
-                    await asyncio.sleep(STREAM_WINDOW_S)
-        finally:
-            await self._settle(caller, request.request_id, producer, finished)
-
-    async def _send_on(self, outbox: Outbox, request: GenerateRequest, caller: str) -> None:
-        """Run a request whose chunks ride ``outbox``'s channel; return when it is done.
+    @staticmethod
+    async def _ride(
+        outbox: Outbox, route: _Route, producer: asyncio.Task, caller: str | None
+    ) -> bool:
+        """Wait for a request whose chunks ride ``outbox``'s channel; whether it finished.
         Raises `ChannelClosed` if the channel ended first (the caller learns it here too)."""
-        request_id = request.request_id
-        first = True
-
-        def send(chunk: GenerateChunk, first_token: bool) -> None:
-            nonlocal first
-            if first:
-                chunk.replica, first = self._replica_id, False
-            outbox.put(request_id, chunk, urgent=first_token)
-
-        producer = asyncio.create_task(self._produce(request, send))
-        outbox.requests[request_id] = producer
-        self._watch(caller, request_id, producer)
-        finished = False
         try:
-            await asyncio.wait([producer])  # cancelled here (the client left): the finally aborts
+            await asyncio.wait([producer])  # cancelled here (the client left): the caller aborts
             if outbox.closed:
-                raise ChannelClosed(f"the channel to {caller} closed before request {request_id}")
+                raise ChannelClosed(
+                    f"the channel to {caller} closed before request {route.request_id}"
+                )
             # A producer cancelled because its caller died ends the stream without more ado.
-            finished = not producer.cancelled()
+            return not producer.cancelled()
         finally:
-            outbox.requests.pop(request_id, None)
-            await self._settle(caller, request_id, producer, finished)
+            outbox.requests.pop(route.request_id, None)
 
     def _watch(self, caller: str | None, request_id: str, producer: asyncio.Task) -> None:
         if caller:
@@ -253,11 +266,11 @@ class EngineDeployment:
     async def _live_callers() -> set[str]:
         return await asyncio.to_thread(_live_actor_names)
 
-    async def _produce_into(self, queue: asyncio.Queue[object], request: GenerateRequest) -> None:
+    async def _produce_routed(self, request: GenerateRequest, route: _Route) -> None:
         try:
-            await self._produce(request, lambda chunk, _first_token: queue.put_nowait(chunk))
+            await self._produce(request, route.send)
         finally:
-            queue.put_nowait(_END)
+            route.queue.put_nowait(_END)  # for the own stream, if it is still reading
 
     async def _produce(
         self, request: GenerateRequest, send: Callable[[GenerateChunk, bool], None]
