@@ -11,7 +11,11 @@ the test app, an engine request whose ingress replica was killed was still runni
 (the issue saw such turns run to their end, 60 s each, holding their KV). So the ingress sends
 its replica actor's name with each request, and `CallerWatch` checks the callers of the
 running requests every ``CALLER_CHECK_PERIOD_S`` (one GCS call for them all, nothing per
-token) and aborts the requests of those no longer alive.
+token) and aborts the requests of those no longer alive, and closes their channels.
+
+A request's chunks go back on its own stream, or, once its caller has a channel open here
+(`channel`), on that channel with the chunks of the caller's other requests
+(``serve_app.serving.engine_channel``).
 """
 
 from __future__ import annotations
