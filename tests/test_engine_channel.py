@@ -19,11 +19,10 @@ from ray.serve.exceptions import RequestCancelledError
 
 from serve_app.engines.base import GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
-from serve_app.routing.directory import ServedConversations
 from serve_app.serving import engine_deployment
 from serve_app.serving.engine_channel import ChannelClosed
 from serve_app.serving.engine_client import HandleEngineClient
-from serve_app.serving.engine_deployment import CallerWatch, EngineDeployment
+from serve_app.serving.engine_deployment import EngineDeployment
 from tests.helpers import scrape_metrics
 
 CALLER = "ingress-1"
@@ -130,17 +129,12 @@ async def _replica(decode_tokens_per_s: float, output_tokens: int) -> Any:
         )
     )
     await engine.start()
-    replica = _BareReplica.__new__(_BareReplica)
-    replica._engine = engine
-    replica._replica_id = "engine-1"
-    replica._served = ServedConversations("engine-1")
-    replica._producers = {}
-    replica._outboxes = {}
 
     async def everyone_alive() -> set[str]:
         return {CALLER}
 
-    replica._callers = CallerWatch(replica._abort_orphan, everyone_alive, period_s=0.1)
+    replica = _BareReplica.__new__(_BareReplica)
+    replica._serve(engine, "engine-1", everyone_alive, caller_check_period_s=0.1)
     return replica
 
 

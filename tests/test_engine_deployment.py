@@ -13,9 +13,8 @@ import pytest
 
 from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
-from serve_app.routing.directory import ServedConversations
 from serve_app.serving.engine_client import InProcessEngineClient
-from serve_app.serving.engine_deployment import _END, CallerWatch, EngineDeployment
+from serve_app.serving.engine_deployment import _END, EngineDeployment
 
 Replica = EngineDeployment.func_or_class  # the plain class behind the Serve deployment
 
@@ -133,12 +132,7 @@ def _replica_with(engine: SimulatedEngine, live: set[str] | None) -> Any:
         return set(live)
 
     replica = _BareReplica.__new__(_BareReplica)
-    replica._engine = engine
-    replica._replica_id = "engine-1"
-    replica._served = ServedConversations("engine-1")
-    replica._producers = {}
-    replica._outboxes = {}
-    replica._callers = CallerWatch(replica._abort_orphan, live_callers, period_s=0.1)
+    replica._serve(engine, "engine-1", live_callers, caller_check_period_s=0.1)
     return replica
 
 

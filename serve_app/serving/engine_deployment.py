@@ -32,7 +32,7 @@ import ray
 from ray import serve
 
 from serve_app.config import EngineConfig
-from serve_app.engines.base import GenerateChunk, GenerateRequest, error_chunk
+from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest, error_chunk
 from serve_app.engines.factory import make_engine
 from serve_app.routing.directory import ServedConversations
 from serve_app.serving.engine_channel import (
@@ -143,14 +143,26 @@ class _Route:
 @serve.deployment(name="EngineDeployment", max_ongoing_requests=64)
 class EngineDeployment:
     async def __init__(self, engine: EngineConfig) -> None:
-        self._engine = make_engine(engine)
         # Same id the request router puts on its ring: lets the ingress attribute cache hits.
-        self._replica_id = serve.get_replica_context().replica_id.unique_id
-        self._served = ServedConversations(self._replica_id)
+        self._serve(make_engine(engine), serve.get_replica_context().replica_id.unique_id)
+        await self._engine.start()
+
+    def _serve(
+        self,
+        engine: Engine,
+        replica_id: str,
+        live_callers: Callable[[], Awaitable[set[str]]] | None = None,
+        caller_check_period_s: float = CALLER_CHECK_PERIOD_S,
+    ) -> None:
+        """The replica's state around ``engine`` (the tests build one without Serve so)."""
+        self._engine = engine
+        self._replica_id = replica_id
+        self._served = ServedConversations(replica_id)
         self._producers: dict[str, asyncio.Task] = {}
         self._outboxes: dict[str, Outbox] = {}  # caller -> its open channel (engine_channel)
-        self._callers = CallerWatch(self._abort_orphan, self._live_callers)
-        await self._engine.start()
+        self._callers = CallerWatch(
+            self._abort_orphan, live_callers or self._live_callers, caller_check_period_s
+        )
 
     async def generate(
         self, request: GenerateRequest, caller: str | None = None
