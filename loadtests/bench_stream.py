@@ -301,8 +301,18 @@ async def run_streams(transport: str, port: int, count: int) -> list[Stream]:
 # --- the engine alone -------------------------------------------------------------------------
 
 
-async def _engine_alone(config: dict, count: int) -> int:
-    """Every stream through the simulated engine itself, in this process: its own work."""
+@dataclass
+class EngineAlone:
+    """The simulated engine itself on the same streams: its CPU per token, and the gaps
+    between its chunks (what a client would see with nothing in between)."""
+
+    us_per_token: float
+    gaps_ms: list[float]
+
+
+async def _engine_alone(config: dict, count: int) -> tuple[int, list[float]]:
+    """Every stream through the simulated engine itself, in this process: its own work, and
+    the gaps between each stream's chunks."""
     from serve_app.engines.base import GenerateRequest, SamplingSettings
     from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
     from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN
@@ -314,6 +324,7 @@ async def _engine_alone(config: dict, count: int) -> int:
     await engine.start()
     request = ResponsesRequest.model_validate({"model": MODEL, "input": PROMPT})
     prompt = render_request(request).token_ids
+    gaps_ms: list[float] = []
 
     async def one(index: int) -> int:
         generate = GenerateRequest(
@@ -324,18 +335,25 @@ async def _engine_alone(config: dict, count: int) -> int:
             ),
             session_id=str(uuid.uuid4()),
         )
-        return sum([len(chunk.token_ids) async for chunk in engine.generate(generate)])
+        tokens, last = 0, None
+        async for chunk in engine.generate(generate):
+            if chunk.token_ids:
+                now = time.monotonic()
+                if last is not None:
+                    gaps_ms.append((now - last) * 1000)
+                tokens, last = tokens + len(chunk.token_ids), now
+        return tokens
 
     tokens = sum(await asyncio.gather(*(one(index) for index in range(count))))
     await engine.shutdown()
-    return tokens
+    return tokens, gaps_ms
 
 
-def engine_alone_us_per_token(config: dict, count: int) -> float:
+def engine_alone(config: dict, count: int) -> EngineAlone:
     asyncio.run(_engine_alone(config, 4))  # warm-up: imports and harmony's encoding
     before = time.process_time()
-    tokens = asyncio.run(_engine_alone(config, count))
-    return (time.process_time() - before) / tokens * 1e6
+    tokens, gaps_ms = asyncio.run(_engine_alone(config, count))
+    return EngineAlone((time.process_time() - before) / tokens * 1e6, gaps_ms)
 
 
 # --- reporting --------------------------------------------------------------------------------
@@ -347,7 +365,7 @@ class Round:
     count: int
     streams: list[Stream]
     cpu_s: dict[str, float]
-    engine_alone_us: float
+    alone: EngineAlone
 
     @property
     def tokens(self) -> int:
@@ -355,7 +373,7 @@ class Round:
 
 
 def run_round(
-    transport: str, port: int, count: int, processes: dict[str, int], engine_alone_us: float
+    transport: str, port: int, count: int, processes: dict[str, int], alone: EngineAlone
 ) -> Round:
     before = {name: cpu_seconds(pid) for name, pid in processes.items()}
     client = time.process_time()
@@ -363,7 +381,7 @@ def run_round(
     after = {name: cpu_seconds(pid) for name, pid in processes.items()}
     cpu = {name: after[name] - before[name] for name in processes}
     cpu["client"] = time.process_time() - client  # this process: the clients
-    return Round(transport, count, streams, cpu, engine_alone_us)
+    return Round(transport, count, streams, cpu, alone)
 
 
 def report(result: Round, tokens_per_s: float) -> str:
@@ -376,13 +394,16 @@ def report(result: Round, tokens_per_s: float) -> str:
         s.tokens / (s.last_at - s.first_at) for s in streams if s.last_at > s.first_at and s.tokens
     ]
     deliveries = sum(s.deliveries for s in streams)
+    alone_p50 = percentile(result.alone.gaps_ms, 0.5)
+    alone_p99 = percentile(result.alone.gaps_ms, 0.99)
     lines = [
         f"\n== {result.transport} x {result.count} streams: {ok}/{len(streams)} completed, "
         f"{result.tokens} tokens ({tokens / max(deliveries, 1):.2f} per delivery)",
         f"   delivered tokens/s per stream p50 {statistics.median(rates or [0]):.1f} "
         f"(engine {tokens_per_s:g}); TTFT p50 {percentile(ttft, 0.5):.1f} ms, "
         f"p90 {percentile(ttft, 0.9):.1f} ms; gap p50 {percentile(gaps, 0.5):.1f} ms, "
-        f"p99 {percentile(gaps, 0.99):.1f} ms",
+        f"p99 {percentile(gaps, 0.99):.1f} ms (the engine alone: p50 {alone_p50:.1f}, "
+        f"p99 {alone_p99:.1f}; added at p99 {percentile(gaps, 0.99) - alone_p99:.1f})",
         f"   {'process':<14} {'CPU ms / 1k tokens':>19}",
     ]
     for name, seconds in result.cpu_s.items():
@@ -391,8 +412,8 @@ def report(result: Round, tokens_per_s: float) -> str:
     front = (ingress + result.cpu_s.get("proxy", 0.0)) / tokens * 1e6
     engine = sum(v for k, v in result.cpu_s.items() if k.startswith("engine"))
     lines.append(f"   {'ingress+proxy':<14} {front:>19.0f}")
-    lines.append(f"   {'engine alone':<14} {result.engine_alone_us:>19.0f}")
-    wrapper = engine / tokens * 1e6 - result.engine_alone_us
+    lines.append(f"   {'engine alone':<14} {result.alone.us_per_token:>19.0f}")
+    wrapper = engine / tokens * 1e6 - result.alone.us_per_token
     lines.append(f"   {'engine wrapper':<14} {wrapper:>19.0f}  (engine replica - engine alone)")
     return "\n".join(lines)
 
@@ -452,7 +473,7 @@ def main() -> None:
         os.environ[name] = value
     port = free_port()
     config = bench_config(args.config, port, args.decode_tokens_per_s, args.output_tokens)
-    alone = {count: engine_alone_us_per_token(config, count) for count in args.streams}
+    alone = {count: engine_alone(config, count) for count in args.streams}
     temp_dir = tempfile.mkdtemp(prefix="ray_bs_", dir="/tmp")
     url = f"http://127.0.0.1:{port}"
     print(f"starting the app on Ray ({temp_dir}, port {port}) ...", flush=True)
