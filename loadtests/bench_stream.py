@@ -25,6 +25,7 @@ terminal event) so the client process takes as little of the shared CPU as it ca
     PYTHONPATH=. python loadtests/bench_stream.py --streams 32 --transports sse --repeat 2
     PYTHONPATH=. python loadtests/bench_stream.py --ray-env RAY_SERVE_ENABLE_DIRECT_INGRESS=1
     PYTHONPATH=. python loadtests/bench_stream.py --py-spy /tmp/profiles  # collapsed stacks too
+    PYTHONPATH=. python loadtests/bench_stream.py --translator  # the translator alone, no Ray
 
 This is a benchmark, not a test: it prints numbers and asserts nothing.
 """
@@ -356,6 +357,74 @@ def engine_alone(config: dict, count: int) -> EngineAlone:
     return EngineAlone((time.process_time() - before) / tokens * 1e6, gaps_ms)
 
 
+# --- the translator alone ---------------------------------------------------------------------
+
+# One turn as gpt-oss writes it: reasoning, a tool call, then the answer.
+TRANSLATOR_TURN = (
+    "<|channel|>analysis<|message|>"
+    + "The user wants the files listed; ls will do, then a short summary. " * 12
+    + "<|end|><|start|>assistant<|channel|>commentary to=functions.exec_command "
+    '<|constrain|>json<|message|>{"cmd":"ls -la /tmp && echo \\"done\\""}<|call|>'
+    "<|start|>assistant<|channel|>final<|message|>"
+    + "Here are the files: a.txt, b.txt (Ünïcødé 日本語 🎉). " * 12
+    + "<|return|>"
+)
+TRANSLATOR_CASES = [(1, None), (4, None), (16, None), (4, 5)]  # (tokens per chunk, top logprobs)
+
+
+def translator_us_per_token(tokens: int, chunk: int, top: int | None) -> tuple[float, float]:
+    """CPU µs per token of `ResponseStreamTranslator` alone (token ids -> events), then with
+    the SSE encoding too, over about ``tokens`` tokens of `TRANSLATOR_TURN` turns, in this
+    process (no Ray): ``chunk`` tokens per engine chunk, with ``top`` logprobs or none."""
+    from serve_app.harmony.encoding import get_encoding
+    from serve_app.harmony.stream import ResponseStreamTranslator
+    from serve_app.harmony.tools import ToolRegistry
+    from serve_app.protocol.requests import ResponsesRequest
+    from serve_app.protocol.responses import initial_response
+    from serve_app.protocol.sse import encode_event
+
+    body = {
+        "model": MODEL,
+        "input": PROMPT,
+        "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}}],
+    }
+    request = ResponsesRequest.model_validate(body)
+    tools = ToolRegistry.from_request(request)
+    ids = get_encoding().encode(TRANSLATOR_TURN, allowed_special="all")
+    chunks = [ids[i : i + chunk] for i in range(0, len(ids), chunk)]
+    entries = None
+    if top is not None:
+        entry = (-0.5, tuple((token, -1.0 - n) for n, token in enumerate(ids[:top])))
+        entries = [[entry] * len(part) for part in chunks]
+    turns = max(1, tokens // len(ids))
+    seconds = []
+    for encode in (False, True):
+        before = time.process_time()
+        for _ in range(turns):
+            response = initial_response(request, response_id="resp_bench", model=MODEL)
+            translator = ResponseStreamTranslator(response, tools)
+            events = translator.start()
+            for index, part in enumerate(chunks):
+                events += translator.feed(part, None if entries is None else entries[index])
+            events += translator.finish("stop", prompt_tokens=len(ids), cached_tokens=0)
+            if encode:
+                for event in events:
+                    encode_event(event)
+        seconds.append(time.process_time() - before)
+    return seconds[0] / (turns * len(ids)) * 1e6, seconds[1] / (turns * len(ids)) * 1e6
+
+
+def translator_report(tokens: int) -> str:
+    translator_us_per_token(2_000, 1, None)  # warm-up: imports and harmony's encoding
+    lines = [f"translator alone, about {tokens:,} tokens per case, CPU µs per token:"]
+    lines.append(f"   {'chunk':>5} {'logprobs':>8} {'translator':>10} {'+ SSE':>8}")
+    for chunk, top in TRANSLATOR_CASES:
+        alone, framed = translator_us_per_token(tokens, chunk, top)
+        shown = "-" if top is None else f"top {top}"
+        lines.append(f"   {chunk:>5} {shown:>8} {alone:>10.1f} {framed:>8.1f}")
+    return "\n".join(lines)
+
+
 # --- reporting --------------------------------------------------------------------------------
 
 
@@ -466,7 +535,16 @@ def main() -> None:
         help="an environment variable for the cluster (Ray Serve options), repeatable",
     )
     parser.add_argument("--py-spy", type=Path, help="record py-spy stacks of the first round here")
+    parser.add_argument(
+        "--translator",
+        action="store_true",
+        help="only the stream translator's CPU per token, in this process (no Ray), then exit",
+    )
+    parser.add_argument("--translator-tokens", type=int, default=100_000)
     args = parser.parse_args()
+    if args.translator:
+        print(translator_report(args.translator_tokens), flush=True)
+        return
 
     for setting in args.ray_env:
         name, _, value = setting.partition("=")

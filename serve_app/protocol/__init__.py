@@ -1,1 +1,2 @@
-"""The Responses API surface: request models, errors, SSE framing. No harmony, no Ray."""
+"""The Responses API surface: request models, errors, Response builders, stream events, SSE
+framing. No harmony, no Ray."""

@@ -1,0 +1,595 @@
+"""Responses stream events, written as an output is produced. No harmony, no Ray.
+
+`ResponseEventWriter` holds what a response's events share: the sequence numbers, the output
+indices, the in-progress Response and the items finished so far. Its caller (the harmony
+decoder in ``harmony/stream.py``) says what happens: an item opens (`open_message`,
+`open_reasoning`, `open_function_call`, `open_custom_tool_call`), its content grows (`text`),
+it ends (`close`), the response ends (`finish` or `fail`); the writer turns each into the
+events OpenAI sends for it, kept until `take_events`.
+
+Events follow OpenAI's order: ``output_item.added`` -> (``content_part.added`` -> deltas ->
+``*.done`` -> ``content_part.done``) or (argument/input deltas -> ``*.done``) ->
+``output_item.done`` with the complete item, and exactly one terminal event. A summarized
+reasoning item also opens summary part 0 (``reasoning_summary_part.added``) after its content
+part, sends each ``reasoning_text.delta`` again as a ``reasoning_summary_text.delta``, and
+closes it (``reasoning_summary_text.done``, ``reasoning_summary_part.done``) after its content
+part, before ``output_item.done``.
+
+Logprobs of a message's ``output_text`` ride on the ``output_text.delta`` they are given with
+(`text`); what no delta carried is given to `close`. The part, ``output_text.done``, the done
+item and the final Response hold them all.
+
+Every model is built fresh: an event keeps its own copy of an item, never mutated later.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseContentPartAddedEvent,
+    ResponseContentPartDoneEvent,
+    ResponseCreatedEvent,
+    ResponseCustomToolCall,
+    ResponseCustomToolCallInputDeltaEvent,
+    ResponseCustomToolCallInputDoneEvent,
+    ResponseFailedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
+    ResponseFunctionToolCall,
+    ResponseIncompleteEvent,
+    ResponseInProgressEvent,
+    ResponseOutputItem,
+    ResponseOutputItemAddedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseReasoningItem,
+    ResponseReasoningSummaryPartAddedEvent,
+    ResponseReasoningSummaryPartDoneEvent,
+    ResponseReasoningSummaryTextDeltaEvent,
+    ResponseReasoningSummaryTextDoneEvent,
+    ResponseReasoningTextDeltaEvent,
+    ResponseReasoningTextDoneEvent,
+    ResponseStreamEvent,
+    ResponseTextDeltaEvent,
+    ResponseTextDoneEvent,
+    ResponseUsage,
+)
+from openai.types.responses.response import IncompleteDetails
+from openai.types.responses.response_content_part_added_event import (
+    PartReasoningText as AddedReasoningPart,
+)
+from openai.types.responses.response_content_part_done_event import (
+    PartReasoningText as DoneReasoningPart,
+)
+from openai.types.responses.response_error import ResponseError
+from openai.types.responses.response_output_text import Logprob as TextLogprob
+from openai.types.responses.response_reasoning_item import Content as ReasoningContent
+from openai.types.responses.response_reasoning_item import Summary as ReasoningSummary
+from openai.types.responses.response_reasoning_summary_part_added_event import (
+    Part as AddedSummaryPart,
+)
+from openai.types.responses.response_reasoning_summary_part_done_event import (
+    Part as DoneSummaryPart,
+)
+from openai.types.responses.response_text_delta_event import Logprob as DeltaLogprob
+from openai.types.responses.response_text_delta_event import (
+    LogprobTopLogprob as DeltaTopLogprob,
+)
+from openai.types.responses.response_text_done_event import Logprob as DoneLogprob
+from openai.types.responses.response_text_done_event import LogprobTopLogprob as DoneTopLogprob
+from pydantic import ValidationError
+
+from serve_app.protocol import responses as builders
+
+logger = logging.getLogger(__name__)
+
+ItemStatus = Literal["completed", "incomplete"]
+Phase = Literal["commentary", "final_answer"]
+# How a response ends: `finish`'s status (`fail` is the other way).
+FinishStatus = Literal["completed", "incomplete", "cancelled"]
+
+
+class ItemKind(enum.Enum):
+    REASONING = "reasoning"
+    MESSAGE = "message"
+    FUNCTION_CALL = "function_call"
+    CUSTOM_TOOL_CALL = "custom_tool_call"
+
+
+@dataclass
+class OpenItem:
+    """An output item being streamed (``output_item.added`` sent, ``output_item.done`` not)."""
+
+    kind: ItemKind
+    item_id: str
+    output_index: int
+    phase: Phase | None = None
+    name: str = ""
+    call_id: str = ""
+    namespace: str | None = None
+    # Content sent in deltas so far.
+    text: str = ""
+    # Logprobs of the output_text sent so far (messages only).
+    logprobs: list[TextLogprob] = field(default_factory=list)
+
+
+class ResponseEventWriter:
+    """Writes one response's stream events: `start`, items opened, grown and closed, then
+    exactly one of `finish` or `fail`. Each call keeps its events until `take_events`."""
+
+    def __init__(
+        self,
+        response: Response,
+        *,
+        seal_reasoning: Callable[[str], str] | None = None,
+        summarize_reasoning: bool = False,
+    ) -> None:
+        self._template = response
+        self._response = response
+        self._seal = seal_reasoning
+        self._summarize = summarize_reasoning
+        self._events: list[ResponseStreamEvent] = []
+        self._sequence = 0
+        self._started = False
+        self._items: list[ResponseOutputItem] = []
+        self._next_output_index = 0
+        self._tool_calls = 0
+
+    @property
+    def response(self) -> Response:
+        """The in-progress template until a terminal event, then the final Response."""
+        return self._response
+
+    @property
+    def output_items(self) -> list[ResponseOutputItem]:
+        """The items finished so far (``output_item.done`` sent), in output order."""
+        return list(self._items)
+
+    @property
+    def tool_calls(self) -> int:
+        """How many function and custom tool calls are done."""
+        return self._tool_calls
+
+    def take_events(self) -> list[ResponseStreamEvent]:
+        """The events written since the last call, in order."""
+        events = self._events
+        self._events = []
+        return events
+
+    def start(self) -> None:
+        """``response.created`` then ``response.in_progress``, once."""
+        if self._started:
+            return
+        self._started = True
+        self._events += (
+            ResponseCreatedEvent(
+                type="response.created", response=self._template, sequence_number=self._seq()
+            ),
+            ResponseInProgressEvent(
+                type="response.in_progress",
+                response=self._template,
+                sequence_number=self._seq(),
+            ),
+        )
+
+    # --- items ---------------------------------------------------------------------------
+
+    def open_message(self, phase: Phase) -> OpenItem:
+        """An assistant message: ``final_answer``, or a ``commentary`` preamble."""
+        index = self._output_index()
+        return self._open(OpenItem(ItemKind.MESSAGE, builders.new_message_id(), index, phase=phase))
+
+    def open_reasoning(self) -> OpenItem:
+        index = self._output_index()
+        return self._open(OpenItem(ItemKind.REASONING, builders.new_reasoning_id(), index))
+
+    def open_function_call(self, name: str, namespace: str | None = None) -> OpenItem:
+        index = self._output_index()
+        item_id = builders.new_function_call_id()
+        return self._open(
+            OpenItem(
+                ItemKind.FUNCTION_CALL,
+                item_id,
+                index,
+                name=name,
+                call_id=builders.new_call_id(),
+                namespace=namespace,
+            )
+        )
+
+    def open_custom_tool_call(self, name: str, namespace: str | None = None) -> OpenItem:
+        index = self._output_index()
+        item_id = builders.new_custom_tool_call_id()
+        return self._open(
+            OpenItem(
+                ItemKind.CUSTOM_TOOL_CALL,
+                item_id,
+                index,
+                name=name,
+                call_id=builders.new_call_id(),
+                namespace=namespace,
+            )
+        )
+
+    def text(self, item: OpenItem, delta: str, logprobs: Sequence[TextLogprob] = ()) -> None:
+        """The item's content grew by ``delta`` (a message's: with the logprobs of the tokens
+        whose text first shows in it)."""
+        item.text += delta
+        if item.kind is ItemKind.MESSAGE:
+            item.logprobs.extend(logprobs)
+        # The hot path (one delta per engine chunk and open item): `_seq` inlined.
+        sequence = self._sequence
+        self._events.append(delta_event(item, delta, sequence, logprobs))
+        if self._summarize and item.kind is ItemKind.REASONING:
+            sequence += 1
+            self._events.append(
+                ResponseReasoningSummaryTextDeltaEvent(
+                    type="response.reasoning_summary_text.delta",
+                    item_id=item.item_id,
+                    output_index=item.output_index,
+                    summary_index=0,
+                    delta=delta,
+                    sequence_number=sequence,
+                )
+            )
+        self._sequence = sequence + 1
+
+    def close(
+        self, item: OpenItem, status: ItemStatus, logprobs: Sequence[TextLogprob] = ()
+    ) -> None:
+        """The item is done with the content sent so far: its ``*.done`` events and
+        ``output_item.done``. ``logprobs``: a message's entries no delta carried."""
+        events = self._events
+        text = item.text
+        common: dict[str, Any] = {"item_id": item.item_id, "output_index": item.output_index}
+        if item.kind is ItemKind.MESSAGE:
+            item.logprobs.extend(logprobs)
+            events.append(
+                ResponseTextDoneEvent(
+                    type="response.output_text.done",
+                    content_index=0,
+                    text=text,
+                    logprobs=[done_logprob(entry) for entry in item.logprobs],
+                    sequence_number=self._seq(),
+                    **common,
+                )
+            )
+            events.append(self._part_done(output_text(text, item.logprobs), common))
+        elif item.kind is ItemKind.REASONING:
+            events.append(
+                ResponseReasoningTextDoneEvent(
+                    type="response.reasoning_text.done",
+                    content_index=0,
+                    text=text,
+                    sequence_number=self._seq(),
+                    **common,
+                )
+            )
+            events.append(
+                self._part_done(DoneReasoningPart(type="reasoning_text", text=text), common)
+            )
+            if self._summarized(item):
+                events.append(
+                    ResponseReasoningSummaryTextDoneEvent(
+                        type="response.reasoning_summary_text.done",
+                        summary_index=0,
+                        text=text,
+                        sequence_number=self._seq(),
+                        **common,
+                    )
+                )
+                events.append(
+                    ResponseReasoningSummaryPartDoneEvent(
+                        type="response.reasoning_summary_part.done",
+                        summary_index=0,
+                        part=DoneSummaryPart(type="summary_text", text=text),
+                        sequence_number=self._seq(),
+                        **common,
+                    )
+                )
+        elif item.kind is ItemKind.FUNCTION_CALL:
+            events.append(
+                ResponseFunctionCallArgumentsDoneEvent(
+                    type="response.function_call_arguments.done",
+                    arguments=call_arguments(text),
+                    sequence_number=self._seq(),
+                    **common,
+                )
+            )
+        else:
+            events.append(
+                ResponseCustomToolCallInputDoneEvent(
+                    type="response.custom_tool_call_input.done",
+                    input=text,
+                    sequence_number=self._seq(),
+                    **common,
+                )
+            )
+        if item.kind is ItemKind.REASONING:
+            final = reasoning_item(
+                item.item_id,
+                text,
+                status,
+                summarize=self._summarize,
+                encrypted_content=self._sealed(text),
+            )
+        else:
+            final = done_item(item, text, status)
+        if item.kind in (ItemKind.FUNCTION_CALL, ItemKind.CUSTOM_TOOL_CALL):
+            self._tool_calls += 1
+        self._items.append(final)
+        events.append(
+            ResponseOutputItemDoneEvent(
+                type="response.output_item.done",
+                output_index=item.output_index,
+                item=final,
+                sequence_number=self._seq(),
+            )
+        )
+
+    # --- the end -------------------------------------------------------------------------
+
+    def finish(
+        self,
+        status: FinishStatus,
+        usage: ResponseUsage,
+        *,
+        incomplete_reason: Literal["max_output_tokens", "content_filter"] | None = None,
+    ) -> None:
+        """The final Response (the finished items, ``usage``) and its terminal event:
+        ``response.completed`` when ``completed``, else ``response.incomplete`` (a
+        ``cancelled`` response too: OpenAI has no ``response.cancelled`` event)."""
+        fields: dict[str, Any] = {"output": list(self._items), "usage": usage, "status": status}
+        if incomplete_reason is not None:
+            fields["incomplete_details"] = IncompleteDetails(reason=incomplete_reason)
+        if status == "completed":
+            fields["completed_at"] = int(time.time())
+        self._response = self._template.model_copy(update=fields)
+        self._events.append(terminal_event(self._response, self._seq()))
+
+    def fail(self, code: str, message: str) -> None:
+        """A ``failed`` Response with ``error`` (the finished items kept) and
+        ``response.failed``."""
+        self._response = self._template.model_copy(
+            update={
+                "status": "failed",
+                "error": response_error(code, message),
+                "output": list(self._items),
+            }
+        )
+        self._events.append(terminal_event(self._response, self._seq()))
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _open(self, item: OpenItem) -> OpenItem:
+        events = self._events
+        events.append(
+            ResponseOutputItemAddedEvent(
+                type="response.output_item.added",
+                output_index=item.output_index,
+                item=in_progress_item(item),
+                sequence_number=self._seq(),
+            )
+        )
+        if item.kind is ItemKind.MESSAGE:
+            part: Any = output_text("")
+        elif item.kind is ItemKind.REASONING:
+            part = AddedReasoningPart(type="reasoning_text", text="")
+        else:
+            part = None
+        if part is not None:
+            events.append(
+                ResponseContentPartAddedEvent(
+                    type="response.content_part.added",
+                    item_id=item.item_id,
+                    output_index=item.output_index,
+                    content_index=0,
+                    part=part,
+                    sequence_number=self._seq(),
+                )
+            )
+        if self._summarized(item):
+            events.append(
+                ResponseReasoningSummaryPartAddedEvent(
+                    type="response.reasoning_summary_part.added",
+                    item_id=item.item_id,
+                    output_index=item.output_index,
+                    summary_index=0,
+                    part=AddedSummaryPart(type="summary_text", text=""),
+                    sequence_number=self._seq(),
+                )
+            )
+        return item
+
+    def _output_index(self) -> int:
+        index = self._next_output_index
+        self._next_output_index += 1
+        return index
+
+    def _summarized(self, item: OpenItem) -> bool:
+        return self._summarize and item.kind is ItemKind.REASONING
+
+    def _part_done(self, part: Any, common: dict[str, Any]) -> ResponseContentPartDoneEvent:
+        return ResponseContentPartDoneEvent(
+            type="response.content_part.done",
+            content_index=0,
+            part=part,
+            sequence_number=self._seq(),
+            **common,
+        )
+
+    def _sealed(self, text: str) -> str | None:
+        if self._seal is None:
+            return None
+        try:
+            return self._seal(text)
+        except Exception:
+            logger.exception("response %s: reasoning not sealed", self._template.id)
+            return None
+
+    def _seq(self) -> int:
+        number = self._sequence
+        self._sequence += 1
+        return number
+
+
+# --- single events and items -----------------------------------------------------------------
+
+
+def delta_event(
+    item: OpenItem, delta: str, sequence_number: int, logprobs: Sequence[TextLogprob] = ()
+) -> ResponseStreamEvent:
+    """The item's content delta: ``output_text`` (with ``logprobs``), ``reasoning_text``,
+    function call arguments or custom tool call input."""
+    common: dict[str, Any] = {
+        "item_id": item.item_id,
+        "output_index": item.output_index,
+        "delta": delta,
+        "sequence_number": sequence_number,
+    }
+    if item.kind is ItemKind.MESSAGE:
+        return ResponseTextDeltaEvent(
+            type="response.output_text.delta",
+            content_index=0,
+            logprobs=[delta_logprob(entry) for entry in logprobs],
+            **common,
+        )
+    if item.kind is ItemKind.REASONING:
+        return ResponseReasoningTextDeltaEvent(
+            type="response.reasoning_text.delta", content_index=0, **common
+        )
+    if item.kind is ItemKind.FUNCTION_CALL:
+        return ResponseFunctionCallArgumentsDeltaEvent(
+            type="response.function_call_arguments.delta", **common
+        )
+    return ResponseCustomToolCallInputDeltaEvent(
+        type="response.custom_tool_call_input.delta", **common
+    )
+
+
+def terminal_event(response: Response, sequence_number: int) -> ResponseStreamEvent:
+    """The event that ends a stream with ``response``: completed, failed, else incomplete."""
+    if response.status == "completed":
+        return ResponseCompletedEvent(
+            type="response.completed", response=response, sequence_number=sequence_number
+        )
+    if response.status == "failed":
+        return ResponseFailedEvent(
+            type="response.failed", response=response, sequence_number=sequence_number
+        )
+    return ResponseIncompleteEvent(
+        type="response.incomplete", response=response, sequence_number=sequence_number
+    )
+
+
+def in_progress_item(item: OpenItem) -> ResponseOutputItem:
+    """The item as ``output_item.added`` announces it: no content yet, ``in_progress``."""
+    if item.kind is ItemKind.REASONING:
+        return ResponseReasoningItem(id=item.item_id, type="reasoning", summary=[], content=[])
+    return _item(item, "", "in_progress", done=False)
+
+
+def done_item(item: OpenItem, text: str, status: str) -> ResponseOutputItem:
+    """A finished message or tool call (reasoning: `reasoning_item`)."""
+    return _item(item, text, status, done=True)
+
+
+def _item(item: OpenItem, text: str, status: str, *, done: bool) -> ResponseOutputItem:
+    if item.kind is ItemKind.MESSAGE:
+        return ResponseOutputMessage(
+            id=item.item_id,
+            type="message",
+            role="assistant",
+            status=status,
+            content=[output_text(text, item.logprobs)] if done else [],
+            phase=item.phase,
+        )
+    extra: dict[str, Any] = {"namespace": item.namespace} if item.namespace else {}
+    if item.kind is ItemKind.FUNCTION_CALL:
+        return ResponseFunctionToolCall(
+            id=item.item_id,
+            type="function_call",
+            call_id=item.call_id,
+            name=item.name,
+            arguments=call_arguments(text) if done else "",
+            status=status,
+            **extra,
+        )
+    if item.kind is ItemKind.CUSTOM_TOOL_CALL:
+        # The SDK's custom_tool_call has no `status`; Codex accepts it and it marks a call cut
+        # short, so it is sent like the other items' (kept as an extra field).
+        return ResponseCustomToolCall(
+            id=item.item_id,
+            type="custom_tool_call",
+            call_id=item.call_id,
+            name=item.name,
+            input=text if done else "",
+            status=status,
+            **extra,
+        )
+    raise ValueError(f"not a message or tool call: {item.kind}")
+
+
+def reasoning_item(
+    item_id: str,
+    text: str,
+    status: str,
+    *,
+    summarize: bool,
+    encrypted_content: str | None = None,
+) -> ResponseReasoningItem:
+    """A finished reasoning item: ``text`` as its content (and summary, with ``summarize``)."""
+    summary = [ReasoningSummary(type="summary_text", text=text)] if summarize else []
+    fields: dict[str, Any] = {
+        "id": item_id,
+        "type": "reasoning",
+        "summary": summary,
+        "content": [ReasoningContent(type="reasoning_text", text=text)],
+    }
+    if encrypted_content is not None:
+        # Only when sealed: the specification does not let `encrypted_content` be null.
+        fields["encrypted_content"] = encrypted_content
+    if status == "incomplete":
+        # Reasoning items carry no status when complete (as OpenAI sends them).
+        fields["status"] = "incomplete"
+    return ResponseReasoningItem(**fields)
+
+
+def output_text(text: str, logprobs: Sequence[TextLogprob] = ()) -> ResponseOutputText:
+    return ResponseOutputText(
+        type="output_text", text=text, annotations=[], logprobs=list(logprobs)
+    )
+
+
+def call_arguments(text: str) -> str:
+    # A call without arguments (`to=functions.list<|call|>`, or `<|message|>` straight to
+    # `<|call|>`) is sent as "{}": clients parse arguments as JSON, and "" is not JSON.
+    return text if text.strip() else "{}"
+
+
+def delta_logprob(entry: TextLogprob) -> DeltaLogprob:
+    top = [DeltaTopLogprob(token=alt.token, logprob=alt.logprob) for alt in entry.top_logprobs]
+    return DeltaLogprob(token=entry.token, logprob=entry.logprob, top_logprobs=top)
+
+
+def done_logprob(entry: TextLogprob) -> DoneLogprob:
+    top = [DoneTopLogprob(token=alt.token, logprob=alt.logprob) for alt in entry.top_logprobs]
+    return DoneLogprob(token=entry.token, logprob=entry.logprob, top_logprobs=top)
+
+
+def response_error(code: str, message: str) -> ResponseError:
+    try:
+        return ResponseError(code=code, message=message)  # type: ignore[arg-type]
+    except ValidationError:
+        # The SDK's Literal lacks codes clients act on (`context_length_exceeded` and
+        # `insufficient_quota` are fatal for Codex, others are retried): send the code as given.
+        return ResponseError.model_construct(code=code, message=message)
