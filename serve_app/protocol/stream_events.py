@@ -193,32 +193,28 @@ class ResponseEventWriter:
         return self._open(OpenItem(ItemKind.REASONING, builders.new_reasoning_id(), index))
 
     def open_function_call(self, name: str, namespace: str | None = None) -> OpenItem:
-        index = self._output_index()
-        item_id = builders.new_function_call_id()
-        return self._open(
-            OpenItem(
-                ItemKind.FUNCTION_CALL,
-                item_id,
-                index,
-                name=name,
-                call_id=builders.new_call_id(),
-                namespace=namespace,
-            )
+        return self._open_call(
+            ItemKind.FUNCTION_CALL, builders.new_function_call_id, name, namespace
         )
 
     def open_custom_tool_call(self, name: str, namespace: str | None = None) -> OpenItem:
-        index = self._output_index()
-        item_id = builders.new_custom_tool_call_id()
-        return self._open(
-            OpenItem(
-                ItemKind.CUSTOM_TOOL_CALL,
-                item_id,
-                index,
-                name=name,
-                call_id=builders.new_call_id(),
-                namespace=namespace,
-            )
+        return self._open_call(
+            ItemKind.CUSTOM_TOOL_CALL, builders.new_custom_tool_call_id, name, namespace
         )
+
+    def _open_call(
+        self, kind: ItemKind, new_item_id: Callable[[], str], name: str, namespace: str | None
+    ) -> OpenItem:
+        index = self._output_index()
+        call = OpenItem(
+            kind,
+            new_item_id(),
+            index,
+            name=name,
+            call_id=builders.new_call_id(),
+            namespace=namespace,
+        )
+        return self._open(call)
 
     def text(self, item: OpenItem, delta: str, logprobs: Sequence[TextLogprob] = ()) -> None:
         """The item's content grew by ``delta`` (a message's: with the logprobs of the tokens
