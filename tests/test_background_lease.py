@@ -53,7 +53,7 @@ SCRIPT = {
         },
     ]
 }
-SHORT_LEASE = BackgroundArgs(lease_s=1.0, renew_s=0.2)
+SHORT_LEASE = BackgroundArgs(lease_s=0.5, renew_s=0.1)
 REASONING_DONE = {
     "type": "response.output_item.done",
     "item": {"type": "reasoning", "id": "rs_1", "summary": [], "content": []},

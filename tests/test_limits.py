@@ -39,8 +39,10 @@ MODEL = "gpt-oss-120b"
 ALICE, BOB = "key-alice", "key-bob"
 # The replica's request slots in the model (Serve's `max_ongoing_requests`: 256 on the ingress).
 SLOTS = 8
-# How long a request may wait for a slot before it counts as starved.
-STARVED_AFTER_S = 3.0
+# How long a request may wait for a slot before it counts as starved: three of the slow-body
+# tests' deadlines (so a request a deadline frees is served well within it).
+BODY_DEADLINE_S = 0.5
+STARVED_AFTER_S = 3 * BODY_DEADLINE_S
 
 
 class RequestSlots:
@@ -257,10 +259,11 @@ class Trickle:
     """A client sending a request's headers, then one body byte every ``interval_s``, until
     the server answers; what it answered, and whether it then closed the connection."""
 
-    # 0.3 s, not a divisor of the tests' 1 s deadline: the server's 408 then arrives between two
-    # bytes. On a divisor it arrived as the next byte left, and a byte reaching a closed socket
-    # resets the connection, which discards the answer not yet read (a flaky ECONNRESET).
-    def __init__(self, url: str, headers: dict[str, str], interval_s: float = 0.3) -> None:
+    # 0.4 s, not a divisor of the tests' 0.5 s deadline: the server's 408 then arrives between
+    # two bytes (0.1 s after one, 0.3 s before the next). On a divisor it arrived as the next
+    # byte left, and a byte reaching a closed socket resets the connection, which discards the
+    # answer not yet read (a flaky ECONNRESET).
+    def __init__(self, url: str, headers: dict[str, str], interval_s: float = 0.4) -> None:
         self.url = httpx.URL(url)
         self.headers = headers
         self.interval_s = interval_s
@@ -291,7 +294,8 @@ class Trickle:
 
 @pytest.mark.parametrize("limited", [False, True], ids=["no deadline", "deadline"])
 async def test_slow_bodies_are_cut_at_the_deadline(tmp_path: Path, limited: bool) -> None:
-    async with running_app(tmp_path, body_timeout_s=1.0 if limited else 1000) as url:
+    deadline_s = BODY_DEADLINE_S if limited else 1000
+    async with running_app(tmp_path, body_timeout_s=deadline_s) as url:
         slow = [asyncio.ensure_future(Trickle(url, _auth(ALICE)).run()) for _ in range(SLOTS)]
         await asyncio.sleep(0.3)  # every slot taken by a body still arriving
         started = time.monotonic()

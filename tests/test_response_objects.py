@@ -322,3 +322,21 @@ async def test_truncation_auto_leaves_a_fitting_prompt_alone(tmp_path: Path) -> 
         auto = await client.responses.create(**body, truncation="auto")
     assert whole.usage is not None and auto.usage is not None
     assert auto.usage.input_tokens == whole.usage.input_tokens
+
+
+async def test_a_requests_tools_are_built_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The door builds the request's tools once and rendering, truncation's every try included,
+    uses them: the hosted tool left out is logged once per request, not once per build."""
+    args = AppArgs(max_context_tokens=900, default_max_output_tokens=64)
+    tools = [EXEC_TOOL, {"type": "web_search"}]
+    body: dict[str, Any] = {"model": MODEL, "input": long_conversation(8), "tools": tools}
+    async with in_process_api(tmp_path / "t.db", args) as api:
+        with caplog.at_level("INFO", logger="serve_app.harmony.tools"):
+            response = await sdk_client(api).responses.create(**body, truncation="auto")
+    assert response.status == "completed"
+    left_out = [r for r in caplog.records if r.getMessage().startswith("Leaving out hosted")]
+    assert [r.getMessage() for r in left_out] == [
+        "Leaving out hosted tools this server cannot run: ['web_search']"
+    ]

@@ -82,12 +82,15 @@ def render_request(
     vault: ReasoningVault | None = None,
     owner: str | None = None,
     now: datetime | None = None,
+    tools: ToolRegistry | None = None,
 ) -> RenderedPrompt:
     """Prompt token ids for ``history`` (earlier stored items, if any) + the request's input.
     ``owner``: the caller's key digest (None when the API is open); sealed reasoning and
-    compaction items open only for the owner they were sealed for."""
+    compaction items open only for the owner they were sealed for. ``tools``: the request's,
+    when the caller built them already (`ResponsesService.admit` does); else built here."""
     items = [*history, *request.input_items]
-    tools = ToolRegistry.from_request(request)
+    if tools is None:
+        tools = ToolRegistry.from_request(request)
     leading, rest = split_leading_instructions(items)
     messages = [
         *_developer_message(request, leading, tools),

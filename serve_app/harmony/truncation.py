@@ -19,6 +19,7 @@ from serve_app.harmony.render import (
     render_request,
     split_leading_instructions,
 )
+from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import (
     CustomToolCallItem,
     CustomToolCallOutputItem,
@@ -37,16 +38,20 @@ def truncate_to_fit(
     fits: Callable[[int], bool],
     vault: ReasoningVault | None = None,
     owner: str | None = None,
+    tools: ToolRegistry | None = None,
 ) -> RenderedPrompt:
     """The prompt of ``items`` (history + input) with the fewest oldest items dropped for
-    ``fits(prompt_tokens)``; when none fits, the shortest one (every droppable item dropped)."""
+    ``fits(prompt_tokens)``; when none fits, the shortest one (every droppable item dropped).
+    ``tools``: the request's (dropping items does not change them), built once for every try."""
     units = _droppable_units(items)
     bare = request.model_copy(update={"input": []})
+    if tools is None:
+        tools = ToolRegistry.from_request(request)
 
     def render(dropped_units: int) -> RenderedPrompt:
         dropped = {index for unit in units[:dropped_units] for index in unit}
         kept = [item for index, item in enumerate(items) if index not in dropped]
-        return render_request(bare, history=kept, vault=vault, owner=owner)
+        return render_request(bare, history=kept, vault=vault, owner=owner, tools=tools)
 
     low, high = 0, len(units)
     best = render(high)

@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from openai.types.responses import Response, ResponseStreamEvent
@@ -87,10 +87,12 @@ class Turn:
 
 @dataclass(frozen=True)
 class Context:
-    """A request with its item references resolved, and the stored items it continues."""
+    """A request with its item references resolved, and the stored items it continues; after
+    `ResponsesService.admit`, its tools as rendering sees them too (built once per request)."""
 
     request: ResponsesRequest
     history: list[InputItem]
+    tools: ToolRegistry | None = None
 
 
 def failed_response_error(message: str, code: str) -> APIError:
@@ -131,7 +133,7 @@ class ResponsesService:
             request, owner, recent, check_limits=check_limits, generating=True
         )
         request, history = context.request, context.history
-        prompt = self._render(request, history, owner, truncate=True)
+        prompt = self._render(request, history, owner, context.tools, truncate=True)
         max_tokens = validation.output_budget(self._args, request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
         key = routing_key(request.prompt_cache_key, prompt.token_ids)
@@ -170,7 +172,7 @@ class ResponsesService:
         """The prompt for a request (``/v1/responses/input_tokens``): its stored history (if it
         continues one) and its input, as is (no truncation)."""
         context = await self.admit(request, owner)
-        return self._render(context.request, context.history, owner, truncate=False)
+        return self._render(context.request, context.history, owner, context.tools, truncate=False)
 
     async def admit(
         self,
@@ -189,10 +191,10 @@ class ResponsesService:
         context = await self.context(request, owner, recent, check_limits=check_limits)
         if generating:
             validation.check_strict_schemas(context.request)
-        validation.check_items(context.request, context.history, self._vault, owner)
+        tools = validation.check_items(context.request, context.history, self._vault, owner)
         if generating:
-            validation.check_generation(context.request)
-        return context
+            validation.check_generation(context.request, tools)
+        return replace(context, tools=tools)
 
     async def context(
         self,
@@ -259,11 +261,14 @@ class ResponsesService:
         request: ResponsesRequest,
         history: list[InputItem],
         owner: str | None,
+        tools: ToolRegistry | None,
         *,
         truncate: bool,
     ) -> RenderedPrompt:
         with validation.unrenderable_is_a_400():
-            prompt = render_request(request, history=history, vault=self._vault, owner=owner)
+            prompt = render_request(
+                request, history=history, vault=self._vault, owner=owner, tools=tools
+            )
             return self._truncated(request, history, prompt, owner) if truncate else prompt
 
     def _summarize_reasoning(self, request: ResponsesRequest) -> bool:
@@ -295,7 +300,7 @@ class ResponsesService:
             return prompt
         # When nothing fits, the shortest prompt: it gets what room is left, or the 400 below.
         items = [*history, *request.input_items]
-        return truncate_to_fit(request, items, fits, self._vault, owner)
+        return truncate_to_fit(request, items, fits, self._vault, owner, tools=prompt.tools)
 
     async def events(self, turn: Turn) -> AsyncIterator[ResponseStreamEvent]:
         """The turn's events, from ``response.created`` to exactly one terminal event."""

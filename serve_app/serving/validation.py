@@ -123,16 +123,20 @@ def check_items(
     history: Sequence[InputItem] = (),
     vault: ReasoningVault | None = None,
     owner: str | None = None,
-) -> None:
+) -> ToolRegistry:
     """What the prompt's items decide, in the order rendering meets them: no reference left
     unresolved, every tool call paired with its output, a named ``tool_choice`` that exists,
-    tool parameters harmony can take, and compaction items this server sealed for ``owner``."""
+    tool parameters harmony can take, and compaction items this server sealed for ``owner``.
+    Returns the request's tools as rendering sees them (built once per request: the door
+    passes them on to `check_generation` and rendering)."""
     items = [*history, *request.input_items]
     _check_resolved(items, first_input=len(history))
     check_tool_call_pairs(items, first_input=len(history))
     check_tool_choice(request)
-    _check_tool_parameters(ToolRegistry.from_request(request))
+    tools = ToolRegistry.from_request(request)
+    _check_tool_parameters(tools)
     _check_compaction_items(items, vault, owner)
+    return tools
 
 
 def _check_resolved(items: Sequence[InputItem], first_input: int) -> None:
@@ -176,10 +180,13 @@ def _check_compaction_items(
             )
 
 
-def check_generation(request: ResponsesRequest) -> None:
+def check_generation(request: ResponsesRequest, tools: ToolRegistry | None = None) -> None:
     """What only a request to generate decides (a token count does not): every schema or
-    grammar it asks to enforce compiles, and a background response can be stored."""
-    constraints.check_compiles(request, ToolRegistry.from_request(request))
+    grammar it asks to enforce compiles, and a background response can be stored. ``tools``:
+    the request's, as `check_items` returned them (built here when not given)."""
+    if tools is None:
+        tools = ToolRegistry.from_request(request)
+    constraints.check_compiles(request, tools)
     if request.background and not request.store:
         raise InvalidRequest(
             "Background responses are stored: they need `store` true.", param="store"
