@@ -14,6 +14,7 @@ from serve_app.protocol.responses import new_conversation_id
 from serve_app.serving.auth import Owner
 from serve_app.serving.pagination import listing, unknown_after
 from serve_app.serving.responses_service import stored_item
+from serve_app.serving.validation import check_text
 from serve_app.store.base import ResponseStore, StoredConversation
 
 MAX_ITEMS_PER_CALL = 20  # OpenAI's limit for items added in one call
@@ -48,6 +49,7 @@ def conversations_router(store: ResponseStore) -> APIRouter:
 
     @router.post("")
     async def create_conversation(body: ConversationCreate, owner: Owner) -> dict:
+        check_text(body.items, "items")  # rendered by every response that continues it
         conversation = StoredConversation(
             id=new_conversation_id(),
             created_at=int(time.time()),
@@ -98,6 +100,7 @@ def conversations_router(store: ResponseStore) -> APIRouter:
     @router.post("/{conversation_id}/items")
     async def add_items(conversation_id: str, body: ItemsCreate, owner: Owner) -> dict:
         await existing(conversation_id, owner)
+        check_text(body.items, "items")
         added = [stored_item(item) for item in body.items]
         await store.append_items(conversation_id, added)
         return {

@@ -14,9 +14,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 
+from pydantic import BaseModel
+
 from serve_app.config import AppArgs
 from serve_app.constraints import validate as constraints
 from serve_app.harmony import compaction, schemas
+from serve_app.harmony.pieces import MAX_PIECE_CHARS, long_piece
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import UnrenderableRequest
 from serve_app.harmony.tools import ToolRegistry
@@ -44,10 +47,41 @@ def check_request(args: AppArgs, request: ResponsesRequest, *, check_limits: boo
         raise model_not_found(request.model)
     if check_limits:
         _check_limits(args, request)
+    check_text(request)
     if request.conversation_id is not None and request.previous_response_id is not None:
         raise InvalidRequest(
             "Use `conversation` or `previous_response_id`, not both.", param="conversation"
         )
+
+
+def check_text(value: object, param: str = "") -> None:
+    """No text harmony's tokenizer would take unbounded time over: a piece longer than
+    `MAX_PIECE_CHARS` anywhere in ``value`` (a request, or items added to a conversation) is a
+    400 naming its field (serve_app.harmony.pieces). Walked with a stack, not recursion: the
+    door meets nesting deeper than Python's recursion limit before its other checks."""
+    stack: list[tuple[object, str]] = [(value, param)]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, str):
+            length = long_piece(node)
+            if length:
+                raise InvalidRequest(
+                    f"{at or 'The request'} holds {length:,} characters without a break (no "
+                    "whitespace, digit, or change between letters and punctuation): more than "
+                    f"the {MAX_PIECE_CHARS:,} the tokenizer takes in bounded time.",
+                    param=at or None,
+                )
+        elif isinstance(node, BaseModel):
+            fields = [
+                (field.alias or name, getattr(node, name))
+                for name, field in type(node).model_fields.items()
+            ]
+            fields += (node.__pydantic_extra__ or {}).items()
+            stack.extend((child, f"{at}.{name}" if at else name) for name, child in fields)
+        elif isinstance(node, dict):
+            stack.extend((child, f"{at}.{key}" if at else str(key)) for key, child in node.items())
+        elif isinstance(node, list | tuple):
+            stack.extend((child, f"{at}[{index}]") for index, child in enumerate(node))
 
 
 def _check_limits(args: AppArgs, request: ResponsesRequest) -> None:
