@@ -126,7 +126,9 @@ class HandleEngineClient:
         finally:
             ENGINE_CHANNELS.dec()
             del self._channels[replica]
-            if not delivered:  # refused (the replica is gone, or full): not again at once
+            if delivered:
+                self._reopen_at.pop(replica, None)
+            else:  # refused (the replica is gone, or full): not again at once
                 self._reopen_at[replica] = time.monotonic() + CHANNEL_RETRY_S
             self._inboxes.channel_ended(replica, ended)
 
