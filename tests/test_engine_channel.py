@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from openai import AsyncOpenAI
@@ -20,7 +20,7 @@ from ray.serve.exceptions import RequestCancelledError
 from serve_app.engines.base import GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.serving import engine_deployment
-from serve_app.serving.engine_channel import ChannelClosed
+from serve_app.serving.engine_channel import ChannelClosed, Outbox
 from serve_app.serving.engine_client import HandleEngineClient
 from serve_app.serving.engine_deployment import EngineDeployment
 from tests.helpers import scrape_metrics
@@ -266,6 +266,38 @@ async def test_an_idle_channel_closes_and_a_request_moves_to_the_reopened_one_mi
     assert len(chunks) >= 5 and len(handle.items["generate"]) <= 3, (chunks, handle.items)
     assert handle.items["channel"]
     assert client._channels
+
+
+class _LastChunkAsTheWaitGivesUp(asyncio.Event):
+    """The outbox's "something is pending" event, whose first wait is given up (the channel
+    idle) just as the last request puts its last chunk and ends: the race the CI caught."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        super().__init__()
+        self._outbox = outbox
+        self._raced = False
+
+    async def wait(self) -> Literal[True]:
+        if self._raced:
+            return await super().wait()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:  # wait_for's timeout
+            self._raced = True
+            self._outbox.put("r1", GenerateChunk(token_ids=[7], finish_reason="stop"))
+            self._outbox.requests.clear()  # the request is done: only its chunk is left
+            raise
+        raise AssertionError("the idle wait never timed out")
+
+
+async def test_an_idle_channel_sends_a_last_chunk_that_came_as_it_gave_up_waiting() -> None:
+    outbox = Outbox(window_s=0, idle_s=0.01)
+    outbox.requests["r1"] = asyncio.create_task(asyncio.sleep(0))
+    outbox._ready = _LastChunkAsTheWaitGivesUp(outbox)
+    batches = [batch async for batch in outbox.batches()]
+    assert [[(rid, chunk.token_ids) for rid, chunk in batch] for batch in batches] == [
+        [("r1", [7])]
+    ]
 
 
 async def test_a_first_token_is_not_held_back_by_the_channel_window(

@@ -99,7 +99,9 @@ class Outbox:
                 try:
                     await asyncio.wait_for(self._ready.wait(), self._idle_s)
                 except TimeoutError:
-                    if not self.requests:
+                    # A request may have ended while the wait gave up: its last chunk is then
+                    # pending, and still goes out.
+                    if not self.requests and not self._pending:
                         return  # idle: the caller reopens it when it next needs it
                 continue
             wait_s = self._window_s - (time.monotonic() - last_send)

@@ -187,7 +187,7 @@ class EngineDeployment:
         try:
             while not finished:
                 outbox = self._outboxes.get(caller) if caller else None
-                if outbox is not None:
+                if outbox is not None and not outbox.closed:  # closed: its caller is gone
                     route.move_to(outbox, producer)
                     yield OnChannel(self._replica_id)
                     finished = await self._ride(outbox, route, producer, caller)
