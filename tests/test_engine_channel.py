@@ -20,7 +20,7 @@ from ray.serve.exceptions import RequestCancelledError
 from serve_app.engines.base import GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.serving import engine_deployment
-from serve_app.serving.engine_channel import ChannelClosed, Outbox
+from serve_app.serving.engine_channel import CHANNEL_IDLE_S, ChannelClosed, Outbox
 from serve_app.serving.engine_client import HandleEngineClient
 from serve_app.serving.engine_deployment import EngineDeployment
 from tests.helpers import scrape_metrics
@@ -381,3 +381,46 @@ async def test_the_app_streams_its_requests_over_channels_without_losing_a_token
     # At most one request per (ingress, engine replica) pair streams on its own before the
     # pair's channel is open, or a round's worth while it opens.
     assert on_channel >= 8, (before, after)
+
+
+async def _until(stream: Any, event_type: str) -> None:
+    async for event in stream:
+        if event.type == event_type:
+            return
+    pytest.fail(f"the stream ended before {event_type}")
+
+
+async def test_a_client_leaving_does_not_close_the_channel_its_request_opened(
+    app_url: str,
+) -> None:
+    """The channel is opened while a request streams (its first chunk names the replica); the
+    client of that request leaving must not end it for the requests riding it."""
+    await asyncio.sleep(CHANNEL_IDLE_S + 0.5)  # earlier tests' channels closed: the next opens one
+    key = "channel-opener"
+    async with AsyncOpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0) as client:
+        opener = await client.responses.create(
+            model="gpt-oss-120b", input="SDK-SLOW: open", prompt_cache_key=key, stream=True
+        )
+        await _until(opener, "response.reasoning_text.done")  # its engine call runs on
+
+        async def ride(index: int) -> tuple[str, str]:
+            stream = await client.responses.create(
+                model="gpt-oss-120b", input=f"SDK-PAUSE: {index}", prompt_cache_key=key, stream=True
+            )
+            last = None
+            async for event in stream:
+                last = event
+                if event.type == "response.reasoning_text.done":
+                    riding.append(index)
+            assert last is not None
+            return last.type, last.response.output_text
+
+        riding: list[int] = []
+        riders = [asyncio.create_task(ride(index)) for index in range(6)]
+        for _ in range(100):  # every rider mid-turn (in its pause), most on a channel
+            if len(riding) == len(riders):
+                break
+            await asyncio.sleep(0.05)
+        await opener.close()  # the opener's client leaves
+        for last_type, text in await asyncio.gather(*riders):
+            assert (last_type, text) == ("response.completed", "Back after the pause.")

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
+from contextvars import Context
 from typing import Any, Protocol
 
 from ray.serve.exceptions import BackPressureError
@@ -103,8 +104,11 @@ class HandleEngineClient:
             return
         if self._reopen_at.get(replica, 0.0) > time.monotonic():
             return
+        # In a context of its own: made in the request's, the channel call would be that
+        # request's child, and Serve cancels a request's children when its client leaves,
+        # failing every other request riding the channel.
         self._channels[replica] = asyncio.create_task(
-            self._read_channel(replica), name=f"engine channel {replica}"
+            self._read_channel(replica), name=f"engine channel {replica}", context=Context()
         )
 
     async def _read_channel(self, replica: str) -> None:
