@@ -82,7 +82,9 @@ def _test_config(tmp: Path, port: int, store_url: str) -> Path:
             # ENGINE_MAX_ONGOING generations, plus each ingress replica's channel (as the
             # configs count them: serve_app/serving/engine_channel.py).
             deployment["max_ongoing_requests"] = ENGINE_MAX_ONGOING + REPLICAS
-            deployment["max_queued_requests"] = ENGINE_MAX_QUEUED
+            # ENGINE_MAX_QUEUED requests, plus a channel being opened to each engine replica
+            # (it waits in the same queue for a moment).
+            deployment["max_queued_requests"] = ENGINE_MAX_QUEUED + REPLICAS
             if ENGINE == "vllm":  # one model in memory, both cores for it
                 deployment["num_replicas"] = 1
     path = tmp / "serve_config.yaml"
