@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import queue
 import re
 import sqlite3
 import time
@@ -98,6 +99,8 @@ class App:
 async def app(store_url: str) -> AsyncIterator[App]:  # noqa: F811 - the imported fixture
     store = SqlResponseStore(store_url)
     await store.start()
+    for response_id in await store.ids():  # the PostgreSQL server is shared by the session
+        await store.delete(response_id)
     engine = SimulatedEngine(SimulatedEngineConfig(decode_tokens_per_s=50_000))
     await engine.start()
     api = create_api(AppArgs(), InProcessEngineClient(engine), ReasoningVault("k"), store)
@@ -355,7 +358,22 @@ async def _write_many(url: str, tag: str) -> tuple[list[str], list[str]]:
 
 
 def _writer_process(url: str, tag: str, results) -> None:
-    results.put((tag, *asyncio.run(_write_many(url, tag))))
+    try:
+        results.put((tag, *asyncio.run(_write_many(url, tag))))
+    except BaseException as error:  # the store did not even start: say so, do not hang
+        results.put((tag, [], [repr(error)]))
+        raise
+
+
+def _outcome(results, processes: list) -> tuple[str, list[str], list[str]]:
+    """The next writer's outcome; a writer that died without one fails the test at once."""
+    while True:
+        with contextlib.suppress(queue.Empty):
+            return results.get(timeout=1)
+        if any(process.exitcode not in (None, 0) for process in processes):
+            with contextlib.suppress(queue.Empty):
+                return results.get(timeout=5)
+            raise AssertionError(f"a writer died: {[p.exitcode for p in processes]}")
 
 
 async def test_many_writers_in_two_processes_on_one_sqlite_file_lose_nothing(
@@ -371,7 +389,7 @@ async def test_many_writers_in_two_processes_on_one_sqlite_file_lose_nothing(
     ]
     for process in processes:
         process.start()
-    outcomes = [await asyncio.to_thread(results.get, timeout=600) for _ in processes]
+    outcomes = [await asyncio.to_thread(_outcome, results, processes) for _ in processes]
     for process in processes:
         process.join(timeout=60)
     acknowledged = [response_id for _, done, _ in outcomes for response_id in done]
