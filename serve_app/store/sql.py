@@ -257,7 +257,8 @@ class SqlResponseStore(ResponseStore):
         url = make_url(self.url)
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
             _private_sqlite_file(Path(url.database).expanduser())
-        self._engine = create_async_engine(url, pool_pre_ping=True)
+        # A connection to an SQLite file does not go stale: no ping (a round trip per write).
+        self._engine = create_async_engine(url, pool_pre_ping=url.get_backend_name() != "sqlite")
         if url.get_backend_name() == "sqlite":
             event.listen(self._engine.sync_engine, "connect", _sqlite_pragmas)
             event.listen(self._engine.sync_engine, "begin", _sqlite_begin)
