@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+# The logprob reported for a token of no probability (vLLM's -inf: masked by a grammar).
+MIN_LOGPROB = -9999.0
 # Enough of a GPU to make it visible to the config-building task, not enough to block workers.
 _CONFIG_TASK_GPUS = 0.001
 # vLLM's StructuredOutputsConfig: llguidance (it reads our Lark grammars over harmony's special
@@ -418,15 +421,24 @@ def _token_logprobs(
     entries: list[TokenLogprob] = []
     for token, position in zip(sampled, positions, strict=False):
         best = sorted(
-            (lp.rank, int(tid), float(lp.logprob))
+            (lp.rank, int(tid), _finite(lp.logprob))
             for tid, lp in position.items()
             if lp.rank is not None and lp.rank <= top
         )
         chosen = position.get(token)
-        logprob = float(chosen.logprob) if chosen is not None else 0.0
+        logprob = _finite(chosen.logprob) if chosen is not None else 0.0
         entries.append((logprob, tuple((tid, lp) for _, tid, lp in best[:top])))
     entries.extend((0.0, ()) for _ in range(length - len(entries)))
     return entries[:length]
+
+
+def _finite(logprob: float) -> float:
+    """``logprob``, with -inf (and NaN) as ``MIN_LOGPROB``: under a constraint vLLM computes
+    logprobs after the grammar's mask, so every token the grammar forbids has -inf, and a
+    position the grammar forces has no second alternative above it. JSON has no -inf (the
+    Response would fail to serialize: a 500); a finite floor keeps the alternatives asked for."""
+    value = float(logprob)
+    return value if math.isfinite(value) else MIN_LOGPROB
 
 
 def _finish(
