@@ -102,5 +102,6 @@ def test_prompts_reach_vllm_rendered_not_raw(app_url: str, app_cluster: None) ->
 
     for actor in engine_replica_actors():
         output = ray.get(replica_actor(actor).__ray_call__.remote(replica_output), timeout=30)
-        assert "vLLM engine started" in output or "vllm" in output.lower(), output[-2000:]
+        # vLLM's own log is there (the engine core, a child, writes to the same files).
+        assert "Initializing a V1 LLM engine" in output, output[-2000:]
         assert "Passing raw prompts" not in output, output[-2000:]
