@@ -155,8 +155,7 @@ class PrefixAffinityRouter(RequestRouter):
             self._waiting -= 1
         if outcome == "timed_out":
             logger.warning(
-                "no round of routing-stats reports within %.1f s; placing conversation %s "
-                "as new",
+                "no round of routing-stats reports within %.1f s; placing conversation %s as new",
                 self._report_wait_s,
                 key_digest(key),
             )
