@@ -4,7 +4,9 @@ The shared session app is left alone: this test runs an app of its own on the se
 cluster (``serve.run``, route prefix ``/drain``, no CPUs reserved): one ingress replica and two
 engine replicas of the simulated engine, with configs/local.yaml's deployment options (its
 shutdown budgets among them). Turns stream until both engine replicas serve one; then the app
-is deployed again with one engine replica, and Serve stops the other while its streams run.
+is deployed again with one engine replica. A `serve.run` is a new version of each deployment,
+so Serve replaces the ingress replica and both engine replicas (one of them for good), each
+draining while its streams run: a redeploy and a downscale at once.
 Each stream must end ``response.completed`` with every token: the stopped replica gets no new
 requests, its channels and its caller watch leave the draining requests alone, and the budget
 (``graceful_shutdown_timeout_s``) outlasts them.
