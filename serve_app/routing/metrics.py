@@ -21,7 +21,8 @@ REPORT_WAITS = Counter(
     "serve_app:routing_report_waits",
     "Later turns of conversations unknown to this router that waited for a round of the "
     "engine replicas' reports, by outcome: found (a replica served it), unknown (none did: "
-    "placed as new), timed_out (no round within report_wait_s).",
+    "placed as new), timed_out (no round within report_wait_s), skipped (placed at once, as "
+    "new: all of Ray's routing tasks but one were waiting already).",
     ["outcome"],
 )
 REPLICA_ONGOING = Gauge(

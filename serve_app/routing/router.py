@@ -6,15 +6,19 @@ the ingress sets to the ``prompt_cache_key`` (or a hash of the prompt's start). 
 conversation goes is `serve_app.routing.affinity.ConversationPlacer`'s choice, pure computation
 over the router's own queue-length view and the engine replicas' routing stats (the
 conversations each serves, ``serve_app.routing.directory``), both of which Ray Serve delivers
-to the router: no remote call on the router's event loop, only one bounded wait
-(`PrefixAffinityRouter._await_reports_for`).
+to the router: no remote call on the router's event loop, only one short bounded wait
+(`PrefixAffinityRouter._await_reports_for`), which never holds every routing task.
+
+Only Ray Serve's public `RequestRouter` surface is used: ``curr_replicas``,
+``replica_queue_len_cache`` and ``max_num_routing_tasks``.
 
 Configure it in the Serve config (``request_router_kwargs`` are the placer's keyword arguments
 and ``report_wait_s``):
 
     request_router_config:
       request_router_class: serve_app.routing.router.PrefixAffinityRouter
-      request_router_kwargs: {load_factor: 1.25, spill_factor: 2.0, min_bound: 16}
+      request_router_kwargs: {load_factor: 1.25, spill_factor: 2.0, min_bound: 16,
+                              report_wait_s: 1}
       request_routing_stats_period_s: 1
 """
 
@@ -38,7 +42,11 @@ logger = logging.getLogger(__name__)
 
 # Replicas tried after the chosen one when it turns the request away (it is full).
 MAX_FALLBACKS = 2
-DEFAULT_REPORT_WAIT_S = 3.0
+# A wait normally ends within one round of reports, about one request_routing_stats_period_s
+# (1 s in the configs): each replica reports every 0.9 to 1.1 periods, then the controller
+# hands the reports on. This bounds it when reports are late, at one period: it holds one
+# routing task meanwhile, never all. configs/local.yaml allows two (a loaded 2-core box).
+DEFAULT_REPORT_WAIT_S = 1.0
 
 
 class PrefixAffinityRouter(RequestRouter):
@@ -56,6 +64,8 @@ class PrefixAffinityRouter(RequestRouter):
         self._report_wait_s = report_wait_s
         # Set (and replaced) on every routing-stats broadcast: wakes requests waiting for one.
         self._reports_arrived = asyncio.Event()
+        # Requests now waiting for reports, each holding one of Ray's routing tasks.
+        self._waiting = 0
         logger.info(
             "PrefixAffinityRouter: %s, report_wait_s %s", options or "defaults", report_wait_s
         )
@@ -91,7 +101,8 @@ class PrefixAffinityRouter(RequestRouter):
             # if that one is gone, anywhere: the replica there ends it at once.
             return [[by_id.get(pinned) or candidate_replicas[0]]]
         key = pending_request.metadata.session_id if pending_request is not None else None
-        if key and pending_request is not None:
+        if key and pending_request is not None and len(by_id) > 1:
+            # With one candidate there is nothing to choose: no wait.
             await self._await_reports_for(key, pending_request)
         loads = self._loads()
         metrics.record_loads(loads)
@@ -113,15 +124,21 @@ class PrefixAffinityRouter(RequestRouter):
         return [[by_id[unique_id]] for unique_id in [choice.replica, *fallbacks[:MAX_FALLBACKS]]]
 
     async def _await_reports_for(self, key: str, pending_request: PendingRequest) -> None:
-        """For a later turn of a conversation no router has told this one about: wait for
-        every engine replica to report after the turn arrived.
+        """For a later turn of a conversation no router has told this one about: wait, a
+        moment, for the engine replicas' reports to name it.
 
         One wait, never a call: such a turn (its prompt holds the model's earlier messages) was
         most likely placed a moment ago by another ingress replica's router, not yet reported.
         Placing it now could pick another replica (the counts behind balanced placement may
-        have moved since), a whole prefill lost. So the request waits, at most
-        ``report_wait_s`` (3 s), for a round of reports made after it arrived, which names the
-        replica if any served the conversation: about one ``request_routing_stats_period_s``.
+        have moved since), a whole prefill lost. So the request waits until a report names the
+        conversation, or every replica has reported after the turn arrived (none served it),
+        or ``report_wait_s`` passes (1 s; a round takes about one
+        ``request_routing_stats_period_s``, 1 s in the configs).
+
+        The wait holds one of Ray's routing tasks, and Ray runs at most
+        ``max_num_routing_tasks`` of them (twice the replicas): all of them waiting would stall
+        every request this ingress replica routes. So at most all but one wait at once; a turn
+        beyond that is placed at once, as new (``REPORT_WAITS{outcome="skipped"}``).
         Turns of known conversations and first turns never wait; a conversation resumed after
         ``idle_s`` waits once. ``report_wait_s: 0`` turns it off (one ingress replica has
         nothing to wait for)."""
@@ -131,30 +148,42 @@ class PrefixAffinityRouter(RequestRouter):
             or not continues_conversation(_prompt_token_ids(pending_request))
         ):
             return
+        if self._waiting >= self.max_num_routing_tasks - 1:
+            metrics.REPORT_WAITS.labels("skipped").inc()
+            return
+        self._waiting += 1
+        try:
+            outcome = await self._wait_for_reports(key, pending_request.created_at)
+        finally:
+            self._waiting -= 1
+        if outcome == "timed_out":
+            logger.warning(
+                "no round of routing-stats reports within %.1f s; placing conversation %s as new",
+                self._report_wait_s,
+                key_digest(key),
+            )
+        metrics.REPORT_WAITS.labels(outcome).inc()
+
+    async def _wait_for_reports(self, key: str, arrived_at: float) -> str:
+        """Wait for reports naming ``key``, or a whole round of them since ``arrived_at``."""
         deadline = time.monotonic() + self._report_wait_s
-        while not self._placer.directory.reported_since(pending_request.created_at):
+        while not self._placer.knows(key):
+            if self._placer.directory.reported_since(arrived_at):
+                return "unknown"
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                logger.warning(
-                    "no round of routing-stats reports within %.1f s; placing conversation %s "
-                    "as new",
-                    self._report_wait_s,
-                    key_digest(key),
-                )
-                metrics.REPORT_WAITS.labels("timed_out").inc()
-                return
+                return "timed_out"
             # A broadcast replaces the event after setting it; this waits on the current one.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._reports_arrived.wait(), remaining)
-        metrics.REPORT_WAITS.labels("found" if self._placer.knows(key) else "unknown").inc()
+        return "found"
 
     def _loads(self) -> dict[str, int]:
         """Ongoing requests per replica, as this router last saw them (missing counts as 0)."""
-        loads = {}
-        for replica_id in self._replicas:
-            queue_len = self._replica_queue_len_cache.get(replica_id)
-            loads[replica_id.unique_id] = queue_len or 0
-        return loads
+        cache = self.replica_queue_len_cache
+        return {
+            replica_id.unique_id: cache.get(replica_id) or 0 for replica_id in self.curr_replicas
+        }
 
 
 def _pinned_replica(pending_request: PendingRequest | None) -> str | None:

@@ -42,6 +42,7 @@ from serve_app.engines.base import (
 )
 from serve_app.engines.factory import make_engine
 from serve_app.routing.directory import ServedConversations
+from serve_app.serving.autoscaling import GENERATING_REQUESTS
 from serve_app.serving.engine_channel import (
     CHANNEL_IDLE_S,
     Batch,
@@ -395,6 +396,12 @@ class EngineDeployment:
         """Ray Serve hands this to every request router (see ``serve_app.routing.directory``).
         Async, so it runs on the event loop that records conversations, not in a thread."""
         return self._served.report()
+
+    async def record_autoscaling_stats(self) -> dict[str, int]:
+        """Ray Serve's custom autoscaling metric: the requests the engine holds, which the
+        engine deployment's policy scales on (``serve_app.serving.autoscaling``). Serve's own
+        ongoing count also holds the open channels, which generate nothing."""
+        return {GENERATING_REQUESTS: self._engine.num_ongoing_requests()}
 
     async def check_health(self) -> None:
         await self._engine.check_health()
