@@ -125,6 +125,7 @@ def running_app(config: dict, folder: Path) -> Iterator[App]:
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_DEDUP_LOGS": "0",  # every failed store write on a line of its own, to count
     }
     serve = Path(sys.executable).parent / "serve"
     with log.open("wb") as out:
@@ -184,11 +185,32 @@ class Outcome:
     conversation: str | None = None
     items: list[str] = field(default_factory=list)  # ids that must be in the conversation
 
+    @property
+    def stored(self) -> bool:
+        """Something the server stored: it must be retrievable."""
+        return self.response_id is not None or bool(self.items)
 
-def _body(number: int, conversation: str | None = None, **extra: Any) -> dict:
-    body = {"model": MODEL, "input": f"soak {number}: say something", "store": True, **extra}
+
+def _codex_turns(count: int) -> list[dict]:
+    """First turns of Codex-like sessions (loadtests/traces.py): Codex's real instructions and
+    tools, a task; about 4,000 prompt tokens each, as a coding agent's request is."""
+    sessions = generate(count, 2.0, seed=27, min_turns=1, max_turns=1)
+    return [{"input": s.turn_input(0), "tools": s.tools} for s in sessions]
+
+
+CODEX_TURNS: list[dict] = []
+
+
+def _body(number: int, prompt: str, conversation: str | None = None) -> dict:
+    """A stored response's request: with ``prompt`` "codex" a Codex session's first turn (a
+    conversation's responses stay short: their history grows with every append)."""
+    body = {"model": MODEL, "input": f"soak {number}: say something", "store": True}
     if conversation is not None:
         body["conversation"] = conversation
+    elif prompt == "codex":
+        if not CODEX_TURNS:
+            CODEX_TURNS.extend(_codex_turns(50))
+        body.update(CODEX_TURNS[number % len(CODEX_TURNS)])
     return body
 
 
@@ -309,10 +331,11 @@ async def run_writes(url: str, args: argparse.Namespace) -> tuple[list[Outcome],
                 if kind == "items":
                     call = append_items(client, conversation, number)
                 elif kind == "ws":
-                    call = ws_response(url, _body(number), args.stream_bound)
+                    call = ws_response(url, _body(number, args.prompt), args.stream_bound)
                 else:
                     make = sse_response if kind == "sse" else json_response
-                    call = make(client, _body(number, conversation), args.stream_bound)
+                    body = _body(number, args.prompt, conversation)
+                    call = make(client, body, args.stream_bound)
                 op = f"{kind}+conversation" if conversation and kind != "items" else kind
                 results.append(await guarded(op, call))
                 if len(results) % 500 == 0:
@@ -402,13 +425,20 @@ async def check(url: str, acked: list[Outcome]) -> dict[int, str]:
 # --- reporting --------------------------------------------------------------------------------
 
 
-def report(store: str, results: list[Outcome], verdicts: dict[int, str], logged: int) -> str:
-    acked = [o for o in results if o.outcome == "acked"]
+def report(
+    store: str,
+    results: list[Outcome],
+    checked: list[Outcome],
+    verdicts: dict[int, str],
+    logged: int,
+) -> str:
+    """Counts by kind of request; ``checked`` are the acknowledged stored writes, each with its
+    verdict (kept, lost, unchecked) by index."""
     by_op: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for outcome in results:
         by_op[outcome.op]["sent"] += 1
         by_op[outcome.op][outcome.outcome] += 1
-    for index, outcome in enumerate(acked):
+    for index, outcome in enumerate(checked):
         by_op[outcome.op][verdicts[index]] += 1
     columns = ("sent", "acked", "kept", "lost", "unchecked", "refused", "hung", "improper")
     lines = [f"   {'':<18}" + "".join(f"{name:>10}" for name in columns)]
@@ -422,7 +452,8 @@ def report(store: str, results: list[Outcome], verdicts: dict[int, str], logged:
         f"{o.outcome}: {o.op}: {o.detail}" for o in results if o.outcome != "acked"
     )
     head = (
-        f"== {store}: acknowledged {total['acked']:,}, lost {total['lost']:,}, "
+        f"== {store}: acknowledged {total['acked']:,} (stored {len(checked):,}), "
+        f"lost {total['lost']:,}, "
         f"refused properly {total['refused']:,}, hung {total['hung']:,}, "
         f"improper {total['improper']:,}; store failures in the app's log: {logged:,}"
     )
@@ -438,6 +469,9 @@ def report(store: str, results: list[Outcome], verdicts: dict[int, str], logged:
 def join_cluster(serve_pid: int) -> None:
     """This process joins the Ray cluster that this ``serve run`` started (its raylet, a
     child process, names the cluster's GCS address), not any other on the machine."""
+    # `serve run` started its cluster with Ray's token authentication on (the default for a
+    # new local cluster, its token in ~/.ray/auth_token); a driver joining it must use it too.
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
 
     for proc in Path("/proc").iterdir():
@@ -568,12 +602,11 @@ def soak(store: str, args: argparse.Namespace) -> str:
                     took = args.duration
                 else:
                     results, took = asyncio.run(run_writes(app.url, args))
-                acked = [o for o in results if o.outcome == "acked" and (o.response_id or o.items)]
-                verdicts = asyncio.run(check(app.url, acked))
-                results = [o for o in results if o.outcome != "acked"] + acked
+                checked = [o for o in results if o.outcome == "acked" and o.stored]
+                verdicts = asyncio.run(check(app.url, checked))
                 logged = store_failures_logged(app)
         print(f"   {len(results):,} requests in {took:.0f} s")
-        return report(store, results, verdicts, logged)
+        return report(store, results, checked, verdicts, logged)
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
@@ -587,6 +620,12 @@ def main() -> None:
     parser.add_argument("--appends", type=int, default=2000, help="writes: conversation appends")
     parser.add_argument("--writers", type=int, default=64, help="writes: concurrent writers")
     parser.add_argument("--ws-share", type=float, default=0.1, help="writes: share on WebSocket")
+    parser.add_argument(
+        "--prompt",
+        choices=["codex", "short"],
+        default="codex",
+        help="writes: each response a Codex session's first turn (~4k tokens), or one line",
+    )
     parser.add_argument("--duration", type=int, default=600, help="faults: seconds of replay")
     parser.add_argument("--kill-every", type=float, default=120, help="faults: engine kills")
     parser.add_argument("--engine-slots", type=int, default=16, help="faults: per engine replica")
@@ -598,7 +637,10 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temp folders (logs)")
     args = parser.parse_args()
     stores = args.stores or ["sqlite", "postgresql"]
-    reports = [soak(store, args) for store in stores]
+    reports = []
+    for store in stores:
+        reports.append(soak(store, args))
+        print(reports[-1], flush=True)
     print("\n" + "\n".join(reports), flush=True)
 
 

@@ -80,7 +80,9 @@ def test_a_short_stored_replay_records_outcomes_and_every_acknowledged_turn_is_k
 def test_a_small_soak_of_writes_keeps_every_acknowledged_one(app_url: str) -> None:
     """The soak's writers and its check against the test app: every kind of write, each
     acknowledged one found again (a 429 from the test app's small engine is a proper refusal)."""
-    args = argparse.Namespace(responses=24, appends=16, writers=4, ws_share=0.25, stream_bound=60.0)
+    args = argparse.Namespace(
+        responses=24, appends=16, writers=4, ws_share=0.25, stream_bound=60.0, prompt="codex"
+    )
     results, _ = asyncio.run(soak_store.run_writes(app_url, args))
     assert len(results) == 40
     assert {o.outcome for o in results} <= {"acked", "refused"}, [o.detail for o in results]
