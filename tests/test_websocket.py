@@ -251,3 +251,41 @@ def test_prompt_cache_prewarm_is_a_prewarm_and_the_options_are_strict(app_url: s
             error = json.loads(socket.recv(timeout=30))
             assert error["type"] == "error" and error["status"] == 400, error
             assert error["error"]["param"] == param
+
+
+def test_blobs_the_server_cannot_open_over_a_socket(client) -> None:
+    # A megabyte without a break is never read as text: a reasoning item's is ignored (the
+    # prompt as without it), a compaction item's is an error event naming it, as over HTTP
+    # (tests/test_opaque_blobs.py); the socket serves on.
+    blob = "A" * (1 << 20)
+    question = {"role": "user", "content": "weather in Paris?"}
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}
+    result = {"type": "function_call_output", "call_id": "c1", "output": "SDK-TEXT: sunny"}
+    thought = {"type": "reasoning", "summary": [], "encrypted_content": blob}
+    with client.responses.connect() as connection:
+        bare = respond(connection, input=[question, call, result], tools=[WEATHER_TOOL])
+        connection.response.create(
+            model=MODEL, input=[question, thought, call, result], tools=[WEATHER_TOOL], store=False
+        )
+        done = until_done(connection)[-1]
+        assert done.type == "response.completed", done
+        served = done.response
+        assert served.usage.input_tokens == bare.usage.input_tokens
+        # Continued from the socket's memory, the blob in the history is ignored the same way.
+        continued = respond(
+            connection, input="SDK-TEXT: again", previous_response_id=served.id, store=False
+        )
+        assert continued.status == "completed"
+
+        connection.response.create(
+            model=MODEL, input=[question, {"type": "compaction", "encrypted_content": blob}]
+        )
+        (refused,) = until_done(connection)
+        assert isinstance(refused, ResponseWsError) and refused.status == 400
+        assert refused.error.model_dump(exclude_unset=True) == {
+            "type": "invalid_request_error",
+            "code": "invalid_encrypted_content",
+            "param": "input[1].encrypted_content",
+            "message": refused.error.message,
+        }
+        assert respond(connection, input="SDK-TEXT: still here").status == "completed"

@@ -47,6 +47,19 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
 
 
+class Opaque:
+    """Marks a field the model never reads as text (``Annotated[str, OPAQUE]``): a sealed blob,
+    which the server opens with its key or treats as one it cannot open. It is never tokenized,
+    so the rule for text the tokenizer reads (serve_app.serving.validation.check_text) passes
+    over it."""
+
+    def __repr__(self) -> str:
+        return "OPAQUE"
+
+
+OPAQUE = Opaque()
+
+
 # --- content parts -------------------------------------------------------------------------
 
 TEXT_PART_TYPES = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
@@ -118,7 +131,7 @@ class ReasoningItem(_Lenient):
     id: ItemId | None = None
     summary: list[ReasoningSummary] = Field(default_factory=list)
     content: list[ReasoningContent] | None = None
-    encrypted_content: str | None = None
+    encrypted_content: Annotated[str | None, OPAQUE] = None
 
 
 class _ToolCall(_Lenient):
@@ -175,7 +188,7 @@ class CompactionItem(_Lenient):
     the summary is sealed in ``encrypted_content`` with the server's key."""
 
     type: Literal["compaction"]
-    encrypted_content: str = Field(min_length=1)
+    encrypted_content: Annotated[str, OPAQUE] = Field(min_length=1)
     id: ItemId | None = None
 
 
@@ -297,7 +310,8 @@ class NamespaceTool(_Lenient):
 
 
 class HostedTool(BaseModel):
-    """A tool OpenAI runs server-side (web_search, file_search...): accepted, not rendered."""
+    """A tool OpenAI runs server-side (web_search, file_search...): accepted, not rendered, so
+    its settings are opaque (an ``image_generation`` tool's mask is a base64 data URL)."""
 
     model_config = ConfigDict(**STRICT_TYPES, extra="allow")
     type: str

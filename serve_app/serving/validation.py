@@ -26,7 +26,9 @@ from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol import strict_schema
 from serve_app.protocol.errors import InvalidRequest, NotFound, model_not_found
 from serve_app.protocol.requests import (
+    OPAQUE,
     CompactionItem,
+    HostedTool,
     InputItem,
     ItemReference,
     ResponsesRequest,
@@ -58,7 +60,14 @@ def check_text(value: object, param: str = "") -> None:
     """No text harmony's tokenizer would take unbounded time over: a piece longer than
     `MAX_PIECE_CHARS` anywhere in ``value`` (a request, or items added to a conversation) is a
     400 naming its field (serve_app.harmony.pieces). Walked with a stack, not recursion: the
-    door meets nesting deeper than Python's recursion limit before its other checks."""
+    door meets nesting deeper than Python's recursion limit before its other checks.
+
+    What is never tokenized is not judged: a sealed blob (a field marked `OPAQUE`) is opened
+    with the server's key or treated as unopenable whatever its size (a reasoning item's is
+    ignored when rendering, a compaction item's is a 400 in `check_items`), and a hosted tool's
+    settings are not rendered. The text of a blob that opens is the model's own, so it goes
+    unchecked, as the model's output in a stored history does. Image and file parts become a
+    note: the request model does not even keep their data."""
     stack: list[tuple[object, str]] = [(value, param)]
     while stack:
         node, at = stack.pop()
@@ -71,10 +80,13 @@ def check_text(value: object, param: str = "") -> None:
                     f"the {MAX_PIECE_CHARS:,} the tokenizer takes in bounded time.",
                     param=at or None,
                 )
+        elif isinstance(node, HostedTool):
+            continue  # accepted, never rendered: its settings are opaque
         elif isinstance(node, BaseModel):
             fields = [
                 (field.alias or name, getattr(node, name))
                 for name, field in type(node).model_fields.items()
+                if OPAQUE not in field.metadata
             ]
             fields += (node.__pydantic_extra__ or {}).items()
             stack.extend((child, f"{at}.{name}" if at else name) for name, child in fields)
@@ -169,7 +181,7 @@ def check_items(
     check_tool_choice(request)
     tools = ToolRegistry.from_request(request)
     _check_tool_parameters(tools)
-    _check_compaction_items(items, vault, owner)
+    _check_compaction_items(items, vault, owner, len(history), history_param(request))
     return tools
 
 
@@ -200,16 +212,27 @@ def _check_tool_parameters(tools: ToolRegistry) -> None:
 
 
 def _check_compaction_items(
-    items: Sequence[InputItem], vault: ReasoningVault | None, owner: str | None
+    items: Sequence[InputItem],
+    vault: ReasoningVault | None,
+    owner: str | None,
+    first_input: int,
+    in_history: str,
 ) -> None:
-    for item in items:
+    """Every compaction item opens for ``owner``, whatever its size (a blob is opened, never
+    read as text). The error names the input item's ``encrypted_content``, or
+    ``in_history`` (what `history_param` names) for one in the continued history."""
+    for index, item in enumerate(items):
         if not isinstance(item, CompactionItem):
             continue
         if compaction.open_summary(vault, item.encrypted_content, owner) is None:
             raise InvalidRequest(
                 "A compaction item could not be opened: it was made by another server, with "
                 "another key or for another API key, or altered. Send the full history instead.",
-                param="input",
+                param=(
+                    f"input[{index - first_input}].encrypted_content"
+                    if index >= first_input
+                    else in_history
+                ),
                 code="invalid_encrypted_content",
             )
 
