@@ -6,7 +6,8 @@ replicas, once per store: SQLite (a file in a temporary folder, the default kind
 PostgreSQL (a throwaway server, as tests/postgres.py starts it). Then one of:
 
 ``writes``: ``--writers`` (64) concurrent writers create ``--responses`` (5,000) stored
-responses (streamed over SSE, not streamed, and a share over WebSocket) and ``--appends``
+responses (streamed over SSE, not streamed, and a share over WebSocket; each a Codex session's
+first turn, about 4,000 prompt tokens, or one line with ``--prompt short``) and ``--appends``
 (2,000) conversation appends (``POST /v1/conversations/{id}/items``, and responses with
 ``conversation``) spread over one conversation per 20 appends. Then every acknowledged id is
 fetched (``GET /v1/responses/{id}``; each conversation's items listed).
@@ -70,8 +71,9 @@ CONFIG = ROOT / "configs" / "local.yaml"
 REPLICAS = 2  # of the ingress and of the engine
 STARTUP_TIMEOUT_S = 300
 ITEMS_PER_CONVERSATION = 20  # appends per conversation (so conversations see concurrent appends)
-# What the app logs when a store write fails (serving/responses_service.py).
-STORE_FAILURES = re.compile(r"could not be stored|not extended|database is locked")
+# What the app logs when it could not store a response or extend a conversation, once each
+# (serving/responses_service.py).
+STORE_FAILURES = re.compile(r"could not be stored|conversation not extended")
 
 
 # --- the app, as users run it -----------------------------------------------------------------
@@ -455,7 +457,7 @@ def report(
         f"== {store}: acknowledged {total['acked']:,} (stored {len(checked):,}), "
         f"lost {total['lost']:,}, "
         f"refused properly {total['refused']:,}, hung {total['hung']:,}, "
-        f"improper {total['improper']:,}; store failures in the app's log: {logged:,}"
+        f"improper {total['improper']:,}; store writes the app logged as failed: {logged:,}"
     )
     lines = [head, *lines]
     for detail, count in details.most_common(12):
