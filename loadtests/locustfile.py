@@ -148,4 +148,5 @@ class CodexSession(HttpUser):
             detail=detail,
             id=response_id if body["store"] else None,
             chained="previous_response_id" in body,
+            at=time.time(),  # to set beside the soak's kills
         )

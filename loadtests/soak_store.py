@@ -520,7 +520,8 @@ def killer(
             continue
         victim = random.choice(alive)
         ray.kill(replica_actor(victim))
-        log.append(f"{time.monotonic() - started:>5.0f} s: killed {victim['name']}")
+        when = f"{time.monotonic() - started:>5.0f} s ({time.strftime('%H:%M:%S')})"
+        log.append(f"{when}: killed {victim['name']}")
         print(f"   {log[-1]}", flush=True)
 
 
