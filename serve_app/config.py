@@ -17,6 +17,11 @@ class EngineConfig(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+# Overrides `store.url` when set: the URL of a shared store carries a password, which belongs in
+# a secret (k8s/rayservice.template.yaml sets it from the serve-app Secret), not in a config file.
+STORE_URL_ENV = "SERVE_APP_STORE_URL"
+
+
 def _default_store_url() -> str:
     data_dir = Path(os.environ.get("SERVE_APP_DATA_DIR", "~/.local/share/serve_app")).expanduser()
     return f"sqlite+aiosqlite:///{data_dir / 'responses.db'}"
@@ -25,10 +30,17 @@ def _default_store_url() -> str:
 class StoreConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # SQLAlchemy async URL. The default is an SQLite file (WAL) under $SERVE_APP_DATA_DIR;
-    # several ingress replicas on several nodes share a PostgreSQL URL instead
-    # (postgresql+asyncpg://user:password@host/db).
+    # SQLAlchemy async URL. The default is an SQLite file (WAL) under $SERVE_APP_DATA_DIR, for
+    # one node; several ingress replicas on several nodes share a PostgreSQL URL instead
+    # (postgresql+asyncpg://user:password@host/db): an ingress replica on SQLite refuses to
+    # start on a cluster of more than one node (serve_app/store/shared.py).
+    # $SERVE_APP_STORE_URL overrides it.
     url: str = Field(default_factory=_default_store_url)
+
+    def resolved_url(self) -> str:
+        """$SERVE_APP_STORE_URL when set, else ``url``; read where the store is opened (the
+        ingress replica), so the variable comes from that node's environment."""
+        return os.environ.get(STORE_URL_ENV) or self.url
 
 
 class BackgroundArgs(BaseModel):

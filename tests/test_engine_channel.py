@@ -1,23 +1,29 @@
 """The channel between an engine replica and an ingress replica (serve_app.serving.engine_channel),
 both ends for real (`HandleEngineClient`, the engine deployment's class, the simulated engine),
 joined by a stand-in for Ray's streamed handle calls that behaves as Ray's do: the replica's
-generator runs on as a task of its own, its items queue for the caller, and cancelling the call
-cancels that task. No Ray (the session app's tests run the same code through Serve)."""
+generator runs on as a task of its own, its items are serialized and queue for the caller (an item
+that cannot be pickled fails the call), and cancelling the call cancels that task. No Ray (the
+session app's tests run the same code through Serve)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import pickle
 import re
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from openai import AsyncOpenAI
 from ray.exceptions import ActorDiedError
 from ray.serve.exceptions import RequestCancelledError
 
-from serve_app.engines.base import GenerateChunk, GenerateRequest, SamplingSettings
+from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.serving import engine_deployment
 from serve_app.serving.engine_channel import CHANNEL_IDLE_S, ChannelClosed, Outbox
@@ -39,9 +45,12 @@ class _Call:
 
     async def _drive(self, generator: AsyncIterator[Any]) -> None:
         try:
-            async for item in generator:
-                self._items_seen.append(1)
-                self._items.put_nowait(item)
+            async with contextlib.aclosing(generator):
+                async for item in generator:
+                    self._items_seen.append(1)
+                    # As Ray does: the caller gets a copy, and an item that cannot be serialized
+                    # fails the whole call (the replica's generator is closed).
+                    self._items.put_nowait(pickle.loads(pickle.dumps(item)))
             self._items.put_nowait(_DONE)
         except asyncio.CancelledError:  # Ray's caller gets an error of its own
             self._items.put_nowait(RequestCancelledError("cancelled"))
@@ -334,6 +343,322 @@ async def test_without_a_caller_every_request_streams_on_its_own(served: Any) ->
         chunks = await _tokens(client, _request(f"r{i}", 20))
         assert [t for chunk in chunks for t in chunk.token_ids] == replica._engine.produced[f"r{i}"]
     assert handle.items["channel"] == [] and not replica._outboxes
+
+
+# --- many requests moving onto a channel as they finish, fail, are cancelled, their callers leave
+
+
+class _ForeignChunk:
+    """An item that is not a `GenerateChunk`: it has what the deployment reads of a chunk
+    (token_ids, engine_ttft_s, replica, finish_reason) and, like an engine's own output
+    object holding a handle, cannot be serialized."""
+
+    def __init__(self, token_ids: list[int]) -> None:
+        self.token_ids = token_ids
+        self.finish_reason = None
+        self.engine_ttft_s = None
+        self.replica = None
+        self._handle = threading.Lock()
+
+
+End = Literal["stop", "length", "abort", "error", "crash", "foreign", "hang"]
+Caller = Literal["reads", "leaves", "cancels"]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One request's script: ``tokens`` one-token chunks, then its ``end`` (a finish chunk, an
+    engine error, a foreign item, or nothing until it is stopped); ``pace``: the loop turns the
+    engine yields before each step; the caller reads it all, leaves after ``patience`` chunks,
+    or has its task cancelled after ``patience`` loop turns; ``delay``: turns before it starts."""
+
+    tokens: int
+    end: End
+    pace: tuple[int, ...]
+    caller: Caller
+    patience: int
+    delay: int
+
+
+def _token(request_id: str, step: int) -> int:
+    return int(request_id.removeprefix("q")) * 100 + step
+
+
+class _ScriptedEngine:
+    """Plays each request's `_Plan`; ``running``: the requests it is generating, each with
+    the event its `abort` sets."""
+
+    def __init__(self, plans: dict[str, _Plan]) -> None:
+        self.plans = plans
+        self.running: dict[str, asyncio.Event] = {}
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Any]:
+        request_id = request.request_id
+        plan = self.plans[request_id]
+        aborted = self.running[request_id] = asyncio.Event()
+        try:
+            for step in range(plan.tokens + 1):
+                for _ in range(plan.pace[step % len(plan.pace)]):
+                    await asyncio.sleep(0)
+                if aborted.is_set():
+                    yield GenerateChunk(finish_reason="abort")
+                    return
+                if step < plan.tokens:
+                    yield GenerateChunk(token_ids=[_token(request_id, step)], num_prompt_tokens=5)
+            match plan.end:
+                case "stop" | "length" | "abort":
+                    yield GenerateChunk(finish_reason=plan.end, num_prompt_tokens=5)
+                case "error":
+                    raise EngineError("scripted refusal", code="invalid_prompt")
+                case "crash":
+                    raise RuntimeError("scripted crash")
+                case "foreign":
+                    yield _ForeignChunk([_token(request_id, plan.tokens)])
+                    yield GenerateChunk(finish_reason="stop")
+                case "hang":
+                    await aborted.wait()  # until its caller leaves (its producer is cancelled)
+                    yield GenerateChunk(finish_reason="abort")
+        finally:
+            del self.running[request_id]
+
+    async def abort(self, request_id: str) -> None:
+        aborted = self.running.get(request_id)
+        if aborted is not None:
+            aborted.set()
+
+    def num_ongoing_requests(self) -> int:
+        return len(self.running)
+
+    async def shutdown(self) -> None:
+        pass
+
+
+async def _scripted(plans: dict[str, _Plan]) -> tuple[Any, HandleEngineClient]:
+    async def everyone_alive() -> set[str]:
+        return {CALLER}
+
+    replica = _BareReplica.__new__(_BareReplica)
+    replica._serve(_ScriptedEngine(plans), "engine-1", everyone_alive, caller_check_period_s=0.1)
+    return replica, HandleEngineClient(_Handle(replica), caller=CALLER)
+
+
+@dataclass
+class _Outcome:
+    chunks: list[GenerateChunk]
+    error: BaseException | None = None
+    left: bool = False  # its caller left (aclose) or was cancelled before the end
+
+
+async def _play(client: HandleEngineClient, request_id: str, plan: _Plan) -> _Outcome:
+    """One caller, as the service reads a stream (or leaves it, as a client going away does)."""
+    for _ in range(plan.delay):
+        await asyncio.sleep(0)
+    outcome = _Outcome([])
+    stream = client.stream(_request(request_id, 100))
+    try:
+        async for chunk in stream:
+            outcome.chunks.append(chunk)
+            if plan.caller == "leaves" and len(outcome.chunks) >= plan.patience:
+                if chunk.finish_reason is None:
+                    outcome.left = True
+                break
+    except Exception as exc:
+        outcome.error = exc
+    finally:
+        await stream.aclose()
+    return outcome
+
+
+async def _cancelled_after(task: asyncio.Task[_Outcome], turns: int) -> None:
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    task.cancel()
+
+
+def _expected_end(plan: _Plan) -> tuple[str, str | None]:
+    """The finish reason and error code a request ends with when its caller reads it all."""
+    match plan.end:
+        case "stop" | "length" | "abort":
+            return plan.end, None
+        case "error":
+            return "error", "invalid_prompt"
+        case "crash" | "foreign":  # a fault of the server: that request's alone
+            return "error", "server_error"
+        case "hang":
+            raise ValueError("a hanging request needs a caller that goes")
+
+
+def _check(request_id: str, plan: _Plan, outcome: _Outcome | None) -> None:
+    """Ended exactly once: its whole token stream and its finish, or a proper error; a caller
+    that left has a prefix of it."""
+    if outcome is None:  # cancelled: the caller is gone, nothing to deliver
+        assert plan.caller == "cancels", request_id
+        return
+    assert outcome.error is None, (request_id, plan, outcome.error)
+    tokens = [t for chunk in outcome.chunks for t in chunk.token_ids]
+    script = [_token(request_id, step) for step in range(plan.tokens)]
+    finishes = [chunk.finish_reason for chunk in outcome.chunks if chunk.finish_reason]
+    assert len(finishes) <= 1, (request_id, plan, outcome.chunks)  # at most one end
+    if outcome.chunks and outcome.chunks[-1].finish_reason is None:
+        # No end: only a caller that left before it stops reading short.
+        assert outcome.left and tokens == script[: len(tokens)], (request_id, plan, outcome)
+        return
+    assert finishes, (request_id, plan, outcome)
+    last = outcome.chunks[-1]
+    assert (last.finish_reason, last.error_code) == _expected_end(plan), (request_id, plan, last)
+    assert tokens == script, (request_id, plan, tokens)
+
+
+plans = st.builds(
+    _Plan,
+    tokens=st.integers(0, 6),
+    end=st.sampled_from(["stop", "length", "abort", "error", "crash", "foreign", "hang"]),
+    pace=st.lists(st.integers(0, 4), min_size=1, max_size=4).map(tuple),
+    caller=st.sampled_from(["reads", "leaves", "cancels"]),
+    patience=st.integers(1, 12),
+    delay=st.integers(0, 12),
+).filter(lambda plan: plan.end != "hang" or plan.caller == "cancels")  # chunks may merge: a
+# caller waiting for its n-th chunk of a request that never ends could wait for ever
+
+
+@settings(
+    # 50 scenarios in the fast tier, 400 in the thorough profile (scripts/test.sh).
+    max_examples=min(settings().max_examples, 400),
+    deadline=None,
+    derandomize=True,  # the same interleavings every run: a failure reproduces
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(scenario=st.lists(plans, min_size=2, max_size=24), window_s=st.sampled_from([0, 0.002]))
+async def test_requests_moving_onto_a_channel_as_they_end_each_end_once_on_their_own(
+    scenario: list[_Plan], window_s: float
+) -> None:
+    """Requests start on their own streams, the first chunk opens the channel, and the rest
+    move onto it, while each finishes, fails in the engine, yields a foreign item, or has its
+    caller leave or its task cancelled, at points the plans shift about (the interleaving is
+    the event loop's, set by each plan's pace and delay). With a stream window, a request's
+    queue fills while it waits, and it moves onto the channel holding chunks, a finish or an
+    error chunk, and its end. Each request ends once with its own stream or its own error;
+    none hangs; nothing is left generating."""
+    plans_by_id = {f"q{index}": plan for index, plan in enumerate(scenario)}
+    replica, client = await _scripted(plans_by_id)
+    with _stream_window(window_s):
+        tasks = {
+            request_id: asyncio.create_task(_play(client, request_id, plan))
+            for request_id, plan in plans_by_id.items()
+        }
+        cancellers = [
+            asyncio.create_task(_cancelled_after(tasks[request_id], plan.patience))
+            for request_id, plan in plans_by_id.items()
+            if plan.caller == "cancels"
+        ]
+        async with asyncio.timeout(3):  # nothing hangs (a scenario takes milliseconds)
+            await asyncio.wait([*tasks.values(), *cancellers])
+        outcomes = {rid: None if task.cancelled() else task.result() for rid, task in tasks.items()}
+        # One request's fault never fails another: each whose engine ended it well ended well.
+        harmed = {
+            rid: outcome.error
+            for rid, outcome in outcomes.items()
+            if outcome is not None
+            and outcome.error is not None
+            and plans_by_id[rid].end in ("stop", "length", "abort")
+        }
+        assert not harmed, harmed
+        for request_id, outcome in outcomes.items():
+            _check(request_id, plans_by_id[request_id], outcome)
+        await _settled(replica, client)
+        for outbox in list(replica._outboxes.values()):
+            outbox.close()
+        for reader in list(client._channels.values()):
+            await reader
+
+
+@contextlib.contextmanager
+def _stream_window(seconds: float) -> Iterator[None]:
+    saved = engine_deployment.STREAM_WINDOW_S
+    engine_deployment.STREAM_WINDOW_S = seconds
+    try:
+        yield
+    finally:
+        engine_deployment.STREAM_WINDOW_S = saved
+
+
+async def _settled(replica: Any, client: HandleEngineClient) -> None:
+    """Within a second: nothing generating, watched or riding on the replica; no request
+    waiting at the client."""
+    for _ in range(100):
+        riding = [rid for outbox in replica._outboxes.values() for rid in outbox.requests]
+        if not (replica._engine.running or replica._producers or riding or client._lingering):
+            break
+        await asyncio.sleep(0.01)
+    assert not replica._engine.running, replica._engine.running
+    assert not replica._producers and not riding, (replica._producers, riding)
+    assert not client._inboxes._queues and not client._lingering
+
+
+async def test_a_foreign_item_queued_as_the_request_moves_onto_the_channel_fails_it_alone() -> None:
+    """The issue's moment: a request streams on its own, its first chunk has the client open
+    the channel, and while it waits out its window its queue gets an item that is not a chunk;
+    it then moves onto the channel. Before: ``AssertionError`` in ``_Route.move_to``."""
+    plans_by_id = {
+        "q1": _Plan(3, "foreign", (0, 20), "reads", 0, 0),
+        "q2": _Plan(40, "stop", (1,), "reads", 0, 0),
+    }
+    replica, client = await _scripted(plans_by_id)
+    with _stream_window(0.2):  # the channel opens well within the first window
+        first = asyncio.create_task(_play(client, "q1", plans_by_id["q1"]))
+        await _channel_open(client)
+        other = asyncio.create_task(_play(client, "q2", plans_by_id["q2"]))
+        async with asyncio.timeout(10):
+            outcomes = await asyncio.gather(first, other)
+    for (request_id, plan), outcome in zip(plans_by_id.items(), outcomes, strict=True):
+        _check(request_id, plan, outcome)
+    await _settled(replica, client)
+
+
+async def test_a_request_moved_to_a_channel_its_client_does_not_read_fails_with_an_error() -> None:
+    """Two clients under one caller name, one without channels: the replica moves the second's
+    request onto the first's channel. Before: ``AssertionError`` in the client's stream."""
+    plans_by_id = {
+        "q1": _Plan(1, "stop", (0,), "reads", 0, 0),
+        "q2": _Plan(50, "stop", (1,), "reads", 0, 0),
+    }
+    replica, with_channels = await _scripted(plans_by_id)
+    await _play(with_channels, "q1", plans_by_id["q1"])
+    await _channel_open(with_channels)
+    without = HandleEngineClient(_Handle(replica), caller=CALLER, channels=False)
+    outcome = await asyncio.wait_for(_play(without, "q2", plans_by_id["q2"]), 5)
+    assert isinstance(outcome.error, ChannelClosed), outcome
+    for _ in range(100):  # its call was cancelled: the replica stopped generating it
+        if not replica._engine.running:
+            break
+        await asyncio.sleep(0.01)
+    assert not replica._engine.running
+
+
+class _ForeignReplica:
+    """A replica whose stream sends an item that is neither a chunk nor a marker."""
+
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+
+    async def generate(self, request: GenerateRequest, caller: str | None = None) -> Any:
+        try:
+            yield {"token_ids": [1]}
+            await asyncio.sleep(3600)
+        finally:
+            self.closed.set()
+
+
+async def test_an_item_neither_a_chunk_nor_a_marker_fails_that_request_and_cancels_its_call(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    replica = _ForeignReplica()
+    chunks = await asyncio.wait_for(
+        _tokens(HandleEngineClient(_Handle(replica)), _request("r1", 5)), 5
+    )
+    assert [(c.finish_reason, c.error_code) for c in chunks] == [("error", "server_error")]
+    await asyncio.wait_for(replica.closed.wait(), 5)  # the engine call was cancelled
+    assert "request r1: unexpected engine error" in caplog.text
 
 
 # --- through Serve: the session app ----------------------------------------------------------

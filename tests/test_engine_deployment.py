@@ -13,36 +13,39 @@ import pytest
 
 from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
+from serve_app.serving.engine_channel import Outbox
 from serve_app.serving.engine_client import InProcessEngineClient
-from serve_app.serving.engine_deployment import _END, EngineDeployment
+from serve_app.serving.engine_deployment import _END, EngineDeployment, _Route
 
 Replica = EngineDeployment.func_or_class  # the plain class behind the Serve deployment
 
 
 async def test_queued_chunks_go_out_as_one() -> None:
-    queue: asyncio.Queue = asyncio.Queue()
+    route = _Route("r1", "engine-1")
     for tokens in ([1], [2, 3], [4]):
-        queue.put_nowait(GenerateChunk(token_ids=tokens, num_prompt_tokens=9, num_cached_tokens=4))
-    chunk = await Replica._next_coalesced(queue)
+        route.queue.put_nowait(
+            GenerateChunk(token_ids=tokens, num_prompt_tokens=9, num_cached_tokens=4)
+        )
+    chunk = await route.next_chunk()
     assert chunk.token_ids == [1, 2, 3, 4]
     assert (chunk.num_prompt_tokens, chunk.num_cached_tokens) == (9, 4)
 
 
 async def test_a_finished_chunk_is_not_merged_past_and_the_end_is_kept() -> None:
-    queue: asyncio.Queue = asyncio.Queue()
-    queue.put_nowait(GenerateChunk(token_ids=[1]))
-    queue.put_nowait(GenerateChunk(token_ids=[2], finish_reason="stop"))
-    queue.put_nowait(_END)
-    chunk = await Replica._next_coalesced(queue)
+    route = _Route("r1", "engine-1")
+    route.queue.put_nowait(GenerateChunk(token_ids=[1]))
+    route.queue.put_nowait(GenerateChunk(token_ids=[2], finish_reason="stop"))
+    route.queue.put_nowait(_END)
+    chunk = await route.next_chunk()
     assert chunk.token_ids == [1, 2] and chunk.finish_reason == "stop"
-    assert await Replica._next_coalesced(queue) is None
+    assert await route.next_chunk() is None
 
 
 async def test_a_reader_that_keeps_up_gets_each_chunk_without_waiting() -> None:
-    queue: asyncio.Queue = asyncio.Queue()
-    reader = asyncio.create_task(Replica._next_coalesced(queue))
+    route = _Route("r1", "engine-1")
+    reader = asyncio.create_task(route.next_chunk())
     await asyncio.sleep(0)
-    queue.put_nowait(GenerateChunk(token_ids=[7]))
+    route.queue.put_nowait(GenerateChunk(token_ids=[7]))
     chunk = await asyncio.wait_for(reader, timeout=1)
     assert chunk.token_ids == [7]  # sent as soon as it exists, alone
 
@@ -188,3 +191,45 @@ async def test_requests_without_a_caller_or_finished_are_not_watched() -> None:
     finally:
         unwatched.cancel()
         await engine.shutdown()
+
+
+# --- an item a request's queue must not hold: that request fails, logged; nothing else -------
+
+
+async def test_an_unexpected_item_on_the_own_stream_ends_the_request_with_a_server_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    route = _Route("r1", "engine-1")
+    route.queue.put_nowait(GenerateChunk(token_ids=[1]))
+    route.queue.put_nowait(object())  # past `send`'s types: a bug elsewhere
+    route.queue.put_nowait(GenerateChunk(token_ids=[2]))
+    chunk = await route.next_chunk()
+    assert chunk.token_ids == [1]  # what came before it still goes out, then its end
+    assert (chunk.finish_reason, chunk.error_code) == ("error", "server_error")
+    assert route.failed
+    route.send(GenerateChunk(token_ids=[3]), False)  # its error chunk was its last
+    assert route.queue.qsize() == 1  # only the chunk queued before the failure
+    assert "request r1: its queue held a object" in caplog.text
+
+
+async def test_an_unexpected_item_met_moving_onto_a_channel_fails_that_request_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    outbox = Outbox(window_s=0)
+    other = asyncio.create_task(asyncio.sleep(3600))
+    outbox.requests["r2"] = other
+    outbox.put("r2", GenerateChunk(token_ids=[9]))
+    route = _Route("r1", "engine-1")
+    for item in (GenerateChunk(token_ids=[1]), "not a chunk", GenerateChunk(token_ids=[2]), _END):
+        route.queue.put_nowait(item)
+    producer = asyncio.create_task(asyncio.sleep(3600))
+    route.move_to(outbox, producer)
+    await asyncio.sleep(0)
+    assert producer.cancelled()  # so `_ride` reports it unfinished: the engine aborts it
+    route.send(GenerateChunk(token_ids=[3]), False)  # dropped: it has ended
+    batch = dict(await anext(outbox.batches()))
+    assert batch["r1"].token_ids == [1]
+    assert (batch["r1"].finish_reason, batch["r1"].error_code) == ("error", "server_error")
+    assert batch["r2"].token_ids == [9] and not other.done()  # the other request rides on
+    assert "request r1: its queue held a str" in caplog.text
+    other.cancel()

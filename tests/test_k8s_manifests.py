@@ -1,5 +1,6 @@
 """The KubeRay manifests validate offline: CRD schema (unknown fields rejected), Ray's own Serve
-config schema, and the embedded Serve config is configs/gpt-oss.yaml."""
+config schema, and the embedded Serve config is configs/gpt-oss.yaml with
+k8s/serve_overrides.yaml merged in (tests/test_deployment.py checks what it deploys fits)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
+from serve_app.config import AppArgs
 from tests.helpers import REPO
 
 # KubeRay's RayService CRD (ray.io/v1): its openAPIV3Schema as JSON Schema (Apache-2.0).
@@ -67,20 +69,47 @@ def test_the_strict_schema_rejects_an_unknown_field(strict_schema: Path, tmp_pat
     assert check(strict_schema, path).returncode != 0
 
 
-def test_embedded_serve_config_is_valid_and_is_configs_gpt_oss() -> None:
+def render_module():
+    sys.path.insert(0, str(REPO / "k8s"))
+    try:
+        import render
+    finally:
+        sys.path.pop(0)
+    return render
+
+
+def test_embedded_serve_config_is_valid_and_is_configs_gpt_oss_with_the_overrides() -> None:
     manifest = yaml.safe_load(RAYSERVICE.read_text())
     serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     ServeDeploySchema.model_validate(serve_config)  # Ray's own schema for `serve deploy`
-    assert serve_config == yaml.safe_load((REPO / "configs" / "gpt-oss.yaml").read_text())
+    (app,) = serve_config["applications"]
+    AppArgs.model_validate(app["args"])  # the app's own (unknown fields rejected)
+    base = yaml.safe_load((REPO / "configs" / "gpt-oss.yaml").read_text())
+    assert serve_config == render_module().serve_config()
+    # Everything but what k8s/serve_overrides.yaml names is configs/gpt-oss.yaml's.
+    (base_app,) = base["applications"]
+    assert {k: v for k, v in app.items() if k not in ("args", "deployments")} == {
+        k: v for k, v in base_app.items() if k not in ("args", "deployments")
+    }
+    assert app["args"]["engine"]["options"]["model"] == "/models/gpt-oss-120b"
+
+
+def test_the_overrides_cannot_name_what_the_config_lacks() -> None:
+    render = render_module()
+    with pytest.raises(ValueError, match="EngineDeploymnt"):
+        render.merge(
+            {"deployments": [{"name": "EngineDeployment", "num_replicas": 1}]},
+            {"deployments": [{"name": "EngineDeploymnt", "num_replicas": 2}]},
+        )
+    merged = render.merge(
+        {"deployments": [{"name": "A", "x": {"y": 1, "z": 2}}, {"name": "B"}]},
+        {"deployments": [{"name": "A", "x": {"z": 3}}]},
+    )
+    assert merged == {"deployments": [{"name": "A", "x": {"y": 1, "z": 3}}, {"name": "B"}]}
 
 
 def test_rayservice_yaml_is_rendered_from_the_current_config() -> None:
-    sys.path.insert(0, str(REPO / "k8s"))
-    try:
-        from render import render
-    finally:
-        sys.path.pop(0)
-    assert RAYSERVICE.read_text() == render(), "run: python k8s/render.py"
+    assert RAYSERVICE.read_text() == render_module().render(), "run: python k8s/render.py"
 
 
 def test_gpu_workers_and_a_gpu_free_head() -> None:

@@ -50,12 +50,12 @@ def test_tool_loop_turn_keeps_outputs_and_previous_reasoning() -> None:
         "I should run a shell command to create the marker file.<|end|>"
     )
     assert (
-        "<|start|>assistant to=functions.exec_command<|channel|>commentary <|constrain|>json"
+        "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json"
         in tail
     )
     assert '{"cmd": "echo hello-from-stub > stub_marker.txt; cat stub_marker.txt"}<|call|>' in tail
     assert (
-        "<|start|>functions.exec_command to=assistant<|channel|>commentary<|message|>Chunk ID"
+        "<|start|>functions.exec_command<|channel|>commentary to=assistant<|message|>Chunk ID"
         in tail
     )
 
@@ -63,7 +63,7 @@ def test_tool_loop_turn_keeps_outputs_and_previous_reasoning() -> None:
 def test_codex_063_shell_turn_renders_instructions_and_shell_output() -> None:
     text = render_text(capture_body("old_reasoning_tool/req_002"))
     assert "# Instructions\n\nYou are a coding agent" in text
-    assert "<|start|>functions.shell to=assistant<|channel|>commentary<|message|>" in text
+    assert "<|start|>functions.shell<|channel|>commentary to=assistant<|message|>" in text
     assert "hello-from-stub" in text
 
 
@@ -73,11 +73,11 @@ def test_custom_tool_renders_as_freeform_and_its_call_as_raw_text() -> None:
     assert "FREEFORM tool" in text and "begin_patch" in text
     # The custom call is raw text (no <|constrain|>json), its output comes from functions.NAME.
     assert (
-        "<|start|>assistant to=functions.apply_patch<|channel|>commentary<|message|>"
+        "<|start|>assistant<|channel|>commentary to=functions.apply_patch<|message|>"
         "*** Begin Patch\n*** Add File: patched_by_stub.txt" in text
     )
     assert (
-        "<|start|>functions.apply_patch to=assistant<|channel|>commentary<|message|>Exit code: 0"
+        "<|start|>functions.apply_patch<|channel|>commentary to=assistant<|message|>Exit code: 0"
         in text
     )
 
@@ -154,7 +154,7 @@ def test_reasoning_of_a_finished_turn_is_dropped_and_the_current_turn_kept() -> 
     assert "OLD-THOUGHT" not in text
     assert "<|channel|>analysis<|message|>NEW-THOUGHT<|end|>" in text
     assert "<|channel|>final<|message|>It is sunny.<|end|>" in text
-    assert "to=assistant<|channel|>commentary<|message|>rain<|end|>" in text
+    assert "<|channel|>commentary to=assistant<|message|>rain<|end|>" in text
 
 
 def test_a_preamble_before_tool_calls_stays_commentary_not_final() -> None:

@@ -171,7 +171,7 @@ async def test_the_turn_is_chosen_by_the_last_message_only() -> None:
 def test_last_message_text_is_the_message_before_the_assistant_header() -> None:
     tokens = prompt(user("first"), tool_output("exec_command", "the output"))
     text = last_message_text(tokens)
-    assert text.startswith("<|start|>functions.exec_command to=assistant")
+    assert text.startswith("<|start|>functions.exec_command<|channel|>commentary to=assistant")
     assert text.endswith("the output<|end|>")
     assert "first" not in text
     assert last_message_text([]) == ""

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_encoding
 
+from serve_app.harmony.distribution import warn_if_shared
+
 VOCAB_FILE = "o200k_base.tiktoken"
 VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 
@@ -72,6 +74,7 @@ def ensure_vocab_dir() -> Path:
 @functools.cache
 def get_encoding() -> HarmonyEncoding:
     """The gpt-oss harmony encoding, loaded once per process with no network access."""
+    warn_if_shared()
     os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(ensure_vocab_dir())
     encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
     for name, token in SPECIAL_TOKENS.items():

@@ -338,6 +338,11 @@ class ResponseStreamTranslator:
         self._writer.fail(code, message)
         return self._writer.take_events()
 
+    def fail_ended(self, message: str, code: str = "server_error") -> ResponseStreamEvent:
+        """After `finish` or `fail`: the response failed after all (it could not be stored),
+        and the ``response.failed`` that replaces the terminal event they returned."""
+        return self._writer.fail_ended(code, message)
+
     # --- token state machine -------------------------------------------------------------
 
     def _step(self, token: int) -> None:

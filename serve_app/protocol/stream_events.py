@@ -364,6 +364,20 @@ class ResponseEventWriter:
         )
         self._events.append(terminal_event(self._response, self._seq()))
 
+    def fail_ended(self, code: str, message: str) -> ResponseStreamEvent:
+        """The response ended (`finish` or `fail`) but cannot stand (it could not be stored):
+        now ``failed`` with ``error``, its items and usage kept, and ``response.failed`` to send
+        in place of the terminal event already made (the same sequence number)."""
+        self._response = self._response.model_copy(
+            update={
+                "status": "failed",
+                "error": response_error(code, message),
+                "incomplete_details": None,
+                "completed_at": None,
+            }
+        )
+        return terminal_event(self._response, self._sequence - 1)
+
     # --- helpers -------------------------------------------------------------------------
 
     def _open(self, item: OpenItem) -> OpenItem:

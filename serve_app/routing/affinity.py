@@ -145,9 +145,10 @@ class ConversationPlacer:
         ):
             choice = Choice(home, spilled=False)
         else:  # the home is over the bound, so the walk passes it by
-            choice = choose_bounded(self.ring, key, loads, self.load_factor, self.min_bound)
-            assert choice is not None
-            choice = Choice(choice.replica, spilled=choice.replica != home)
+            walked = choose_bounded(self.ring, key, loads, self.load_factor, self.min_bound)
+            choice = None if walked is None else Choice(walked.replica, walked.replica != home)
+        if choice is None:  # the ring had none to walk (`choose_bounded`): the router falls
+            return None  # back as for an empty ring
         self.table.assign(key, choice.replica)
         if choice.replica != home:
             self._unreported[key] = Sighting(choice.replica, self._clock())
@@ -167,21 +168,22 @@ class ConversationPlacer:
         latest = max(sightings, key=lambda sighting: sighting.last_seen, default=None)
         return latest.replica if latest else None
 
-    def _place_new(self, key: str, loads: Mapping[str, int]) -> Choice:
+    def _place_new(self, key: str, loads: Mapping[str, int]) -> Choice | None:
         """Bounded loads counted in ongoing requests, and in active conversations if asked.
         Off its ring owner the conversation is ``balanced``, not ``spilled``: it moves nothing.
         No ``min_bound`` floor here: the floor keeps a conversation with the replica that holds
         its prefix, and a new conversation has none to lose, so it takes the emptier replica."""
-        fits = self._under_conversations_bound() if self.new_load_factor is not None else None
+        factor = self.new_load_factor
+        fits = None if factor is None else self._under_conversations_bound(factor)
         choice = choose_bounded(self.ring, key, loads, self.load_factor, 0, fits)
-        assert choice is not None
+        if choice is None:
+            return None
         return Choice(choice.replica, spilled=False, balanced=choice.spilled)
 
-    def _under_conversations_bound(self) -> Callable[[str], bool]:
+    def _under_conversations_bound(self, new_load_factor: float) -> Callable[[str], bool]:
         """Whether a replica can take one more conversation under ``new_load_factor``."""
-        assert self.new_load_factor is not None
         active = self._active_conversations()
-        bound = load_bound(active, self.ring.members, self.new_load_factor, 0)
+        bound = load_bound(active, self.ring.members, new_load_factor, 0)
         return lambda replica: active[replica] + 1 <= bound
 
     def _active_conversations(self) -> Counter[str]:

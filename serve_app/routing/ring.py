@@ -131,8 +131,9 @@ def choose_bounded(
             if fits is None or fits(replica):
                 return Choice(replica, spilled=replica != owner)
             under_bound = under_bound or replica
+    if owner is None:  # never (each member has points), but no owner is an empty ring's answer
+        return None
     # The least loaded replica is under the mean rounded up, so the owner is only a total
     # function's last resort.
-    assert owner is not None
     chosen = under_bound or owner
     return Choice(chosen, spilled=chosen != owner)

@@ -32,7 +32,13 @@ from openai.types.responses import ResponseStreamEvent
 from serve_app.config import BackgroundArgs
 from serve_app.protocol import sse
 from serve_app.protocol.sse import event_json
-from serve_app.serving.responses_service import ResponsesService, Turn
+from serve_app.serving.responses_service import (
+    NOT_STORED_MESSAGE,
+    NotStored,
+    ResponsesService,
+    Turn,
+    stored_or_fail,
+)
 from serve_app.store.base import ResponseStore, RunEnding
 
 logger = logging.getLogger(__name__)
@@ -76,10 +82,18 @@ class BackgroundRunner:
         return self._lease
 
     async def start(self, turn: Turn) -> None:
-        """Take the lease, store the response as in progress, then run it on its own task."""
-        # The lease first: a reader who finds the response finds its run too.
-        await self._store.claim_run(turn.response.id, self._runner_id, self._lease.lease_s)
-        await self._service.save(turn)
+        """Take the lease, store the response as in progress, then run it on its own task.
+        `NotStored` (nothing runs) if either write failed: the client's 200 says it is stored."""
+        response_id = turn.response.id
+        try:
+            # The lease first: a reader who finds the response finds its run too.
+            with stored_or_fail(f"background response {response_id}"):
+                await self._store.claim_run(response_id, self._runner_id, self._lease.lease_s)
+            await self._service.save(turn)
+        except NotStored:
+            with contextlib.suppress(Exception):  # else the sweep finds a run with no response
+                await self._store.delete(response_id)
+            raise
         # A fresh context: Ray Serve links handle calls to the HTTP request whose context they
         # run in, and cancels them when that request ends. A background response must outlive it.
         state = _RunState()
@@ -126,17 +140,39 @@ class BackgroundRunner:
             logger.info("background response %s cancelled", response_id)
             prompt_tokens = len(turn.generate.prompt_token_ids)
             ending = turn.translator.finish("abort", prompt_tokens=prompt_tokens, cached_tokens=0)
-            await self._persist(response_id, ending)
-            await self._service.save(turn)
+            try:
+                # The final snapshot before the terminal event, as for a finished run.
+                await self._service.save(turn)
+                await self._persist(response_id, ending)
+            except Exception:
+                logger.exception("background response %s: cancellation not stored", response_id)
+                await self._end(response_id, _unstored)
+                return
+        except NotStored:
+            # Its final snapshot could not be stored: it must not stay `in_progress` (nor end
+            # `completed` in its events alone). Its events so far are persisted; the ending
+            # adds the failed response and `response.failed` in one transaction.
+            await self._end(response_id, _unstored)
+            return
         except Exception:
             logger.exception("background response %s failed", response_id)
             # Nobody will continue it: end it now rather than when the lease lapses.
-            with contextlib.suppress(Exception):
-                await self._store.end_run(response_id, _interrupted, only_if_lapsed=False)
+            await self._end(response_id, _interrupted)
             return
         finally:
             tending.cancel()
-        await self._store.finish_run(response_id, self._runner_id)
+        try:
+            await self._store.finish_run(response_id, self._runner_id)
+        except Exception:  # its final snapshot is stored: the lease lapses, the sweep ends it
+            logger.exception("background response %s: run not marked ended", response_id)
+
+    async def _end(self, response_id: str, ending: RunEnding) -> None:
+        """End the run now, as ``ending`` says; if even that write fails, its lease lapses and
+        whichever replica notices first ends it (as interrupted)."""
+        try:
+            await self._store.end_run(response_id, ending, only_if_lapsed=False)
+        except Exception:
+            logger.exception("background response %s: not ended; its lease will lapse", response_id)
 
     async def _generate(self, turn: Turn, state: _RunState) -> None:
         writer = _EventWriter(self._store, turn.response.id)
@@ -303,6 +339,10 @@ def _ending(status: str, error: dict[str, Any] | None, event_type: str) -> RunEn
 
 _interrupted = _ending(
     "failed", {"code": INTERRUPTED_CODE, "message": INTERRUPTED_MESSAGE}, "response.failed"
+)
+# A run whose final snapshot could not be stored.
+_unstored = _ending(
+    "failed", {"code": "server_error", "message": NOT_STORED_MESSAGE}, "response.failed"
 )
 # As the running replica ends a cancelled response (see ResponseStreamTranslator.finish).
 _cancelled = _ending("cancelled", None, "response.incomplete")

@@ -13,11 +13,12 @@ from serve_app.protocol.requests import STRICT_TYPES, InputItem
 from serve_app.protocol.responses import new_conversation_id
 from serve_app.serving.auth import Owner
 from serve_app.serving.pagination import listing, unknown_after
-from serve_app.serving.responses_service import stored_item
+from serve_app.serving.responses_service import stored_item, stored_or_fail
 from serve_app.serving.validation import check_text
 from serve_app.store.base import ResponseStore, StoredConversation
 
 MAX_ITEMS_PER_CALL = 20  # OpenAI's limit for items added in one call
+NOT_STORED = "The conversation could not be stored. Please try again."
 
 
 class ConversationCreate(BaseModel):
@@ -56,8 +57,9 @@ def conversations_router(store: ResponseStore) -> APIRouter:
             metadata=body.metadata or {},
             owner=owner,
         )
-        await store.put_conversation(conversation)
-        await store.append_items(conversation.id, [stored_item(item) for item in body.items])
+        # With its first items, in one transaction: a failure leaves no empty conversation.
+        with stored_or_fail(f"conversation {conversation.id}", NOT_STORED):
+            await store.put_conversation(conversation, [stored_item(item) for item in body.items])
         return conversation.as_json()
 
     @router.get("/{conversation_id}")
@@ -72,7 +74,8 @@ def conversations_router(store: ResponseStore) -> APIRouter:
         updated = StoredConversation(
             conversation.id, conversation.created_at, body.metadata, owner=owner
         )
-        await store.put_conversation(updated)
+        with stored_or_fail(f"conversation {conversation_id}", NOT_STORED):
+            await store.put_conversation(updated)
         return updated.as_json()
 
     @router.delete("/{conversation_id}")
@@ -102,7 +105,8 @@ def conversations_router(store: ResponseStore) -> APIRouter:
         await existing(conversation_id, owner)
         check_text(body.items, "items")
         added = [stored_item(item) for item in body.items]
-        await store.append_items(conversation_id, added)
+        with stored_or_fail(f"items of conversation {conversation_id}", NOT_STORED):
+            await store.append_items(conversation_id, added)
         return {
             "object": "list",
             "data": added,

@@ -61,30 +61,47 @@ class HandleEngineClient:
         finished = False
         replica = None
         try:
+            # The own stream: chunks, or a marker after which the rest rides a channel.
             async for item in response:
-                if isinstance(item, OnChannel):
-                    replica = item.replica
-                    break
-                if replica is None:  # the first chunk names the replica: a channel for the next
-                    replica = item.replica
-                    self._open_channel(replica)
-                finished = item.finish_reason is not None
-                yield item
+                match item:
+                    case OnChannel():
+                        replica = item.replica
+                        break
+                    case GenerateChunk():
+                        if replica is None:  # the first chunk names the replica: a channel
+                            replica = item.replica  # for the next requests
+                            self._open_channel(replica)
+                        finished = item.finish_reason is not None
+                        yield item
+                    case _:
+                        yield _unexpected(request_id, item, "its stream")
+                        return  # unfinished: the finally cancels the call
             else:
                 ENGINE_STREAMS_OWN.inc()
                 return
             # The rest rides the channel (the replica moved the request to it, or it started
             # there): its own stream ends with the generation, or raises if the call fails.
-            assert inbox is not None and replica is not None
+            if inbox is None:
+                # Not ours to read: this client opens no channel (channels off here, and
+                # another client with the same caller name has one open on that replica).
+                logger.error("request %s: moved to a channel this client does not read", request_id)
+                raise ChannelClosed(
+                    f"engine replica {replica} sent request {request_id}'s chunks "
+                    "to a channel this client does not read"
+                )
             ENGINE_STREAMS_ON_CHANNEL.inc()
             self._inboxes.attach(request_id, replica, replica in self._channels)
             self._linger(_fail_on_error(response, inbox))
             while not finished:
-                chunk = await inbox.get()
-                if isinstance(chunk, Exception):
-                    raise chunk
-                finished = chunk.finish_reason is not None
-                yield chunk
+                match await inbox.get():
+                    case GenerateChunk() as chunk:
+                        finished = chunk.finish_reason is not None
+                        yield chunk
+                    case Exception() as error:  # the channel or the call ended first
+                        raise error
+                    case unexpected:
+                        yield _unexpected(request_id, unexpected, "its channel")
+                        return
         except BackPressureError as exc:
             # Every engine replica is full, and the queue too: ours, so the service needs no Ray.
             # The call never reached a replica: nothing to cancel (cancelling it would raise
@@ -140,6 +157,14 @@ class HandleEngineClient:
         task = asyncio.create_task(coroutine)
         self._lingering.add(task)
         task.add_done_callback(self._lingering.discard)
+
+
+def _unexpected(request_id: str, item: object, where: str) -> GenerateChunk:
+    """The last chunk of a request whose engine sent ``item``, neither a chunk nor a marker
+    (a bug, logged): a ``server_error`` for that request alone, whose engine call is then
+    cancelled (the request is left unfinished)."""
+    error = TypeError(f"{where} carried a {type(item).__name__}, not a chunk")
+    return error_chunk(request_id, error)
 
 
 async def _fail_on_error(response: Any, inbox: asyncio.Queue) -> None:

@@ -26,13 +26,20 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray import serve
 
 from serve_app.config import EngineConfig
-from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest, error_chunk
+from serve_app.engines.base import (
+    SERVER_ERROR,
+    Engine,
+    GenerateChunk,
+    GenerateRequest,
+    error_chunk,
+)
 from serve_app.engines.factory import make_engine
 from serve_app.routing.directory import ServedConversations
 from serve_app.serving.engine_channel import (
@@ -45,7 +52,6 @@ from serve_app.serving.engine_channel import (
 
 logger = logging.getLogger(__name__)
 
-_END = object()
 # CallerWatch keys of channels (request ids never start so): a dead caller's channel closes.
 _CHANNEL = "channel:"
 CALLER_CHECK_PERIOD_S = 2.0
@@ -109,18 +115,34 @@ class CallerWatch:
                     await self._abort(request_id)
 
 
+@dataclass(frozen=True, slots=True)
+class _End:
+    """The last item of a request's own queue: its producer is done (the engine finished, its
+    error chunk was sent, or it was cancelled). Nothing follows it."""
+
+
+_END = _End()
+# What a request's own queue holds: its chunks (tokens, a finish, an error chunk), then `_END`.
+# `_Route.send` takes chunks only and `_produce` hands it nothing else; anything else found
+# there fails that request alone (`_Route.failure`), never the channel or its other requests.
+RouteItem = GenerateChunk | _End
+
+
 class _Route:
     """Where a request's chunks go: its own stream's queue, until `move_to` a channel."""
 
-    __slots__ = ("_outbox", "_replica", "queue", "request_id")
+    __slots__ = ("_outbox", "_replica", "failed", "queue", "request_id")
 
     def __init__(self, request_id: str, replica: str) -> None:
         self.request_id = request_id
-        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self.queue: asyncio.Queue[RouteItem] = asyncio.Queue()
         self._outbox: Outbox | None = None
         self._replica: str | None = replica  # stamped on the first chunk, then None
+        self.failed = False  # an unexpected item ended it: nothing more is sent
 
     def send(self, chunk: GenerateChunk, first_token: bool) -> None:
+        if self.failed:
+            return  # its error chunk was its last
         if self._replica is not None:
             chunk.replica, self._replica = self._replica, None
         if self._outbox is None:
@@ -128,16 +150,59 @@ class _Route:
         else:
             self._outbox.put(self.request_id, chunk, urgent=first_token)
 
+    async def next_chunk(self) -> GenerateChunk | None:
+        """The own stream's next chunk: all that is queued merged into one, up to a finish
+        (None: the producer ended without one). An unexpected item ends it with an error."""
+        match await self.queue.get():
+            case GenerateChunk() as chunk:
+                pass
+            case _End():
+                return None
+            case unexpected:
+                return self.failure(unexpected)
+        while not self.queue.empty() and chunk.finish_reason is None:
+            match self.queue.get_nowait():
+                case GenerateChunk() as following:
+                    chunk = chunk.merge(following)
+                case _End():
+                    self.queue.put_nowait(_END)  # for the next call
+                    break
+                case unexpected:
+                    return chunk.merge(self.failure(unexpected))
+        return chunk
+
     def move_to(self, outbox: Outbox, producer: asyncio.Task) -> None:
         """Send the chunks the own stream has not sent yet, and all that follow, on
-        ``outbox``'s channel (in order: its marker goes out on the own stream first)."""
-        while not self.queue.empty():
-            item = self.queue.get_nowait()
-            if item is not _END:  # these have waited a window already: no new wait
-                assert isinstance(item, GenerateChunk)
-                outbox.put(self.request_id, item, urgent=True)
+        ``outbox``'s channel (in order: its marker goes out on the own stream first).
+        An unexpected item ends the request there with an error and stops its producer."""
         self._outbox = outbox
         outbox.requests[self.request_id] = producer
+        while not self.queue.empty():
+            # These have waited a window already: no new wait.
+            match self.queue.get_nowait():
+                case GenerateChunk() as chunk:  # tokens, a finish or an engine's error chunk
+                    outbox.put(self.request_id, chunk, urgent=True)
+                case _End():  # the producer is done: `_ride` finds it so
+                    pass
+                case unexpected:
+                    outbox.put(self.request_id, self.failure(unexpected), urgent=True)
+                    producer.cancel()  # `_ride` then reports it unfinished: the engine aborts
+                    return
+
+    def failure(self, item: object) -> GenerateChunk:
+        """The last chunk of a request whose queue held ``item``, neither a chunk nor its end
+        (a bug, logged): a ``server_error`` for that request alone."""
+        logger.error(
+            "request %s: its queue held a %s, not a chunk or its end; the request fails",
+            self.request_id,
+            type(item).__name__,
+        )
+        self.failed = True
+        return GenerateChunk(
+            finish_reason="error",
+            error="internal error in the engine replica",
+            error_code=SERVER_ERROR,
+        )
 
 
 @serve.deployment(name="EngineDeployment", max_ongoing_requests=64)
@@ -192,11 +257,15 @@ class EngineDeployment:
                     yield OnChannel(self._replica_id)
                     finished = await self._ride(outbox, route, producer, caller)
                     return
-                chunk = await self._next_coalesced(route.queue)
+                chunk = await route.next_chunk()
                 if chunk is None:
                     break
-                finished = chunk.finish_reason is not None
+                # A failed route's error chunk is its last, but the engine still runs: the
+                # finally stops it.
+                finished = chunk.finish_reason is not None and not route.failed
                 yield chunk
+                if route.failed:
+                    break
                 if not finished and STREAM_WINDOW_S > 0:
                     # Cancelled here like anywhere (a client gone): the finally aborts.
                     await asyncio.sleep(STREAM_WINDOW_S)
@@ -296,33 +365,25 @@ class EngineDeployment:
         arrived = time.monotonic()
         first_token = True
         try:
-            async for chunk in self._engine.generate(request):
-                holds_first_token = first_token and bool(chunk.token_ids)
-                if holds_first_token:
-                    if chunk.engine_ttft_s is None:  # the engine did not model it
-                        chunk.engine_ttft_s = time.monotonic() - arrived
-                    first_token = False
-                send(chunk, holds_first_token)
+            # aclosing: an engine left mid-stream (an item it must not yield) stops now.
+            async with contextlib.aclosing(self._engine.generate(request)) as chunks:
+                async for chunk in chunks:
+                    if not isinstance(chunk, GenerateChunk):
+                        # A bug in the engine, and this request's alone: it ends with a logged
+                        # server_error. Passed on, the item would break the channel's batch
+                        # (every request riding it) or the stream's merging.
+                        await self._engine.abort(request.request_id)
+                        raise TypeError(f"the engine yielded a {type(chunk).__name__}")
+                    holds_first_token = first_token and bool(chunk.token_ids)
+                    if holds_first_token:
+                        if chunk.engine_ttft_s is None:  # the engine did not model it
+                            chunk.engine_ttft_s = time.monotonic() - arrived
+                        first_token = False
+                    send(chunk, holds_first_token)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             send(error_chunk(request.request_id, exc), False)
-
-    @staticmethod
-    async def _next_coalesced(queue: asyncio.Queue[object]) -> GenerateChunk | None:
-        item = await queue.get()
-        if item is _END:
-            return None
-        assert isinstance(item, GenerateChunk)
-        chunk = item
-        while not queue.empty() and chunk.finish_reason is None:
-            following = queue.get_nowait()
-            if following is _END:
-                queue.put_nowait(_END)
-                break
-            assert isinstance(following, GenerateChunk)
-            chunk = chunk.merge(following)
-        return chunk
 
     def replica_id(self) -> str:
         return self._replica_id

@@ -43,6 +43,7 @@ from serve_app.serving.pagination import page as _page
 from serve_app.serving.responses_service import ResponsesService, failed_response_error
 from serve_app.serving.websocket import websocket_router
 from serve_app.store.base import ResponseStore, StoredResponse
+from serve_app.store.shared import alive_nodes, printable, require_shared_store
 from serve_app.store.sql import SqlResponseStore
 
 logger = logging.getLogger(__name__)
@@ -300,7 +301,10 @@ class ResponsesIngress:
     """Routes are built per replica: they need the engine handle and the app's args."""
 
     async def __init__(self, engine_handle, args: AppArgs) -> None:
-        self._store = SqlResponseStore(args.store.url)
+        store_url = args.store.resolved_url()
+        require_shared_store(store_url, alive_nodes())
+        logger.info("response store: %s", printable(store_url))
+        self._store = SqlResponseStore(store_url)
         await self._store.start()
         self._api = create_api(
             args,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from serve_app.protocol.errors import InvalidRequest
+from serve_app.protocol.errors import InvalidRequest, ServerError
 from serve_app.store.base import ItemPage, cut_page
+
+logger = logging.getLogger(__name__)
 
 
 def page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
@@ -25,7 +28,9 @@ def page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str
             raise unknown_after(after)
         start = ids.index(after) + 1
     found = cut_page(entries[start:], limit)
-    assert found is not None  # the whole rest of the list is there
+    if found is None:  # never, with the whole rest of the list: a bug, this request's alone
+        logger.error("cut_page found no page in a complete list of %d items", len(items))
+        raise ServerError("The list could not be paged.")
     return listing(found)
 
 

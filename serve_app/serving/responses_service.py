@@ -12,7 +12,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -64,6 +64,28 @@ logger = logging.getLogger(__name__)
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
+NOT_STORED_MESSAGE = "The response could not be stored. Please try again."
+
+
+class NotStored(ServerError):
+    """A write the client asked for (``store: true``, a conversation) did not commit, even
+    after the store's retries: the client is told (a 500 ``server_error``, or
+    ``response.failed`` on a stream), never answered as if it were stored."""
+
+    def __init__(self, message: str = NOT_STORED_MESSAGE) -> None:
+        super().__init__(message, code=SERVER_ERROR)
+
+
+@contextlib.contextmanager
+def stored_or_fail(what: str, message: str = NOT_STORED_MESSAGE) -> Iterator[None]:
+    """Around a store write a client waits on: a failure is logged and becomes `NotStored`."""
+    try:
+        yield
+    except NotStored:
+        raise
+    except Exception as error:
+        logger.exception("%s could not be stored", what)
+        raise NotStored(message) from error
 
 
 @dataclass
@@ -353,15 +375,20 @@ class ResponsesService:
         except Exception as exc:  # a replica died or the handle failed: never hang the client
             logger.exception("response %s: engine call failed", turn.response.id)
             terminal = translator.fail(f"The engine failed: {type(exc).__name__}", "server_error")
-        if turn.request.store:
-            # Stored before the terminal event, so a client chaining right after it finds it.
-            await self.save(turn)
-        if turn.request.conversation_id is not None:
-            await self._extend_conversation(turn)
+        try:
+            # Stored before the terminal event, so a client chaining right after it finds it,
+            # and so no client is told of a response that is not stored.
+            await self._keep(turn)
+        except NotStored:
+            failed = turn.translator.fail_ended(NOT_STORED_MESSAGE, SERVER_ERROR)
+            if turn.request.background:
+                raise  # its runner ends the run failed, in the store (BackgroundRunner)
+            terminal[-1:] = [failed]
+        finally:
+            routing_metrics.record_prompt(replica, prompt_tokens, cached_tokens)
+            self._record(turn)
         if terminal:
             yield terminal
-        routing_metrics.record_prompt(replica, prompt_tokens, cached_tokens)
-        self._record(turn)
 
     async def _engine_chunks(self, turn: Turn) -> AsyncIterator[GenerateChunk]:
         """The engine's chunks, until the translator has made the ``max_tool_calls`` calls
@@ -435,27 +462,50 @@ class ResponsesService:
         return [*turn.history, *turn.request.input_items, *output]
 
     async def save(self, turn: Turn) -> None:
-        """Store the turn's response as it is now (final, or a background one in progress)."""
+        """Store the turn's response as it is now (final, or a background one in progress);
+        `NotStored` if it could not be."""
+        with stored_or_fail(f"response {turn.response.id}"):
+            await self._store.put(self._stored(turn))
+
+    async def keep(self, turn: Turn) -> bool:
+        """`_keep`, for a caller that sends the terminal event itself (a WebSocket prewarm):
+        False, and the response now ``failed``, if it could not be stored."""
+        try:
+            await self._keep(turn)
+        except NotStored:
+            turn.translator.fail_ended(NOT_STORED_MESSAGE, SERVER_ERROR)
+            return False
+        return True
+
+    async def _keep(self, turn: Turn) -> None:
+        """What the ended turn leaves, in one transaction: its response (``store: true``) and
+        its input and output at the end of its conversation. `NotStored` if that failed:
+        then nothing of it is stored (no response a later turn could chain to, no half
+        conversation)."""
         request = turn.request
-        stored = StoredResponse(
+        if not request.store and request.conversation_id is None:
+            return
+        stored = self._stored(turn) if request.store else None
+        items: list[dict[str, Any]] = []
+        if request.conversation_id is not None:
+            # The same input items (and minted ids) as the stored response's.
+            items = stored.input_items if stored else self._input_items(turn)
+            items = [*items, *dump_response(turn.response)["output"]]
+        with stored_or_fail(f"response {turn.response.id}"):
+            await self._store.save_turn(stored, request.conversation_id, items)
+
+    def _stored(self, turn: Turn) -> StoredResponse:
+        return StoredResponse(
             id=turn.response.id,
-            previous_response_id=request.previous_response_id,
+            previous_response_id=turn.request.previous_response_id,
             response=dump_response(turn.response),
-            input_items=[stored_item(item) for item in request.input_items],
+            input_items=self._input_items(turn),
             owner=turn.owner,
         )
-        try:
-            await self._store.put(stored)
-        except Exception:  # the answer still reaches the client; only later chaining suffers
-            logger.exception("response %s: could not be stored", stored.id)
 
-    async def _extend_conversation(self, turn: Turn) -> None:
-        items = [stored_item(item) for item in turn.request.input_items]
-        items += dump_response(turn.response)["output"]
-        try:
-            await self._store.append_items(turn.request.conversation_id, items)
-        except Exception:
-            logger.exception("response %s: conversation not extended", turn.response.id)
+    @staticmethod
+    def _input_items(turn: Turn) -> list[dict[str, Any]]:
+        return [stored_item(item) for item in turn.request.input_items]
 
     def _record(self, turn: Turn) -> None:
         response = turn.response

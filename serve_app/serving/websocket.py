@@ -29,7 +29,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from openai.types.responses import ResponseCompletedEvent, ResponseCreatedEvent
+from openai.types.responses import ResponseCreatedEvent
 from openai.types.responses.responses_server_event import ResponseWsError, ResponseWsErrorError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -37,6 +37,7 @@ from serve_app.config import Limits
 from serve_app.protocol.errors import APIError, InvalidRequest, from_validation_errors
 from serve_app.protocol.requests import STRICT_TYPES, InputItem, ResponsesRequest
 from serve_app.protocol.sse import event_json
+from serve_app.protocol.stream_events import terminal_event
 from serve_app.serving import metrics
 from serve_app.serving.auth import ApiKeys
 from serve_app.serving.responses_service import ResponsesService, Turn
@@ -301,15 +302,14 @@ async def _prewarm(
     created = turn.response
     # No tokens: the translator's completed response has no output and zero usage.
     turn.translator.finish("stop", prompt_tokens=0, cached_tokens=0)
-    if turn.request.store:
-        await service.save(turn)  # so HTTP and other sockets can continue it too
-    recent.remember(turn.response.id, service.continuation(turn))
-    logger.info("websocket: prewarm %s answered without generating", turn.response.id)
+    # Stored (so HTTP and other sockets can continue it too) before it is answered completed.
+    if await service.keep(turn):
+        recent.remember(turn.response.id, service.continuation(turn))
+        logger.info("websocket: prewarm %s answered without generating", turn.response.id)
+    terminal = terminal_event(turn.response, sequence_number=1)
     for event in (
         ResponseCreatedEvent(type="response.created", response=created, sequence_number=0),
-        ResponseCompletedEvent(
-            type="response.completed", response=turn.response, sequence_number=1
-        ),
+        terminal,
     ):
         await socket.send_text(event_json(event))
 

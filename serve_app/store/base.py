@@ -98,7 +98,22 @@ class ResponseStore(abc.ABC):
 
     @abc.abstractmethod
     async def put(self, stored: StoredResponse) -> None:
-        """Insert or replace a response (atomically: all of it or none)."""
+        """Insert or replace a response (atomically: all of it or none). Returns once it is
+        committed; raises if it could not be (after the store's own retries)."""
+
+    async def save_turn(
+        self,
+        stored: StoredResponse | None,
+        conversation_id: str | None,
+        items: list[dict[str, Any]],
+    ) -> None:
+        """What a turn leaves: its response (if stored) and, with ``conversation_id``, its
+        items at the end of that conversation, in one transaction, so a failure leaves
+        neither. (This default writes them one after the other: override it.)"""
+        if stored is not None:
+            await self.put(stored)
+        if conversation_id is not None:
+            await self.append_items(conversation_id, items)
 
     @abc.abstractmethod
     async def get(self, response_id: str) -> StoredResponse | None: ...
@@ -184,8 +199,11 @@ class ResponseStore(abc.ABC):
     # --- conversations: a durable list of items that responses read and extend ------------
 
     @abc.abstractmethod
-    async def put_conversation(self, conversation: StoredConversation) -> None:
-        """Create a conversation, or replace its metadata."""
+    async def put_conversation(
+        self, conversation: StoredConversation, items: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Create a conversation, or replace its metadata; with ``items``, add them at its
+        end in the same transaction (a conversation created with its first items)."""
 
     @abc.abstractmethod
     async def get_conversation(self, conversation_id: str) -> StoredConversation | None: ...

@@ -5,18 +5,33 @@ response; PostgreSQL lets many ingress replicas share one store. Each response i
 written in one transaction, together with the index of its items (``items``), which item
 references are resolved through. Every write is one transaction that sees what it reads
 (on SQLite: see `_sqlite_begin`).
+
+Every write goes through `SqlResponseStore._transact`: a transaction that fails for a transient
+reason (SQLite busy or locked, a PostgreSQL serialization failure or deadlock, a dropped
+connection) is run again, a few times with a growing pause; what still fails raises, so the
+caller never acknowledges a write that did not commit. On SQLite the writes of one process take
+turns on an asyncio lock: SQLite has one write lock per file, and a transaction holds it across
+several round trips through the event loop (aiosqlite runs each statement on a thread of its
+own), so under load the writers of one process used to queue in SQLite's busy handler and some
+gave up after ``busy_timeout`` ("database is locked"). Writers of other processes on the same
+file (two ingress replicas) still meet in the busy handler: ``busy_timeout`` and the retries
+cover them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import random
+import sqlite3
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -36,7 +51,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -56,6 +71,44 @@ from serve_app.store.base import (
 )
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# A write that fails for a transient reason is tried this many times in all, pausing between
+# tries for a random time up to a bound that doubles from the first to the last (full jitter:
+# writers that collided do not collide again in step). On SQLite each try also waits up to
+# ``busy_timeout`` (5 s) for the write lock, so a write gives up after about half a minute.
+WRITE_ATTEMPTS = 6
+FIRST_BACKOFF_S = 0.05
+MAX_BACKOFF_S = 1.0
+# SQLite's "database is busy" and "a table is locked" (extended codes keep these low bits).
+_SQLITE_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+_SQLITE_BUSY_MESSAGES = ("database is locked", "database is busy", "database table is locked")
+# PostgreSQL: serialization_failure, deadlock_detected; the server going away (class 57P:
+# admin_shutdown, crash_shutdown, cannot_connect_now) and connection exceptions (class 08).
+_PG_TRANSIENT_STATES = ("40001", "40P01", "57P01", "57P02", "57P03")
+
+
+def transient(error: BaseException) -> bool:
+    """Whether a failed transaction may succeed if run again: nothing of it was committed and
+    the cause passes (contention, a connection lost). Constraint violations and bugs are not."""
+    if not isinstance(error, DBAPIError):
+        return False
+    if error.connection_invalidated:
+        return True
+    cause = error.orig
+    if isinstance(cause, sqlite3.OperationalError):
+        code = getattr(cause, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF in _SQLITE_BUSY_CODES:
+            return True
+        return str(cause).lower().startswith(_SQLITE_BUSY_MESSAGES)
+    state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    return isinstance(state, str) and (state in _PG_TRANSIENT_STATES or state.startswith("08"))
+
+
+def backoff_s(attempt: int) -> float:
+    """The pause after the ``attempt``-th failed try (1-based)."""
+    return random.uniform(0, min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (attempt - 1)))
 
 
 class _Base(DeclarativeBase):
@@ -197,45 +250,51 @@ class SqlResponseStore(ResponseStore):
         self._engine: AsyncEngine | None = None
         self._sessions: async_sessionmaker | None = None
         self._writes: async_sessionmaker | None = None
+        # SQLite only: this process's writers take turns here, not in SQLite's busy handler.
+        self._write_turns: asyncio.Lock | None = None
 
     async def start(self) -> None:
         url = make_url(self.url)
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
             _private_sqlite_file(Path(url.database).expanduser())
-        self._engine = create_async_engine(url, pool_pre_ping=True)
+        # A connection to an SQLite file does not go stale: no ping (a round trip per write).
+        self._engine = create_async_engine(url, pool_pre_ping=url.get_backend_name() != "sqlite")
         if url.get_backend_name() == "sqlite":
             event.listen(self._engine.sync_engine, "connect", _sqlite_pragmas)
             event.listen(self._engine.sync_engine, "begin", _sqlite_begin)
+            self._write_turns = asyncio.Lock()
         writer = self._engine.execution_options(**{_WRITES: True})
-        async with writer.begin() as connection:
-            await connection.run_sync(_Base.metadata.create_all)
-            await _migrate(connection)
         self._sessions = async_sessionmaker(self._engine, expire_on_commit=False)
         self._writes = async_sessionmaker(writer, expire_on_commit=False)
+
+        async def create_schema(session: AsyncSession) -> None:
+            connection = await session.connection()
+            await connection.run_sync(_Base.metadata.create_all)
+            await _migrate(connection)
+
+        # Two replicas starting on one SQLite file create the schema at the same moment.
+        await self._transact(create_schema)
         logger.info("response store at %s", url.render_as_string(hide_password=True))
 
     async def put(self, stored: StoredResponse) -> None:
-        row = ResponseRow(
-            id=stored.id,
-            previous_response_id=stored.previous_response_id,
-            created_at=int(stored.response.get("created_at") or time.time()),
-            response_json=json.dumps(stored.response),
-            input_items_json=json.dumps(stored.input_items),
-            owner=stored.owner,
-        )
-        async with self._write() as session, session.begin():
-            existing = await session.get(ResponseRow, stored.id)
-            if existing is not None:  # a background response's later snapshot: keep its flag
-                row.cancel_requested = existing.cancel_requested
-                await session.execute(delete(ItemRow).where(ItemRow.response_id == stored.id))
-            await session.merge(row)
-            session.add_all(
-                _item_rows(
-                    [*stored.input_items, *stored.output_items],
-                    stored.owner,
-                    response_id=stored.id,
-                )
-            )
+        async def write(session: AsyncSession) -> None:
+            await _put_response(session, stored)
+
+        await self._transact(write)
+
+    async def save_turn(
+        self,
+        stored: StoredResponse | None,
+        conversation_id: str | None,
+        items: list[dict[str, Any]],
+    ) -> None:
+        async def write(session: AsyncSession) -> None:
+            if stored is not None:
+                await _put_response(session, stored)
+            if conversation_id is not None:
+                await _append_items(session, conversation_id, items)
+
+        await self._transact(write)
 
     async def get(self, response_id: str) -> StoredResponse | None:
         async with self._session() as session:
@@ -251,12 +310,14 @@ class SqlResponseStore(ResponseStore):
         )
 
     async def delete(self, response_id: str) -> bool:
-        async with self._write() as session, session.begin():
+        async def write(session: AsyncSession) -> bool:
             result = await session.execute(delete(ResponseRow).where(ResponseRow.id == response_id))
             await session.execute(delete(EventRow).where(EventRow.response_id == response_id))
             await session.execute(delete(ItemRow).where(ItemRow.response_id == response_id))
             await session.execute(delete(RunRow).where(RunRow.response_id == response_id))
-        return result.rowcount > 0
+            return result.rowcount > 0
+
+        return await self._transact(write)
 
     async def find_items(
         self, item_ids: Collection[str], owner: str | None
@@ -284,12 +345,15 @@ class SqlResponseStore(ResponseStore):
     async def append_events(self, response_id: str, events: list[tuple[int, str]]) -> None:
         if not events:
             return
-        rows = [
-            EventRow(response_id=response_id, sequence_number=number, event_json=data)
-            for number, data in events
-        ]
-        async with self._write() as session, session.begin():
-            session.add_all(rows)
+
+        async def write(session: AsyncSession) -> None:
+            # New rows each try: a session that failed must not take the last try's objects.
+            session.add_all(
+                EventRow(response_id=response_id, sequence_number=number, event_json=data)
+                for number, data in events
+            )
+
+        await self._transact(write)
 
     async def events_after(self, response_id: str, after: int) -> list[tuple[int, str]]:
         query = (
@@ -301,12 +365,14 @@ class SqlResponseStore(ResponseStore):
             return [(number, data) for number, data in (await session.execute(query)).all()]
 
     async def request_cancel(self, response_id: str) -> None:
-        async with self._write() as session, session.begin():
+        async def write(session: AsyncSession) -> None:
             await session.execute(
                 update(ResponseRow)
                 .where(ResponseRow.id == response_id)
                 .values(cancel_requested=True)
             )
+
+        await self._transact(write)
 
     async def cancel_requested(self, response_id: str) -> bool:
         async with self._session() as session:
@@ -314,17 +380,19 @@ class SqlResponseStore(ResponseStore):
         return bool(row and row.cancel_requested)
 
     async def claim_run(self, response_id: str, runner: str, lease_s: float) -> None:
-        row = RunRow(
-            response_id=response_id,
-            runner=runner,
-            lease_expires_at=time.time() + lease_s,
-            ended=False,
-        )
-        async with self._write() as session, session.begin():
+        async def write(session: AsyncSession) -> None:
+            row = RunRow(
+                response_id=response_id,
+                runner=runner,
+                lease_expires_at=time.time() + lease_s,
+                ended=False,
+            )
             await session.merge(row)
 
+        await self._transact(write)
+
     async def renew_run(self, response_id: str, runner: str, lease_s: float) -> bool:
-        async with self._write() as session, session.begin():
+        async def write(session: AsyncSession) -> bool:
             result = await session.execute(
                 update(RunRow)
                 .where(
@@ -334,15 +402,19 @@ class SqlResponseStore(ResponseStore):
                 )
                 .values(lease_expires_at=time.time() + lease_s)
             )
-        return result.rowcount == 1
+            return result.rowcount == 1
+
+        return await self._transact(write)
 
     async def finish_run(self, response_id: str, runner: str) -> None:
-        async with self._write() as session, session.begin():
+        async def write(session: AsyncSession) -> None:
             await session.execute(
                 update(RunRow)
                 .where(RunRow.response_id == response_id, RunRow.runner == runner)
                 .values(ended=True)
             )
+
+        await self._transact(write)
 
     async def get_run(self, response_id: str) -> BackgroundRun | None:
         async with self._session() as session:
@@ -361,26 +433,28 @@ class SqlResponseStore(ResponseStore):
     async def end_run(
         self, response_id: str, ending: RunEnding, *, only_if_lapsed: bool = True
     ) -> bool:
+        async def write(session: AsyncSession) -> bool:
+            row = await session.get(ResponseRow, response_id)
+            if row is None:
+                return False
+            if not await self._take_run(session, response_id, only_if_lapsed):
+                return False
+            response = json.loads(row.response_json)
+            if response.get("status") not in ("queued", "in_progress"):
+                return False  # its runner finished it after all; the run is marked ended
+            done_items, last = await _persisted_ending_inputs(session, response_id)
+            final, events = ending(response, done_items, last)
+            row.response_json = json.dumps(final)
+            session.add_all(
+                EventRow(response_id=response_id, sequence_number=number, event_json=data)
+                for number, data in events
+            )
+            output = [item for item in final.get("output") or [] if isinstance(item, dict)]
+            session.add_all(_item_rows(output, row.owner, response_id=response_id))
+            return True
+
         try:
-            async with self._write() as session, session.begin():
-                row = await session.get(ResponseRow, response_id)
-                if row is None:
-                    return False
-                if not await self._take_run(session, response_id, only_if_lapsed):
-                    return False
-                response = json.loads(row.response_json)
-                if response.get("status") not in ("queued", "in_progress"):
-                    return False  # its runner finished it after all; the run is marked ended
-                done_items, last = await _persisted_ending_inputs(session, response_id)
-                final, events = ending(response, done_items, last)
-                row.response_json = json.dumps(final)
-                session.add_all(
-                    EventRow(response_id=response_id, sequence_number=number, event_json=data)
-                    for number, data in events
-                )
-                output = [item for item in final.get("output") or [] if isinstance(item, dict)]
-                session.add_all(_item_rows(output, row.owner, response_id=response_id))
-                return True
+            return await self._transact(write)
         except IntegrityError:
             return False  # another replica recorded the run of an old response first
 
@@ -403,15 +477,22 @@ class SqlResponseStore(ResponseStore):
         await session.flush()
         return True
 
-    async def put_conversation(self, conversation: StoredConversation) -> None:
-        row = ConversationRow(
-            id=conversation.id,
-            created_at=conversation.created_at,
-            metadata_json=json.dumps(conversation.metadata),
-            owner=conversation.owner,
-        )
-        async with self._write() as session, session.begin():
+    async def put_conversation(
+        self, conversation: StoredConversation, items: list[dict[str, Any]] | None = None
+    ) -> None:
+        async def write(session: AsyncSession) -> None:
+            row = ConversationRow(
+                id=conversation.id,
+                created_at=conversation.created_at,
+                metadata_json=json.dumps(conversation.metadata),
+                owner=conversation.owner,
+            )
             await session.merge(row)
+            if items:
+                await session.flush()  # the row is there for the append to find
+                await _append_items(session, conversation.id, items)
+
+        await self._transact(write)
 
     async def get_conversation(self, conversation_id: str) -> StoredConversation | None:
         async with self._session() as session:
@@ -423,7 +504,7 @@ class SqlResponseStore(ResponseStore):
         )
 
     async def delete_conversation(self, conversation_id: str) -> bool:
-        async with self._write() as session, session.begin():
+        async def write(session: AsyncSession) -> bool:
             result = await session.execute(
                 delete(ConversationRow).where(ConversationRow.id == conversation_id)
             )
@@ -433,44 +514,18 @@ class SqlResponseStore(ResponseStore):
                 )
             )
             await session.execute(delete(ItemRow).where(ItemRow.conversation_id == conversation_id))
-        return result.rowcount > 0
+            return result.rowcount > 0
+
+        return await self._transact(write)
 
     async def append_items(self, conversation_id: str, items: list[dict]) -> None:
         if not items:
             return
-        async with self._write() as session, session.begin():
-            # Appenders to one conversation take turns, so the last position read here stays
-            # the last until these items are in after it: no two calls get the same positions
-            # (a primary key conflict, once a 500) and each call's items stay together, in
-            # order. PostgreSQL locks the conversation's row until commit (FOR UPDATE); SQLite
-            # has no row locks (it drops FOR UPDATE) but this transaction began IMMEDIATE,
-            # holding the database's write lock. A lock, not retries: appends are short, so a
-            # writer waits its turn rather than failing (on SQLite up to busy_timeout, 5 s).
-            conversation = (
-                await session.execute(
-                    select(ConversationRow.owner)
-                    .where(ConversationRow.id == conversation_id)
-                    .with_for_update()
-                )
-            ).first()
-            if conversation is None:
-                return  # deleted meanwhile: there is nothing to extend
-            last = await session.scalar(
-                select(func.max(ConversationItemRow.position)).where(
-                    ConversationItemRow.conversation_id == conversation_id
-                )
-            )
-            start = -1 if last is None else last
-            session.add_all(
-                ConversationItemRow(
-                    conversation_id=conversation_id,
-                    position=start + offset,
-                    item_id=item["id"],
-                    item_json=json.dumps(item),
-                )
-                for offset, item in enumerate(items, start=1)
-            )
-            session.add_all(_item_rows(items, conversation.owner, conversation_id=conversation_id))
+
+        async def write(session: AsyncSession) -> None:
+            await _append_items(session, conversation_id, items)
+
+        await self._transact(write)
 
     async def conversation_items(self, conversation_id: str) -> list[dict]:
         query = (
@@ -482,7 +537,7 @@ class SqlResponseStore(ResponseStore):
             return [json.loads(data) for data in (await session.scalars(query)).all()]
 
     async def delete_item(self, conversation_id: str, item_id: str) -> bool:
-        async with self._write() as session, session.begin():
+        async def write(session: AsyncSession) -> bool:
             result = await session.execute(
                 delete(ConversationItemRow).where(
                     ConversationItemRow.conversation_id == conversation_id,
@@ -495,7 +550,9 @@ class SqlResponseStore(ResponseStore):
                     ItemRow.item_key == _item_key(item_id),
                 )
             )
-        return result.rowcount > 0
+            return result.rowcount > 0
+
+        return await self._transact(write)
 
     async def conversation_page(
         self,
@@ -551,6 +608,103 @@ class SqlResponseStore(ResponseStore):
         if self._writes is None:
             raise RuntimeError("the response store is not started")
         return self._writes()
+
+    async def _transact(self, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """Run ``work`` in a write transaction and commit it; run it again in a new one while it
+        fails for a transient reason (`transient`), up to ``WRITE_ATTEMPTS`` tries, then raise.
+        ``work`` makes its rows anew each try (a failed session's objects are discarded).
+
+        One failure is not retried: a connection lost during COMMIT, when the transaction may
+        have committed after all. It raises, and the caller reports a failure for a write that
+        may be stored: never the other way round."""
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            committing = False
+            try:
+                async with self._write_turn(), self._write() as session, session.begin():
+                    result = await work(session)
+                    committing = True
+                return result
+            except DBAPIError as error:
+                retry = transient(error) and not (committing and error.connection_invalidated)
+                if not retry or attempt == WRITE_ATTEMPTS:
+                    raise
+                pause = backoff_s(attempt)
+                logger.warning(
+                    "response store: write failed (%s), try %d of %d in %.2fs",
+                    error.orig,
+                    attempt + 1,
+                    WRITE_ATTEMPTS,
+                    pause,
+                )
+                await asyncio.sleep(pause)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _write_turn(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """This process's turn to write: the asyncio lock on SQLite, nothing on PostgreSQL
+        (whose writers lock only the rows they touch)."""
+        return self._write_turns if self._write_turns is not None else contextlib.nullcontext()
+
+
+async def _put_response(session: AsyncSession, stored: StoredResponse) -> None:
+    """Insert or replace a response and its items' index, in the session's write transaction."""
+    row = ResponseRow(
+        id=stored.id,
+        previous_response_id=stored.previous_response_id,
+        created_at=int(stored.response.get("created_at") or time.time()),
+        response_json=json.dumps(stored.response),
+        input_items_json=json.dumps(stored.input_items),
+        owner=stored.owner,
+    )
+    existing = await session.get(ResponseRow, stored.id)
+    if existing is not None:  # a background response's later snapshot: keep its flag
+        row.cancel_requested = existing.cancel_requested
+        await session.execute(delete(ItemRow).where(ItemRow.response_id == stored.id))
+    await session.merge(row)
+    session.add_all(
+        _item_rows(
+            [*stored.input_items, *stored.output_items],
+            stored.owner,
+            response_id=stored.id,
+        )
+    )
+
+
+async def _append_items(
+    session: AsyncSession, conversation_id: str, items: list[dict[str, Any]]
+) -> None:
+    """Add items at the end of a conversation, in the session's write transaction."""
+    # Appenders to one conversation take turns, so the last position read here stays
+    # the last until these items are in after it: no two calls get the same positions
+    # (a primary key conflict, once a 500) and each call's items stay together, in
+    # order. PostgreSQL locks the conversation's row until commit (FOR UPDATE); SQLite
+    # has no row locks (it drops FOR UPDATE) but this transaction began IMMEDIATE,
+    # holding the database's write lock. A lock first: appends are short, so a writer
+    # waits its turn (on SQLite up to busy_timeout, 5 s) and only then is retried.
+    conversation = (
+        await session.execute(
+            select(ConversationRow.owner)
+            .where(ConversationRow.id == conversation_id)
+            .with_for_update()
+        )
+    ).first()
+    if conversation is None:
+        return  # deleted meanwhile: there is nothing to extend
+    last = await session.scalar(
+        select(func.max(ConversationItemRow.position)).where(
+            ConversationItemRow.conversation_id == conversation_id
+        )
+    )
+    start = -1 if last is None else last
+    session.add_all(
+        ConversationItemRow(
+            conversation_id=conversation_id,
+            position=start + offset,
+            item_id=item["id"],
+            item_json=json.dumps(item),
+        )
+        for offset, item in enumerate(items, start=1)
+    )
+    session.add_all(_item_rows(items, conversation.owner, conversation_id=conversation_id))
 
 
 async def _persisted_ending_inputs(
