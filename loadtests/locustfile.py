@@ -2,8 +2,13 @@
 
 Each locust user plays whole sessions from the trace, one at a time: every turn re-sends the
 session's history with its `prompt_cache_key`, `store: false`, waiting the trace's think time
-(scaled by TRACE_TIME_SCALE) between turns. Besides the HTTP request itself it records, as
-custom locust events (their "response time" column holds the value):
+(scaled by TRACE_TIME_SCALE) between turns. With STORE_SHARE (0..1) that share of sessions is
+played as a stateful client plays it instead: `store: true`, each later turn sending only its new
+items with `previous_response_id` (a lost response breaks its session's next turn). With
+OUTCOMES_FILE each turn's outcome (loadtests/outcomes.py: acknowledged, refused properly, hung,
+improper) is appended there, with the id of each acknowledged stored response, for
+loadtests/soak_store.py to check. Besides the HTTP request itself it records, as custom locust
+events (their "response time" column holds the value):
 
 - TTFT: milliseconds to the first output delta;
 - TOKENS_PER_S: output tokens per second after the first token;
@@ -18,13 +23,17 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import requests
 from locust import HttpUser, events, task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import outcomes
 from traces import SAMPLE, load_traces
 
 from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
@@ -32,8 +41,10 @@ from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
 SESSIONS = load_traces(os.environ.get("TRACE_FILE", SAMPLE))
 TIME_SCALE = float(os.environ.get("TRACE_TIME_SCALE", "0.1"))
 MODEL = os.environ.get("MODEL", "gpt-oss-120b")
-# Seconds a turn may wait for the server's next bytes: a hung stream ends in an error.
+# Seconds a turn may take (and wait for the server's next bytes): a hung stream ends in an error.
 TURN_TIMEOUT_S = float(os.environ.get("TURN_TIMEOUT_S", "600"))
+STORE_SHARE = float(os.environ.get("STORE_SHARE", "0"))
+OUTCOMES_FILE = os.environ.get("OUTCOMES_FILE")
 _next_session = itertools.cycle(SESSIONS)
 
 
@@ -43,15 +54,12 @@ def record(kind: str, value: float) -> None:
     )
 
 
-def error_code(body: dict) -> str | None:
-    """The code of an OpenAI-shaped error body or of a failed Response."""
-    return (body.get("error") or {}).get("code")
-
-
 class CodexSession(HttpUser):
     @task
     def play_session(self) -> None:
         session = next(_next_session)
+        stored = random.random() < STORE_SHARE
+        previous_id = None
         for index, turn in enumerate(session.turns):
             time.sleep(turn["think_s"] * TIME_SCALE)
             body = {
@@ -59,14 +67,21 @@ class CodexSession(HttpUser):
                 "input": session.turn_input(index),
                 "tools": session.tools,
                 "stream": True,
-                "store": False,
+                "store": stored,
                 "prompt_cache_key": session.session_id,
                 "max_output_tokens": turn["max_output_tokens"],
             }
-            if not self._turn(body):
+            if previous_id is not None:  # the server holds the rest
+                body["input"] = turn["new_items"]
+                body["previous_response_id"] = previous_id
+            final = self._turn(body)
+            if final is None:
                 return  # a failed turn ends the session, as it would for Codex
+            if stored:
+                previous_id = final["response"]["id"]
 
-    def _turn(self, body: dict) -> bool:
+    def _turn(self, body: dict[str, Any]) -> dict | None:
+        """One turn, streamed: its terminal event, or None (a failure, reported to locust)."""
         started = time.perf_counter()
         first_token = None
         final = None
@@ -79,22 +94,40 @@ class CodexSession(HttpUser):
             timeout=TURN_TIMEOUT_S,
         ) as response:
             if response.status_code != 200:
-                response.failure(f"HTTP {response.status_code}: {error_code(response.json())}")
-                return False
-            for line in response.iter_lines():
-                if not line.startswith(b"data: "):
-                    continue
-                event = json.loads(line[6:])
-                if first_token is None and event["type"].endswith(".delta"):
-                    first_token = time.perf_counter()
-                if event["type"] in TERMINAL_EVENT_TYPES:
-                    final = event
-                    break
-            if final is None or final["type"] != "response.completed":
-                ended_with = final and final["type"]
-                code = final and error_code(final["response"])
-                response.failure(f"turn ended with {ended_with}: {code}")
-                return False
+                reply = outcomes.json_or_text(response.content or b"")
+                kind = outcomes.http_refusal(response.status_code, reply)
+                detail = f"HTTP {response.status_code}: {outcomes.error_code(reply) or reply}"
+                self._note(body, kind, detail)
+                response.failure(detail)
+                return None
+            try:
+                for line in response.iter_lines():
+                    if not line.startswith(b"data: "):
+                        continue
+                    event = json.loads(line[6:])
+                    if first_token is None and event["type"].endswith(".delta"):
+                        first_token = time.perf_counter()
+                    if event["type"] in TERMINAL_EVENT_TYPES:
+                        final = event
+                        break
+                    if time.perf_counter() - started > TURN_TIMEOUT_S:
+                        raise requests.Timeout("no terminal event in time: timed out")
+            except requests.RequestException as error:  # cut short, or no bytes in time
+                hung = "timed out" in str(error).lower()
+                self._note(body, "hung" if hung else "improper", f"stream broke: {error}")
+                response.failure(f"stream broke: {error}")
+                return None
+            if final is None or final["type"] == "response.failed":
+                failed = final is not None and outcomes.failed_properly(final["response"])
+                code = final and outcomes.error_code(final["response"])
+                detail = f"turn ended with {final and final['type']}: {code}"
+                self._note(body, "refused" if failed else "improper", detail)
+                response.failure(detail)
+                return None
+            self._note(body, "acked", final["type"], final["response"]["id"])
+            if final["type"] != "response.completed":  # stored, but Codex would stop here
+                response.failure(f"turn ended with {final['type']}")
+                return None
             response.success()
         usage = final["response"]["usage"]
         ended = time.perf_counter()
@@ -104,4 +137,16 @@ class CodexSession(HttpUser):
                 record("TOKENS_PER_S", (usage["output_tokens"] - 1) / (ended - first_token))
         record("INPUT_TOKENS", usage["input_tokens"])
         record("CACHED_TOKENS", usage["input_tokens_details"]["cached_tokens"])
-        return True
+        return final
+
+    @staticmethod
+    def _note(body: dict[str, Any], kind: str, detail: str, response_id: str | None = None) -> None:
+        outcomes.record(
+            OUTCOMES_FILE,
+            op="stored" if body["store"] else "unstored",
+            outcome=kind,
+            detail=detail,
+            id=response_id if body["store"] else None,
+            chained="previous_response_id" in body,
+            at=time.time(),  # to set beside the soak's kills
+        )
