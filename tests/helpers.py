@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -13,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
 from fastapi import FastAPI
 from openai import AsyncOpenAI
+from starlette.types import ASGIApp
 
 from serve_app.config import AppArgs
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
@@ -80,6 +83,28 @@ async def in_process_api(
     finally:
         await simulated.shutdown()
         await store.close()
+
+
+@contextlib.asynccontextmanager
+async def on_uvicorn(app: ASGIApp, **options: Any) -> AsyncIterator[str]:
+    """``app`` served by uvicorn on a free port of 127.0.0.1 (real HTTP and WebSockets); its
+    http:// URL. ``options``: more of uvicorn's Config."""
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", **options
+        )
+    )
+    # Signals stay the test runner's (uvicorn would take SIGINT and SIGTERM for itself).
+    server.capture_signals = contextlib.nullcontext
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = server.force_exit = True
+        await serving
 
 
 def sdk_client(api: FastAPI, key: str = "unused") -> AsyncOpenAI:

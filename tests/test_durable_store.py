@@ -28,7 +28,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import event
 from websockets.asyncio.client import connect
@@ -40,7 +39,7 @@ from serve_app.serving.engine_client import InProcessEngineClient
 from serve_app.serving.ingress import create_api
 from serve_app.store.base import StoredResponse
 from serve_app.store.sql import WRITE_ATTEMPTS, SqlResponseStore
-from tests.helpers import sdk_client
+from tests.helpers import on_uvicorn, sdk_client
 from tests.test_store import postgres_url, store_url  # noqa: F401 - fixtures
 
 MODEL = "gpt-oss-120b"
@@ -188,19 +187,8 @@ async def test_a_stream_whose_response_cannot_be_stored_ends_failed(app: App) ->
 @contextlib.asynccontextmanager
 async def served(api: FastAPI) -> AsyncIterator[str]:
     """The app on uvicorn on a free port (a real WebSocket); its ws:// URL."""
-    server = uvicorn.Server(
-        uvicorn.Config(api, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    )
-    server.capture_signals = contextlib.nullcontext  # the test runner keeps its signals
-    serving = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            await asyncio.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"ws://127.0.0.1:{port}/v1/responses"
-    finally:
-        server.should_exit = server.force_exit = True
-        await serving
+    async with on_uvicorn(api) as url:
+        yield url.replace("http://", "ws://", 1) + "/v1/responses"
 
 
 async def ws_turn(socket, **body: Any) -> list[dict[str, Any]]:

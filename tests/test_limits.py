@@ -21,7 +21,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -34,6 +33,7 @@ from serve_app.serving.engine_client import InProcessEngineClient
 from serve_app.serving.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
 from tests.conftest import ENGINE_SCRIPT
+from tests.helpers import on_uvicorn
 
 MODEL = "gpt-oss-120b"
 ALICE, BOB = "key-alice", "key-bob"
@@ -77,27 +77,11 @@ async def running_app(tmp_path: Path, **limits: float) -> AsyncIterator[str]:
         store,
         api_keys=ApiKeys([ALICE, BOB]),
     )
-    config = uvicorn.Config(
-        RequestSlots(api, SLOTS),
-        host="127.0.0.1",
-        port=0,
-        log_level="warning",
-        lifespan="off",
-        # Longer than any test waits: a connection closed was closed by the app's answer.
-        timeout_keep_alive=60,
-    )
-    server = uvicorn.Server(config)
-    # Signals stay the test runner's (uvicorn would take SIGINT and SIGTERM for itself).
-    server.capture_signals = contextlib.nullcontext
-    serving = asyncio.create_task(server.serve())
     try:
-        while not server.started:
-            await asyncio.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
+        # keep-alive longer than any test waits: a connection closed was closed by the app.
+        async with on_uvicorn(RequestSlots(api, SLOTS), timeout_keep_alive=60) as url:
+            yield url
     finally:
-        server.should_exit = server.force_exit = True
-        await serving
         await engine.shutdown()
         await store.close()
 
