@@ -2,8 +2,8 @@
 
 Tensor parallel (``tensor_parallel_size > 1``): one placement group per replica, one bundle per
 GPU, ``STRICT_PACK`` so every shard shares a node (NVLink, and vLLM's Ray executor warns when a
-TP group spans nodes). The replica actor holds no GPU; vLLM's Ray executor starts one worker
-actor per GPU bundle (``num_cpus=0, num_gpus=1`` each, ``vllm/v1/executor/ray_executor.py``).
+TP group spans nodes). The replica actor holds no GPU; vLLM's Ray executor (``RayExecutorV2``)
+starts one worker actor per GPU bundle (``num_cpus=0``, one GPU each; docs/vllm.md).
 
 Single GPU: no placement group; the replica actor itself holds the GPU and vLLM runs its model in
 the engine-core process (``uni`` executor), which inherits the replica's ``CUDA_VISIBLE_DEVICES``.
