@@ -157,6 +157,7 @@ class PendingInput:
 class Lane:
     stream_id: str | None
     sink: LaneSink
+    # Its requests: the running one first, then the queued ones (with their sizes).
     queue: deque[tuple[Any, int]] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
 
@@ -190,6 +191,14 @@ class Lanes:
         """Queue ``message`` on its lane. None: queued. A str: why the connection must close
         (a flood on the default lane). An `APIError`: the refusal to send on the lane."""
         self.last_activity = time.monotonic()
+        lane = self._lanes.get(stream_id)
+        if lane is None and len(self._lanes) < self._max_lanes:
+            # An idle lane starts the request at once: it runs, it is not queued.
+            lane = Lane(stream_id, LaneSink(self._outbox, stream_id))
+            lane.queue.append((message, 0))
+            self._lanes[stream_id] = lane
+            lane.task = asyncio.create_task(self._run(lane), name=f"websocket lane {stream_id}")
+            return None
         if (overflow := self._pending.fits(size, request=True)) is not None:
             if stream_id is None:
                 return overflow
@@ -198,27 +207,25 @@ class Lanes:
                 "response to end.",
                 code="rate_limit_exceeded",
             )
-        lane = self._lanes.get(stream_id)
         if lane is None:
-            if len(self._lanes) >= self._max_lanes:
-                return LaneRefused(
-                    f"Too many lanes busy on this connection (at most {self._max_lanes}): wait "
-                    "for one to finish, or queue on a busy lane.",
-                    param="stream_id",
-                    code="rate_limit_exceeded",
-                )
-            lane = Lane(stream_id, LaneSink(self._outbox, stream_id))
-            self._lanes[stream_id] = lane
-            lane.task = asyncio.create_task(self._run(lane), name=f"websocket lane {stream_id}")
+            return LaneRefused(
+                f"Too many lanes busy on this connection (at most {self._max_lanes}): wait "
+                "for one to finish, or queue on a busy lane.",
+                param="stream_id",
+                code="rate_limit_exceeded",
+            )
         self._pending.take(size, request=True)
         lane.queue.append((message, size))
         return None
 
     async def _run(self, lane: Lane) -> None:
         try:
+            first = True
             while lane.queue:
                 message, size = lane.queue.popleft()
-                self._pending.give_back(size, request=True)
+                if not first:  # the ones after the first waited: they were counted queued
+                    self._pending.give_back(size, request=True)
+                first = False
                 try:
                     await self._serve(lane, message)
                 except (asyncio.CancelledError, WebSocketDisconnect):
