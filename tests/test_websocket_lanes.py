@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 from collections import defaultdict
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,19 @@ def client(app_url: str) -> OpenAI:
     return OpenAI(base_url=f"{app_url}/v1", api_key="unused")
 
 
+@contextmanager
+def connected(client: OpenAI, deadline_s: float = 60) -> Iterator:
+    """``client.responses.connect()``, closed after ``deadline_s``: an event that never comes
+    fails the test (the SDK's ``recv`` has no timeout of its own) instead of hanging it."""
+    with client.responses.connect() as connection:
+        timer = threading.Timer(deadline_s, connection.close)
+        timer.start()
+        try:
+            yield connection
+        finally:
+            timer.cancel()
+
+
 def until(connection, done) -> list:
     """Events until ``done(event)`` (that one included)."""
     events = []
@@ -71,7 +85,7 @@ def numbered_in_order(events: list) -> None:
 
 
 def test_two_lanes_run_concurrently_and_every_event_names_its_lane(client) -> None:
-    with client.responses.connect() as connection:
+    with connected(client) as connection:
         connection.response.create(model=MODEL, input="LANE-WAIT: slow lane", stream_id="slow")
         connection.response.create(model=MODEL, input="SDK-REASON: fast lane", stream_id="fast")
         events = until(connection, lambda e: e.type in TERMINAL and e.stream_id == "slow")
@@ -94,7 +108,7 @@ def test_each_lane_is_fifo_whatever_the_interleaving(client, seed: int) -> None:
     rng = random.Random(seed)
     lanes = ["a", "b", "c", None]
     sent: dict[str | None, list[str]] = defaultdict(list)
-    with client.responses.connect() as connection:
+    with connected(client) as connection:
         for n in range(12):
             lane = rng.choice(lanes)
             marker = rng.choice(["SDK-TEXT", "SDK-REASON", "SDK-LONG"])
@@ -127,7 +141,7 @@ def test_each_lane_is_fifo_whatever_the_interleaving(client, seed: int) -> None:
 
 
 def test_a_lane_forks_from_a_response_made_on_another_lane(client) -> None:
-    with client.responses.connect() as connection:
+    with connected(client) as connection:
         connection.response.create(
             model=MODEL, input="SDK-REASON: the root", store=False, stream_id="main"
         )
@@ -169,7 +183,7 @@ def test_a_lane_forks_from_a_response_made_on_another_lane(client) -> None:
 
 
 def test_a_bad_stream_id_is_a_400_naming_it(client) -> None:
-    with client.responses.connect() as connection:
+    with connected(client) as connection:
         for bad in (5, "", "x" * 300):
             connection.send(
                 {"type": "response.create", "model": MODEL, "input": "hi", "stream_id": bad}
@@ -192,7 +206,7 @@ def test_a_steered_response_ends_at_the_message_boundary_and_its_successor_conti
         "tools": [WEATHER_TOOL],
         "store": True,
     }
-    with client.responses.connect() as connection:
+    with connected(client) as connection:
         connection.response.create(
             model=MODEL, input="STEER-WAIT: a plan please", stream_id="work", **settings
         )
@@ -240,7 +254,7 @@ def test_a_steered_response_ends_at_the_message_boundary_and_its_successor_conti
 def test_steering_an_unscripted_response(client) -> None:
     # The simulated engine's own answer (no script matches): wherever the steer lands (before
     # the first token, between its two messages, or after the end), a successor follows.
-    with client.responses.connect() as connection:
+    with connected(client) as connection:
         connection.response.create(model=MODEL, input="tell me anything", store=False)
         created = connection.recv()
         connection.response.steer(previous_response_id=created.response.id, input="and more")
@@ -258,7 +272,7 @@ def test_steering_an_unscripted_response(client) -> None:
 
 
 def test_steer_input_left_at_a_tool_call_waits_for_the_continuation(client) -> None:
-    with client.responses.connect() as connection:
+    with connected(client) as connection:
         connection.response.create(
             model=MODEL, input="STEER-TOOL: weather?", tools=[WEATHER_TOOL], stream_id="t"
         )
@@ -312,7 +326,7 @@ def failed(event) -> tuple[str, str | None]:
 
 def test_each_steering_refusal_has_its_sdk_code_and_gives_the_input_back(client) -> None:
     conversation = client.conversations.create()
-    with client.responses.connect() as connection:
+    with connected(client) as connection:
         # Unknown here: never made, or made elsewhere (a stored response from HTTP).
         stored = client.responses.create(model=MODEL, input="SDK-TEXT", store=True)
         for unknown in ("resp_nothing", stored.id):
@@ -380,7 +394,7 @@ def test_each_steering_refusal_has_its_sdk_code_and_gives_the_input_back(client)
 
 
 def test_too_many_steers_and_a_successor_that_cannot_be_created(client) -> None:
-    with client.responses.connect() as connection:
+    with connected(client) as connection:
         connection.response.create(model=MODEL, input="STEER-WAIT: plan", store=True)
         created = connection.recv()
         target = created.response.id
