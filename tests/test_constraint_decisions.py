@@ -30,7 +30,7 @@ from serve_app.constraints.matcher import compile_grammar, new_matcher
 from serve_app.constraints.sampling import MaskedSampler, TokenMask
 from serve_app.constraints.vocab import harmony_tokenizer
 from serve_app.engines.base import EngineError
-from serve_app.engines.simulated import _Sample
+from serve_app.engines.simulated.steps import Sample as _Sample
 from serve_app.engines.vllm_engine import VLLMEngine, VLLMEngineConfig, _ConstraintCheck
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.render import render_request
