@@ -64,7 +64,16 @@ from openai.types.responses.response_output_text import Logprob as TextLogprob
 from openai.types.responses.response_output_text import LogprobTopLogprob as TextTopLogprob
 from openai_harmony import HarmonyEncoding, Message, Role, StreamableParser
 
-from serve_app.harmony.encoding import CALL_TOKEN, END_TOKEN, RETURN_TOKEN, get_encoding
+from serve_app.harmony.encoding import (
+    CALL_TOKEN,
+    CHANNEL_TOKEN,
+    END_TOKEN,
+    FIRST_SPECIAL_TOKEN,
+    MESSAGE_TOKEN,
+    RETURN_TOKEN,
+    START_TOKEN,
+    get_encoding,
+)
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol import responses as builders
 from serve_app.protocol.stream_events import (
@@ -80,8 +89,6 @@ logger = logging.getLogger(__name__)
 # A real header is a dozen tokens (`<|channel|>commentary to=functions.exec_command
 # <|constrain|>json`); past this many, the model is writing text without a header.
 MAX_HEADER_TOKENS = 64
-# o200k's ordinary tokens are 0..199997; special and reserved ids follow.
-_FIRST_SPECIAL_ID = 199998
 
 # Read a header the parser rejected: `<|channel|>NAME`, `to=RECIPIENT`, `<|constrain|>TYPE`
 # in any order, each optionally preceded by whitespace. What follows is content.
@@ -108,17 +115,13 @@ class _Tokens:
 
 @functools.cache
 def _tokens() -> _Tokens:
-    encoding = get_encoding()
-
-    def special(text: str) -> list[int]:
-        return encoding.encode(text, allowed_special="all")
-
+    header = get_encoding().encode("<|channel|>final<|message|>", allowed_special="all")
     return _Tokens(
-        start=special("<|start|>")[0],
-        channel=special("<|channel|>")[0],
-        message=special("<|message|>")[0],
+        start=START_TOKEN,
+        channel=CHANNEL_TOKEN,
+        message=MESSAGE_TOKEN,
         stops=frozenset((END_TOKEN, RETURN_TOKEN, CALL_TOKEN)),
-        content_header=tuple(special("<|channel|>final<|message|>")),
+        content_header=tuple(header),
     )
 
 
@@ -157,7 +160,7 @@ def _text_logprob(token: int, entry: TokenLogprob) -> TextLogprob:
 
 
 def _valid_token(token: int) -> bool:
-    return 0 <= token < _FIRST_SPECIAL_ID or (token >= 0 and _decodable(token))
+    return 0 <= token < FIRST_SPECIAL_TOKEN or (token >= 0 and _decodable(token))
 
 
 class _State(enum.Enum):
@@ -414,7 +417,7 @@ class ResponseStreamTranslator:
         """Whether the header so far is ordinary text, not a header (checked once)."""
         if self._header_checked or self._header_after_start:
             return False
-        if any(token >= _FIRST_SPECIAL_ID for token in self._header):
+        if any(token >= FIRST_SPECIAL_TOKEN for token in self._header):
             self._header_checked = True
             return False
         text = self._encoding.decode(self._header).lstrip()
