@@ -2,10 +2,10 @@
 
 The stream translator (``stream.py``) decodes each message with a harmony ``StreamableParser``
 (``strict=True``), one message at a time, and owns recovery, because models emit malformed
-harmony and the parser raises on it. The parser's ``strict=False`` mode only changes one case (a stop token inside a
-header): it then joins the header words with single spaces and drops the recipient. Our own
-salvage of such headers keeps the text as written and still recovers tool calls, so we parse
-strictly and handle these cases here:
+harmony and the parser raises on it. The parser's ``strict=False`` mode only changes one case
+(a stop token inside a header): it then joins the header words with single spaces and drops the
+recipient. Our own salvage of such headers keeps the text as written and still recovers tool
+calls, so we parse strictly and handle these cases:
 
 - text with no header (``Hello`` right after ``<|start|>assistant``): a final message;
 - a header cut short by a stop token, by ``<|start|>``, or by the end of generation;
