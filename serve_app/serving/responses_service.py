@@ -20,7 +20,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from serve_app.config import AppArgs
-from serve_app.constraints import spec as constraint_spec
+from serve_app.constraints import build as constraint_build
 from serve_app.constraints.spec import CompletionConstraint
 from serve_app.engines.base import (
     CLIENT_ERROR_CODES,
@@ -588,4 +588,4 @@ def _constraint(request: ResponsesRequest, tools: ToolRegistry) -> CompletionCon
     per distinct grammar) and a mask per token in the engine."""
     if request.tool_choice == "none" and not request.tools:
         return None
-    return constraint_spec.from_request(request, tools)
+    return constraint_build.from_request(request, tools)
