@@ -1,5 +1,5 @@
 """Render a checked Responses request into harmony prompt token ids, and nothing else: every
-rejection was decided before (serve_app.serving.validation, which also turns an
+rejection was decided before (serve_app.serving.turn.admission, which also turns an
 `UnrenderableRequest` into the client's 400).
 
 Layout of the prompt (gpt-oss's harmony format):

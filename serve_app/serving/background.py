@@ -32,7 +32,7 @@ from openai.types.responses import ResponseStreamEvent
 from serve_app.config import BackgroundArgs
 from serve_app.protocol import sse
 from serve_app.protocol.sse import event_json
-from serve_app.serving.responses_service import (
+from serve_app.serving.turn.service import (
     NOT_STORED_MESSAGE,
     NotStored,
     ResponsesService,

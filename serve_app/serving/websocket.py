@@ -39,8 +39,8 @@ from serve_app.protocol.requests import STRICT_TYPES, InputItem, ResponsesReques
 from serve_app.protocol.sse import event_json
 from serve_app.protocol.stream_events import terminal_event
 from serve_app.serving import metrics
-from serve_app.serving.auth import ApiKeys
-from serve_app.serving.responses_service import ResponsesService, Turn
+from serve_app.serving.http.auth import ApiKeys
+from serve_app.serving.turn.service import ResponsesService, Turn
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ translate.
 
 Plain Python (no Ray, no FastAPI): the ingress deployment calls it, and it reaches the engines
 through an `EngineClient`, whose errors are ours (`RateLimited`), so the whole protocol path
-runs in tests without a cluster. Its 4xx rules live in serve_app.serving.validation.
+runs in tests without a cluster. Its 4xx rules live in serve_app.serving.turn.admission.
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ from serve_app.protocol.responses import (
 )
 from serve_app.routing import metrics as routing_metrics
 from serve_app.routing.keys import key_digest, routing_key
-from serve_app.serving import metrics, validation
-from serve_app.serving.engine_client import EngineClient
-from serve_app.serving.references import find_referenced, replace_references
+from serve_app.serving import metrics
+from serve_app.serving.engine.client import EngineClient
+from serve_app.serving.turn import admission
+from serve_app.serving.turn.references import find_referenced, replace_references
 from serve_app.store.base import ResponseStore, StoredResponse
 
 logger = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ class ResponsesService:
         )
         request, history = context.request, context.history
         prompt = self._render(request, history, owner, context.tools, truncate=True)
-        max_tokens = validation.output_budget(self._args, request, len(prompt.token_ids))
+        max_tokens = admission.output_budget(self._args, request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
         key = routing_key(request.prompt_cache_key, prompt.token_ids)
         metrics.ROUTING_KEYS.labels(
@@ -206,16 +207,16 @@ class ResponsesService:
         generating: bool = False,
     ) -> Context:
         """The one door for rejections: every 4xx a request can earn before rendering, decided
-        by serve_app.serving.validation's rules in order. Returns the request with its item
+        by serve_app.serving.turn.admission's rules in order. Returns the request with its item
         references replaced by the stored items they name, and the items it continues.
         ``generating``: also the rules only a request to generate is held to (strict schemas,
         background needs store); a token count is not."""
         context = await self.context(request, owner, recent, check_limits=check_limits)
         if generating:
-            validation.check_strict_schemas(context.request)
-        tools = validation.check_items(context.request, context.history, self._vault, owner)
+            admission.check_strict_schemas(context.request)
+        tools = admission.check_items(context.request, context.history, self._vault, owner)
         if generating:
-            validation.check_generation(context.request, tools)
+            admission.check_generation(context.request, tools)
         return replace(context, tools=tools)
 
     async def context(
@@ -229,16 +230,16 @@ class ResponsesService:
         """The door's first half: the request alone checked, the items it continues loaded,
         and the item references in both checked and replaced by the stored items they name.
         ``recent``: contexts of responses not in the store (a WebSocket connection's), by id."""
-        validation.check_request(self._args, request, check_limits=check_limits)
+        admission.check_request(self._args, request, check_limits=check_limits)
         history = await self._history(request, owner, recent)
         if history is None:
-            raise validation.history_not_found(request)
+            raise admission.history_not_found(request)
         given = request.input_items
         if not any(isinstance(item, ItemReference) for item in [*history, *given]):
             return Context(request, history)
         found = await find_referenced(self._store, owner, [*history, *given])
-        validation.check_references(
-            history, given, found, history_param=validation.history_param(request)
+        admission.check_references(
+            history, given, found, history_param=admission.history_param(request)
         )
         request = request.model_copy(update={"input": replace_references(given, found)})
         return Context(request, replace_references(history, found))
@@ -287,7 +288,7 @@ class ResponsesService:
         *,
         truncate: bool,
     ) -> RenderedPrompt:
-        with validation.unrenderable_is_a_400():
+        with admission.unrenderable_is_a_400():
             prompt = render_request(
                 request, history=history, vault=self._vault, owner=owner, tools=tools
             )

@@ -33,14 +33,14 @@ from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import dump_response
 from serve_app.protocol.sse import encode_event
 from serve_app.serving import metrics
-from serve_app.serving.auth import ApiKeys, Owner, RequireKey, caller
 from serve_app.serving.background import BackgroundRunner
-from serve_app.serving.body_limit import BodyLimits
 from serve_app.serving.conversations import conversations_router
-from serve_app.serving.engine_channel import CHANNELS_ENABLED
-from serve_app.serving.engine_client import EngineClient, HandleEngineClient
-from serve_app.serving.pagination import page as _page
-from serve_app.serving.responses_service import ResponsesService, failed_response_error
+from serve_app.serving.engine.channel import CHANNELS_ENABLED
+from serve_app.serving.engine.client import EngineClient, HandleEngineClient
+from serve_app.serving.http.auth import ApiKeys, Owner, RequireKey, caller
+from serve_app.serving.http.body_limit import BodyLimits
+from serve_app.serving.http.pagination import page as _page
+from serve_app.serving.turn.service import ResponsesService, failed_response_error
 from serve_app.serving.websocket import websocket_router
 from serve_app.store.base import ResponseStore, StoredResponse
 from serve_app.store.shared import alive_nodes, printable, require_shared_store
