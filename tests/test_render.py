@@ -11,7 +11,7 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import render_request
 from serve_app.protocol.errors import InvalidRequest, from_validation_errors
 from serve_app.protocol.requests import ResponsesRequest
-from serve_app.serving.turn import admission as validation
+from serve_app.serving.admission import responses as validation
 from tests.helpers import CAPTURES, capture_body, decode
 
 NOW = datetime(2026, 11, 22, tzinfo=UTC)

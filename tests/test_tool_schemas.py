@@ -30,7 +30,7 @@ from serve_app.harmony.render import render_request
 from serve_app.harmony.typescript import NamespaceText, ToolText, schema_text, tools_section
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
-from serve_app.serving.turn import admission as validation
+from serve_app.serving.admission import responses as validation
 from tests.helpers import (
     CAPTURES,
     capture_body,
