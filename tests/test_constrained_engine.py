@@ -28,7 +28,7 @@ from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id
-from serve_app.serving.responses_service import _constraint
+from serve_app.serving.turn.engine_request import _constraint
 from tests.client_schemas import MODELS, SCHEMAS, Priority, Route, Ticket
 from tests.helpers import in_process_api, sdk_client
 

@@ -30,7 +30,7 @@ from serve_app.harmony.typescript import NamespaceText, ToolText, schema_text, t
 from serve_app.protocol import json_schema as schemas
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
-from serve_app.serving import validation
+from serve_app.serving.admission import responses as validation
 from tests.helpers import (
     CAPTURES,
     capture_body,
