@@ -16,7 +16,7 @@ fetched (``GET /v1/responses/{id}``; each conversation's items listed).
 loadtests/traces.py) at twice the engine's capacity (``--users``, default 2 x engine replicas x
 ``--engine-slots``) for ``--duration`` (600 s), half of its sessions stored and chained by
 ``previous_response_id``, while an engine replica is killed every ``--kill-every`` (120 s) and
-an ingress replica once, halfway (``ray.kill`` on the replica actor, as tests/test_faults.py
+an ingress replica once, halfway (``ray.kill`` on the replica actor, as tests/app/test_faults.py
 does). Then every acknowledged stored response is fetched.
 
 Each prints, per store: acknowledged, lost (acknowledged but not retrievable), refused with a
@@ -72,7 +72,7 @@ REPLICAS = 2  # of the ingress and of the engine
 STARTUP_TIMEOUT_S = 300
 ITEMS_PER_CONVERSATION = 20  # appends per conversation (so conversations see concurrent appends)
 # What the app logs when it could not store a response or extend a conversation, once each
-# (serving/responses_service.py).
+# (serving/turn/service.py).
 STORE_FAILURES = re.compile(r"could not be stored|conversation not extended")
 
 

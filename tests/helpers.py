@@ -23,8 +23,8 @@ from serve_app.config import AppArgs
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.serving.engine_client import InProcessEngineClient
-from serve_app.serving.ingress import create_api
+from serve_app.serving.engine.client import InProcessEngineClient
+from serve_app.serving.http.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,6 +33,12 @@ JS_DIR = REPO / "tests" / "js"
 # Real Codex requests (0.169 and 0.63), captured against a local server: by scenario, in order.
 CODEX_CAPTURES = REPO / "tests" / "fixtures" / "codex"
 CAPTURES = sorted(CODEX_CAPTURES.glob("*/req_*.json"))
+# Codex's shell tool, as the scripted turns that call it (``SUM-CALLS``) name it.
+EXEC_TOOL = {
+    "type": "function",
+    "name": "exec_command",
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+}
 # The function tool the scripted engine calls on "SDK-TOOL" and "REF-TOOL" turns.
 WEATHER_TOOL = {
     "type": "function",

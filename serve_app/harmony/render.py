@@ -1,5 +1,5 @@
 """Render a checked Responses request into harmony prompt token ids, and nothing else: every
-rejection was decided before (serve_app.serving.validation, which also turns an
+rejection was decided before (serve_app.serving.admission.responses, which also turns an
 `UnrenderableRequest` into the client's 400).
 
 Layout of the prompt (gpt-oss's harmony format):
@@ -88,7 +88,7 @@ def render_request(
     """Prompt token ids for ``history`` (earlier stored items, if any) + the request's input.
     ``owner``: the caller's key digest (None when the API is open); sealed reasoning and
     compaction items open only for the owner they were sealed for. ``tools``: the request's,
-    when the caller built them already (`ResponsesService.admit` does); else built here."""
+    when the caller built them already (the turn's door, `Door.admit`, does); else built here."""
     items = [*history, *request.input_items]
     if tools is None:
         tools = ToolRegistry.from_request(request)
