@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
-from serve_app.serving.engine.channel import CHANNEL_IDLE_S
 
+from serve_app.serving.engine.channel import CHANNEL_IDLE_S
 from tests.helpers import scrape_metrics
 
 
