@@ -278,7 +278,7 @@ async def test_the_vocabulary_loads_off_the_event_loop(
     engine: SimulatedEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Building the llguidance vocabulary takes about a second: never in the event loop."""
-    from serve_app.engines import simulated
+    from serve_app.engines.simulated import constrained as simulated
 
     threads: list[threading.Thread] = []
     monkeypatch.setattr(simulated, "_VOCABULARY_LOADED", False)

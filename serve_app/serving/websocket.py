@@ -34,7 +34,8 @@ from openai.types.responses.responses_server_event import ResponseWsError, Respo
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from serve_app.config import Limits
-from serve_app.protocol.errors import APIError, InvalidRequest, from_validation_errors
+from serve_app.protocol.body_errors import from_validation_errors
+from serve_app.protocol.errors import APIError, InvalidRequest
 from serve_app.protocol.requests import STRICT_TYPES, InputItem, ResponsesRequest
 from serve_app.protocol.sse import event_json
 from serve_app.protocol.stream_events import terminal_event

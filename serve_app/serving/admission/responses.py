@@ -21,11 +21,12 @@ from pydantic import BaseModel
 from serve_app.config import AppArgs
 from serve_app.constraints import validate as constraints
 from serve_app.engines.base import CLIENT_ERROR_CODES
-from serve_app.harmony import compaction, schemas
+from serve_app.harmony import compaction
 from serve_app.harmony.pieces import MAX_PIECE_CHARS, long_piece
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import UnrenderableRequest
 from serve_app.harmony.tools import ToolRegistry
+from serve_app.protocol import json_schema as schemas
 from serve_app.protocol import strict_schema
 from serve_app.protocol.errors import (
     RATE_LIMITED,

@@ -21,12 +21,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.config import REASONING_KEY_ENV, AppArgs
 from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.protocol.body_errors import from_validation_errors
 from serve_app.protocol.errors import (
     APIError,
     InvalidRequest,
     NotFound,
     error_body,
-    from_validation_errors,
     model_not_found,
 )
 from serve_app.protocol.requests import ResponsesRequest

@@ -3,7 +3,7 @@ request's sampling, harmony's stop tokens, and what the completion must obey."""
 
 from __future__ import annotations
 
-from serve_app.constraints import spec as constraint_spec
+from serve_app.constraints import build as constraint_build
 from serve_app.constraints.spec import CompletionConstraint
 from serve_app.engines.base import (
     DEFAULT_TEMPERATURE,
@@ -61,4 +61,4 @@ def _constraint(request: ResponsesRequest, tools: ToolRegistry) -> CompletionCon
     per distinct grammar) and a mask per token in the engine."""
     if request.tool_choice == "none" and not request.tools:
         return None
-    return constraint_spec.from_request(request, tools)
+    return constraint_build.from_request(request, tools)
