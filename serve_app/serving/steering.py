@@ -54,7 +54,7 @@ from openai.types.responses.response_steer_required_input import (
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serve_app.config import Limits
-from serve_app.protocol.errors import from_validation_errors
+from serve_app.protocol.body_errors import from_validation_errors
 from serve_app.protocol.requests import (
     STRICT_TYPES,
     ContentPart,
@@ -63,7 +63,7 @@ from serve_app.protocol.requests import (
     ResponsesRequest,
 )
 from serve_app.serving.lanes import Outbox, PendingInput, with_stream_id
-from serve_app.serving.responses_service import Turn
+from serve_app.serving.turn.state import Turn
 
 logger = logging.getLogger(__name__)
 

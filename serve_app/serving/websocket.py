@@ -32,17 +32,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from openai.types.responses import ResponseCreatedEvent
 from openai.types.responses.responses_server_event import ResponseWsError, ResponseWsErrorError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from serve_app.config import Limits
-from serve_app.protocol.errors import APIError, InvalidRequest, from_validation_errors
+from serve_app.protocol.body_errors import from_validation_errors
+from serve_app.protocol.errors import APIError, InvalidRequest
 from serve_app.protocol.requests import STRICT_TYPES, InputItem, ResponsesRequest
+from serve_app.protocol.responses import usage
 from serve_app.protocol.sse import event_json
-from serve_app.protocol.stream_events import terminal_event
 from serve_app.serving import metrics
-from serve_app.serving.auth import ApiKeys
+from serve_app.serving.http.auth import ApiKeys
 from serve_app.serving.lanes import (
     MAX_STREAM_ID_LENGTH,
     Lane,
@@ -51,8 +51,9 @@ from serve_app.serving.lanes import (
     Outbox,
     PendingInput,
 )
-from serve_app.serving.responses_service import ResponsesService, Turn
 from serve_app.serving.steering import STEER, SteerDesk, Successor, unsteerable_reason
+from serve_app.serving.turn.service import ResponsesService
+from serve_app.serving.turn.state import Ask, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -295,7 +296,7 @@ async def _serve_message(
     successor: Successor | None = None
     while True:
         try:
-            turn = await service.prepare(request, owner, recent)
+            turn = await service.prepare(Ask(request, owner, recent))
         except APIError as error:
             automatic = successor is not None
             # A client's request that fails forgets what it continued, if its own lane made it
@@ -359,24 +360,16 @@ async def _prewarm(
 ) -> None:
     """A ``generate: false`` turn: validated and rendered like any (so its errors are the same),
     answered at once with an empty completed response; the engine is not called."""
-    created = turn.response
-    # No tokens: the translator's completed response has no output and zero usage.
-    turn.translator.finish("stop", prompt_tokens=0, cached_tokens=0)
+    # No tokens: a completed response with no output and zero usage.
+    events = turn.translator.writer.answer_at_once(usage(0, 0, 0, 0))
     # Stored (so HTTP and other sockets can continue it too) before it is answered completed.
-    if await service.keep(turn):
+    if (failed := await service.keep(turn)) is None:
         recent.remember(turn.response.id, service.continuation(turn))
         logger.info("websocket: prewarm %s answered without generating", turn.response.id)
-    desk.ended_at_once(turn.response, sink.stream_id, sequences=2)
-    terminal = terminal_event(turn.response, sequence_number=1)
-    await sink.send_batch(
-        [
-            event_json(event)
-            for event in (
-                ResponseCreatedEvent(type="response.created", response=created, sequence_number=0),
-                terminal,
-            )
-        ]
-    )
+    else:
+        events[-1] = failed
+    desk.ended_at_once(turn.response, sink.stream_id, sequences=len(events))
+    await sink.send_batch([event_json(event) for event in events])
 
 
 @dataclass

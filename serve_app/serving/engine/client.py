@@ -1,0 +1,198 @@
+"""How the ingress reaches engine replicas: a Serve handle, streamed and keyed for routing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Coroutine
+from contextvars import Context
+from typing import Any, Protocol
+
+from ray.serve.exceptions import BackPressureError
+
+from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest, error_chunk
+from serve_app.protocol.errors import RateLimited
+from serve_app.serving.engine.channel import ChannelClosed, Inboxes, OnChannel
+from serve_app.serving.metrics import ENGINE_CHANNELS, ENGINE_STREAMS_ON_CHANNEL, ENGINE_STREAMS_OWN
+
+logger = logging.getLogger(__name__)
+
+# A channel an engine replica refused (it is gone, or the call found it full) is not asked for
+# again sooner than this; its requests stream on their own meanwhile.
+CHANNEL_RETRY_S = 1.0
+
+
+class EngineClient(Protocol):
+    def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """Stream a request's chunks; closing the iterator early aborts the request."""
+        ...
+
+
+class HandleEngineClient:
+    """Calls the engine deployment through its handle. Ray's back-pressure error (every engine
+    replica and the queue full) comes out as `RateLimited`.
+
+    ``session_id`` carries the routing key, so the engine deployment's request router can keep
+    a conversation on the replica that holds its prefix in KV cache. ``caller``: the name of
+    this (ingress) replica's actor, so an engine replica aborts the requests of a caller that
+    died (see serve_app.serving.engine.deployment), and so it can open a channel to each
+    engine replica it uses: their requests' chunks then come over it, one batch per send, not
+    one stream item per chunk (``serve_app.serving.engine.channel``). ``channels=False``
+    keeps every request on its own stream.
+    """
+
+    def __init__(self, handle, caller: str | None = None, channels: bool = True) -> None:
+        self._handle = handle.options(stream=True)  # a DeploymentHandle
+        self._caller = caller
+        self._use_channels = channels and caller is not None
+        self._inboxes = Inboxes()
+        self._channels: dict[str, asyncio.Task] = {}  # engine replica -> its channel's reader
+        self._reopen_at: dict[str, float] = {}  # engine replica -> no new try before then
+        self._lingering: set[asyncio.Task] = set()  # ends of finished requests' streams
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        request_id = request.request_id
+        # Before the call: once its marker is out, its chunks may come over the channel first.
+        inbox = self._inboxes.expect(request_id) if self._use_channels else None
+        call = self._handle.options(session_id=request.session_id).generate
+        response = call.remote(request, caller=self._caller)
+        finished = False
+        replica = None
+        try:
+            # The own stream: chunks, or a marker after which the rest rides a channel.
+            async for item in response:
+                match item:
+                    case OnChannel():
+                        replica = item.replica
+                        break
+                    case GenerateChunk():
+                        if replica is None:  # the first chunk names the replica: a channel
+                            replica = item.replica  # for the next requests
+                            self._open_channel(replica)
+                        finished = item.finish_reason is not None
+                        yield item
+                    case _:
+                        yield _unexpected(request_id, item, "its stream")
+                        return  # unfinished: the finally cancels the call
+            else:
+                ENGINE_STREAMS_OWN.inc()
+                return
+            # The rest rides the channel (the replica moved the request to it, or it started
+            # there): its own stream ends with the generation, or raises if the call fails.
+            if inbox is None:
+                # Not ours to read: this client opens no channel (channels off here, and
+                # another client with the same caller name has one open on that replica).
+                logger.error("request %s: moved to a channel this client does not read", request_id)
+                raise ChannelClosed(
+                    f"engine replica {replica} sent request {request_id}'s chunks "
+                    "to a channel this client does not read"
+                )
+            ENGINE_STREAMS_ON_CHANNEL.inc()
+            self._inboxes.attach(request_id, replica, replica in self._channels)
+            self._linger(_fail_on_error(response, inbox))
+            while not finished:
+                match await inbox.get():
+                    case GenerateChunk() as chunk:
+                        finished = chunk.finish_reason is not None
+                        yield chunk
+                    case Exception() as error:  # the channel or the call ended first
+                        raise error
+                    case unexpected:
+                        yield _unexpected(request_id, unexpected, "its channel")
+                        return
+        except BackPressureError as exc:
+            # Every engine replica is full, and the queue too: ours, so the service needs no Ray.
+            # The call never reached a replica: nothing to cancel (cancelling it would raise
+            # Ray's error again, in place of ours).
+            finished = True
+            raise RateLimited() from exc
+        finally:
+            self._inboxes.forget(request_id, replica)
+            if not finished:
+                # The client went away (or the ingress failed): cancel the engine call, which
+                # makes the engine replica abort the request and free its KV blocks.
+                response.cancel()
+
+    def _open_channel(self, replica: str | None) -> None:
+        """Open a channel to ``replica`` unless one is open (or was refused a moment ago)."""
+        if not self._use_channels or replica is None or replica in self._channels:
+            return
+        if self._reopen_at.get(replica, 0.0) > time.monotonic():
+            return
+        # In a context of its own: made in the request's, the channel call would be that
+        # request's child, and Serve cancels a request's children when its client leaves,
+        # failing every other request riding the channel.
+        self._channels[replica] = asyncio.create_task(
+            self._read_channel(replica), name=f"engine channel {replica}", context=Context()
+        )
+
+    async def _read_channel(self, replica: str) -> None:
+        """Deliver the channel's batches until it ends; then fail its requests still waiting
+        (none, unless the replica or the channel died)."""
+        response = self._handle.channel.remote(self._caller, replica=replica)
+        ended = ChannelClosed(f"the channel from engine replica {replica} closed")
+        delivered = False
+        ENGINE_CHANNELS.inc()
+        try:
+            async for batch in response:
+                delivered = True
+                self._inboxes.deliver(batch)
+        except Exception as exc:
+            logger.warning("engine channel from %s failed: %r", replica, exc)
+            ended = ChannelClosed(f"the channel from engine replica {replica} failed: {exc!r}")
+            with contextlib.suppress(Exception):
+                response.cancel()  # the replica must not keep sending to a reader gone
+        finally:
+            ENGINE_CHANNELS.dec()
+            del self._channels[replica]
+            if delivered:
+                self._reopen_at.pop(replica, None)
+            else:  # refused (the replica is gone, or full): not again at once
+                self._reopen_at[replica] = time.monotonic() + CHANNEL_RETRY_S
+            self._inboxes.channel_ended(replica, ended)
+
+    def _linger(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._lingering.add(task)
+        task.add_done_callback(self._lingering.discard)
+
+
+def _unexpected(request_id: str, item: object, where: str) -> GenerateChunk:
+    """The last chunk of a request whose engine sent ``item``, neither a chunk nor a marker
+    (a bug, logged): a ``server_error`` for that request alone, whose engine call is then
+    cancelled (the request is left unfinished)."""
+    error = TypeError(f"{where} carried a {type(item).__name__}, not a chunk")
+    return error_chunk(request_id, error)
+
+
+async def _fail_on_error(response: Any, inbox: asyncio.Queue) -> None:
+    """Wait out a channel request's own stream (its marker read): if the call fails (the
+    engine replica died, say), the request's reader gets the error."""
+    try:
+        async for _ in response:
+            pass
+    except Exception as exc:
+        inbox.put_nowait(exc)
+
+
+class InProcessEngineClient:
+    """Runs an engine in the caller's process: the ingress app without Ray (tests, debugging).
+    An engine's exception ends the stream with an error chunk, as the engine deployment's does."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        finished = False
+        try:
+            async for chunk in self._engine.generate(request):
+                yield chunk
+                finished = chunk.finish_reason is not None
+        except Exception as exc:
+            finished = True  # the engine is done with the request
+            yield error_chunk(request.request_id, exc)
+        finally:
+            if not finished:
+                await self._engine.abort(request.request_id)

@@ -1,0 +1,421 @@
+"""The engine deployment: one engine per replica, token ids in, token ids out.
+
+A request whose caller is gone is aborted (its KV freed) within seconds. A client that leaves
+cancels its handle call, which cancels the stream here. But when the caller's process dies
+(an ingress replica killed, or its node lost), nothing cancels it: Serve runs a streaming
+handle call as an actor task (a streaming generator) and Ray does not cancel a running actor
+task whose caller died: the executor reports each yield to the caller asynchronously, a
+failed report does not stop it, and it "continues running user code until the generator
+finishes or the task is cancelled separately" (Ray's streaming generator internals doc). On
+the test app, an engine request whose ingress replica was killed was still running 25 s later
+(the issue saw such turns run to their end, 60 s each, holding their KV). So the ingress sends
+its replica actor's name with each request, and `CallerWatch` checks the callers of the
+running requests every ``CALLER_CHECK_PERIOD_S`` (one GCS call for them all, nothing per
+token) and aborts the requests of those no longer alive, and closes their channels.
+
+A request's chunks go back on its own stream, or, once its caller has a channel open here
+(`channel`), on that channel with the chunks of the caller's other requests
+(``serve_app.serving.engine.channel``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray import serve
+
+from serve_app.config import EngineConfig, StreamingArgs
+from serve_app.engines.base import (
+    SERVER_ERROR,
+    Engine,
+    GenerateChunk,
+    GenerateRequest,
+    error_chunk,
+)
+from serve_app.engines.factory import make_engine
+from serve_app.routing.directory import ServedConversations
+from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS
+from serve_app.serving.engine.channel import (
+    CHANNEL_IDLE_S,
+    Batch,
+    ChannelClosed,
+    OnChannel,
+    Outbox,
+)
+
+logger = logging.getLogger(__name__)
+
+# CallerWatch keys of channels (request ids never start so): a dead caller's channel closes.
+_CHANNEL = "channel:"
+CALLER_CHECK_PERIOD_S = 2.0
+# After a chunk is sent, the next is sent no sooner than the stream window
+# (`StreamingArgs.window_s`): tokens arriving meanwhile ride together. At decode rates of 50-200
+# tokens/s per request the queue-based coalescing alone nearly never finds two tokens queued
+# (bench_stream.py: 1.04-1.15 tokens per chunk). This is its value for a replica built without
+# app args (the tests' bare replicas, which may set it); a deployed replica takes the app's.
+STREAM_WINDOW_S = StreamingArgs().resolved().window_s
+
+
+def _live_actor_names() -> set[str]:
+    """The named actors alive (Serve's replicas among them, by their actor names),
+    from the GCS in one call: no dashboard needed. A dead replica's name is released."""
+    return {actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)}
+
+
+class CallerWatch:
+    """Aborts the requests whose caller died: the callers of the running requests are checked
+    every ``period_s``, while there are any, and a caller ``live_callers`` no longer lists has
+    each of its requests ``abort``ed. Nothing is done per request beyond two dict updates."""
+
+    def __init__(
+        self,
+        abort: Callable[[str], Awaitable[None]],
+        live_callers: Callable[[], Awaitable[set[str]]],
+        period_s: float = CALLER_CHECK_PERIOD_S,
+    ) -> None:
+        self._abort = abort
+        self._live_callers = live_callers
+        self._period_s = period_s
+        self._requests: dict[str, set[str]] = {}  # caller -> its running request ids
+        self._task: asyncio.Task | None = None
+
+    def add(self, caller: str, request_id: str) -> None:
+        self._requests.setdefault(caller, set()).add(request_id)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._watch(), name="engine caller watch")
+
+    def discard(self, caller: str, request_id: str) -> None:
+        requests = self._requests.get(caller)
+        if requests is not None:
+            requests.discard(request_id)
+            if not requests:
+                del self._requests[caller]
+
+    async def _watch(self) -> None:
+        while self._requests:
+            await asyncio.sleep(self._period_s)
+            callers = set(self._requests)  # before the listing: each was alive when it called
+            try:
+                alive = await self._live_callers()
+            except Exception:  # the GCS unreachable: abort nothing on a guess
+                logger.warning("could not list live callers; checked again in %ss", self._period_s)
+                continue
+            for caller in callers - alive:
+                for request_id in self._requests.pop(caller, set()):
+                    logger.warning("request %s: its caller %s is gone; aborted", request_id, caller)
+                    await self._abort(request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    """The last item of a request's own queue: its producer is done (the engine finished, its
+    error chunk was sent, or it was cancelled). Nothing follows it."""
+
+
+_END = _End()
+# What a request's own queue holds: its chunks (tokens, a finish, an error chunk), then `_END`.
+# `_Route.send` takes chunks only and `_produce` hands it nothing else; anything else found
+# there fails that request alone (`_Route.failure`), never the channel or its other requests.
+RouteItem = GenerateChunk | _End
+
+
+class _Route:
+    """Where a request's chunks go: its own stream's queue, until `move_to` a channel."""
+
+    __slots__ = ("_outbox", "_replica", "failed", "queue", "request_id")
+
+    def __init__(self, request_id: str, replica: str) -> None:
+        self.request_id = request_id
+        self.queue: asyncio.Queue[RouteItem] = asyncio.Queue()
+        self._outbox: Outbox | None = None
+        self._replica: str | None = replica  # stamped on the first chunk, then None
+        self.failed = False  # an unexpected item ended it: nothing more is sent
+
+    def send(self, chunk: GenerateChunk, first_token: bool) -> None:
+        if self.failed:
+            return  # its error chunk was its last
+        if self._replica is not None:
+            chunk.replica, self._replica = self._replica, None
+        if self._outbox is None:
+            self.queue.put_nowait(chunk)
+        else:
+            self._outbox.put(self.request_id, chunk, urgent=first_token)
+
+    async def next_chunk(self) -> GenerateChunk | None:
+        """The own stream's next chunk: all that is queued merged into one, up to a finish
+        (None: the producer ended without one). An unexpected item ends it with an error."""
+        match await self.queue.get():
+            case GenerateChunk() as chunk:
+                pass
+            case _End():
+                return None
+            case unexpected:
+                return self.failure(unexpected)
+        while not self.queue.empty() and chunk.finish_reason is None:
+            match self.queue.get_nowait():
+                case GenerateChunk() as following:
+                    chunk = chunk.merge(following)
+                case _End():
+                    self.queue.put_nowait(_END)  # for the next call
+                    break
+                case unexpected:
+                    return chunk.merge(self.failure(unexpected))
+        return chunk
+
+    def move_to(self, outbox: Outbox, producer: asyncio.Task) -> None:
+        """Send the chunks the own stream has not sent yet, and all that follow, on
+        ``outbox``'s channel (in order: its marker goes out on the own stream first).
+        An unexpected item ends the request there with an error and stops its producer."""
+        self._outbox = outbox
+        outbox.requests[self.request_id] = producer
+        while not self.queue.empty():
+            # These have waited a window already: no new wait.
+            match self.queue.get_nowait():
+                case GenerateChunk() as chunk:  # tokens, a finish or an engine's error chunk
+                    outbox.put(self.request_id, chunk, urgent=True)
+                case _End():  # the producer is done: `_ride` finds it so
+                    pass
+                case unexpected:
+                    outbox.put(self.request_id, self.failure(unexpected), urgent=True)
+                    producer.cancel()  # `_ride` then reports it unfinished: the engine aborts
+                    return
+
+    def failure(self, item: object) -> GenerateChunk:
+        """The last chunk of a request whose queue held ``item``, neither a chunk nor its end
+        (a bug, logged): a ``server_error`` for that request alone."""
+        logger.error(
+            "request %s: its queue held a %s, not a chunk or its end; the request fails",
+            self.request_id,
+            type(item).__name__,
+        )
+        self.failed = True
+        return GenerateChunk(
+            finish_reason="error",
+            error="internal error in the engine replica",
+            error_code=SERVER_ERROR,
+        )
+
+
+@serve.deployment(name="EngineDeployment", max_ongoing_requests=64)
+class EngineDeployment:
+    async def __init__(self, engine: EngineConfig, streaming: StreamingArgs | None = None) -> None:
+        # Same id the request router puts on its ring: lets the ingress attribute cache hits.
+        self._serve(
+            make_engine(engine),
+            serve.get_replica_context().replica_id.unique_id,
+            # Resolved here: the environment overrides are this node's.
+            streaming=(streaming or StreamingArgs()).resolved(),
+        )
+        await self._engine.start()
+
+    def _serve(
+        self,
+        engine: Engine,
+        replica_id: str,
+        live_callers: Callable[[], Awaitable[set[str]]] | None = None,
+        caller_check_period_s: float = CALLER_CHECK_PERIOD_S,
+        streaming: StreamingArgs | None = None,
+    ) -> None:
+        """The replica's state around ``engine`` (the tests build one without Serve so;
+        ``streaming`` None: the module's `STREAM_WINDOW_S` and `CHANNEL_IDLE_S`)."""
+        self._streaming = streaming
+        self._engine = engine
+        self._replica_id = replica_id
+        self._served = ServedConversations(replica_id)
+        self._producers: dict[str, asyncio.Task] = {}
+        self._outboxes: dict[str, Outbox] = {}  # caller -> its open channel (engine_channel)
+        self._callers = CallerWatch(
+            self._abort_orphan, live_callers or self._live_callers, caller_check_period_s
+        )
+
+    def _window_s(self) -> float:
+        return STREAM_WINDOW_S if self._streaming is None else self._streaming.window_s
+
+    def _channel_idle_s(self) -> float:
+        return CHANNEL_IDLE_S if self._streaming is None else self._streaming.channel_idle_s
+
+    async def generate(
+        self, request: GenerateRequest, caller: str | None = None
+    ) -> AsyncIterator[GenerateChunk | OnChannel]:
+        """Stream the engine's chunks until ``caller`` has a channel open here; from then on
+        send them on it, after an `OnChannel` marker (``serve_app.serving.engine.channel``).
+        A request that starts with the channel open streams only the marker.
+
+        On its own stream, the engine runs ahead into a queue and every yield sends all that is
+        queued as one chunk, so a slow reader gets fewer, larger chunks; after each send the
+        next waits out the stream window (`_window_s`). On a channel, the channel's
+        `Outbox` does that for all the caller's requests at once.
+
+        ``caller``: the name of the calling replica's actor, watched while the request runs.
+        """
+        if request.session_id:
+            self._served.record(request.session_id)
+        route = _Route(request.request_id, self._replica_id)
+        producer = asyncio.create_task(self._produce_routed(request, route))
+        self._watch(caller, request.request_id, producer)
+        finished = False
+        try:
+            while not finished:
+                outbox = self._outboxes.get(caller) if caller else None
+                if outbox is not None and not outbox.closed:  # closed: its caller is gone
+                    route.move_to(outbox, producer)
+                    yield OnChannel(self._replica_id)
+                    finished = await self._ride(outbox, route, producer, caller)
+                    return
+                chunk = await route.next_chunk()
+                if chunk is None:
+                    break
+                # A failed route's error chunk is its last, but the engine still runs: the
+                # finally stops it.
+                finished = chunk.finish_reason is not None and not route.failed
+                yield chunk
+                if route.failed:
+                    break
+                if not finished and (window_s := self._window_s()) > 0:
+                    # Cancelled here like anywhere (a client gone): the finally aborts.
+                    await asyncio.sleep(window_s)
+        finally:
+            await self._settle(caller, request.request_id, producer, finished)
+
+    async def channel(self, caller: str, replica: str) -> AsyncIterator[Batch]:
+        """The channel from this replica to ``caller`` (an ingress replica's actor): the chunks
+        of its requests, one batch per send, until idle (`StreamingArgs.channel_idle_s`).
+
+        ``replica``: the engine replica the caller asked for (the request router pins the call
+        to it). Elsewhere (it is gone), or with a channel to the caller already open, the stream
+        ends at once: the caller's requests stream their chunks themselves meanwhile.
+        """
+        if replica != self._replica_id or caller in self._outboxes:
+            return
+        outbox = Outbox(self._window_s(), self._channel_idle_s())
+        self._outboxes[caller] = outbox
+        watch_key = _CHANNEL + caller
+        self._callers.add(caller, watch_key)
+        try:
+            async for batch in outbox.batches():
+                yield batch
+        finally:
+            # Before anything can await: no request is told to use a channel that has ended.
+            if self._outboxes.get(caller) is outbox:
+                del self._outboxes[caller]
+            outbox.close()
+            self._callers.discard(caller, watch_key)
+            for producer in outbox.requests.values():  # their chunks can no longer be sent
+                producer.cancel()
+
+    @staticmethod
+    async def _ride(
+        outbox: Outbox, route: _Route, producer: asyncio.Task, caller: str | None
+    ) -> bool:
+        """Wait for a request whose chunks ride ``outbox``'s channel; whether it finished.
+        Raises `ChannelClosed` if the channel ended first (the caller learns it here too)."""
+        try:
+            await asyncio.wait([producer])  # cancelled here (the client left): the caller aborts
+            if outbox.closed:
+                raise ChannelClosed(
+                    f"the channel to {caller} closed before request {route.request_id}"
+                )
+            # A producer cancelled because its caller died ends the stream without more ado.
+            return not producer.cancelled()
+        finally:
+            outbox.requests.pop(route.request_id, None)
+
+    def _watch(self, caller: str | None, request_id: str, producer: asyncio.Task) -> None:
+        if caller:
+            self._producers[request_id] = producer
+            self._callers.add(caller, request_id)
+
+    async def _settle(
+        self, caller: str | None, request_id: str, producer: asyncio.Task, finished: bool
+    ) -> None:
+        if caller:
+            self._callers.discard(caller, request_id)
+            self._producers.pop(request_id, None)
+        if not finished:
+            # Cancelled by the caller (client disconnect), or the caller died (the watch
+            # stopped the producer): stop generating and free KV.
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
+            await self._engine.abort(request_id)
+
+    async def _abort_orphan(self, request_id: str) -> None:
+        """Stop a request whose caller died: its stream then ends here, and the engine frees
+        its KV now (not when the stream's end is noticed). A dead caller's channel closes."""
+        if request_id.startswith(_CHANNEL):
+            outbox = self._outboxes.get(request_id.removeprefix(_CHANNEL))
+            if outbox is not None:
+                outbox.close()
+            return
+        producer = self._producers.pop(request_id, None)
+        if producer is not None:
+            producer.cancel()
+        await self._engine.abort(request_id)
+
+    @staticmethod
+    async def _live_callers() -> set[str]:
+        return await asyncio.to_thread(_live_actor_names)
+
+    async def _produce_routed(self, request: GenerateRequest, route: _Route) -> None:
+        try:
+            await self._produce(request, route.send)
+        finally:
+            route.queue.put_nowait(_END)  # for the own stream, if it is still reading
+
+    async def _produce(
+        self, request: GenerateRequest, send: Callable[[GenerateChunk, bool], None]
+    ) -> None:
+        """Run the engine on ``request``, handing each chunk to ``send`` with whether it holds
+        the first token; an engine error becomes the last chunk (`error_chunk`)."""
+        arrived = time.monotonic()
+        first_token = True
+        try:
+            # aclosing: an engine left mid-stream (an item it must not yield) stops now.
+            async with contextlib.aclosing(self._engine.generate(request)) as chunks:
+                async for chunk in chunks:
+                    if not isinstance(chunk, GenerateChunk):
+                        # A bug in the engine, and this request's alone: it ends with a logged
+                        # server_error. Passed on, the item would break the channel's batch
+                        # (every request riding it) or the stream's merging.
+                        await self._engine.abort(request.request_id)
+                        raise TypeError(f"the engine yielded a {type(chunk).__name__}")
+                    holds_first_token = first_token and bool(chunk.token_ids)
+                    if holds_first_token:
+                        if chunk.engine_ttft_s is None:  # the engine did not model it
+                            chunk.engine_ttft_s = time.monotonic() - arrived
+                        first_token = False
+                    send(chunk, holds_first_token)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            send(error_chunk(request.request_id, exc), False)
+
+    def replica_id(self) -> str:
+        return self._replica_id
+
+    def num_ongoing_requests(self) -> int:
+        return self._engine.num_ongoing_requests()
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        """Ray Serve hands this to every request router (see ``serve_app.routing.directory``).
+        Async, so it runs on the event loop that records conversations, not in a thread."""
+        return self._served.report()
+
+    async def record_autoscaling_stats(self) -> dict[str, int]:
+        """Ray Serve's custom autoscaling metric: the requests the engine holds, which the
+        engine deployment's policy scales on (``serve_app.serving.engine.autoscaling``). Serve's own
+        ongoing count also holds the open channels, which generate nothing."""
+        return {GENERATING_REQUESTS: self._engine.num_ongoing_requests()}
+
+    async def check_health(self) -> None:
+        await self._engine.check_health()
+
+    async def __del__(self) -> None:
+        await self._engine.shutdown()

@@ -1,0 +1,127 @@
+"""Optional API keys: bearer tokens checked in constant time, and who owns what is stored.
+
+Keys come from ``$SERVE_APP_API_KEYS`` (comma-separated) and/or the file named by
+``$SERVE_APP_API_KEYS_FILE`` (one per line, ``#`` comments): the overrides of the app's
+`SecretArgs` fields, which a Serve config should leave unset (keys are secrets). With
+no keys configured the API is open (a laptop default). Stored responses and conversations
+belong to the key that created them (by a digest, never the key itself); another key gets 404.
+
+The key is checked before anything else of an HTTP request (`RequireKey`, pure ASGI): a missing
+or wrong key is a 401 whatever the body, and a request without a valid key never has its body
+read (an unauthenticated client cannot hold a request slot by trickling a body in).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Request
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from serve_app.config import SecretArgs
+from serve_app.protocol.errors import APIError
+from serve_app.serving import metrics
+
+logger = logging.getLogger(__name__)
+
+# Paths any client may reach without a key: probes, metrics, the API's own description.
+PUBLIC_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/redoc"})
+# Where `RequireKey` leaves the caller's owner digest, in the request's scope state.
+_OWNER = "serve_app.owner"
+
+
+class Unauthorized(APIError):
+    status_code = 401
+
+
+class ApiKeys:
+    def __init__(self, keys: list[str]) -> None:
+        self._keys = [key.encode() for key in keys if key]
+
+    @classmethod
+    def from_env(cls, secrets: SecretArgs | None = None) -> ApiKeys:
+        """The keys of ``secrets`` (the app's; none by default) and of its keys file, with the
+        environment's overrides (`SecretArgs.resolved`)."""
+        secrets = (secrets or SecretArgs()).resolved()
+        keys = list(secrets.api_keys)
+        if secrets.api_keys_file:
+            for line in Path(secrets.api_keys_file).read_text().splitlines():
+                line = line.split("#", 1)[0].strip()
+                if line:
+                    keys.append(line)
+        api_keys = cls([key for key in keys if key])
+        if not api_keys.enabled:
+            logger.warning("no API keys configured: the API is open to anyone who reaches it")
+        return api_keys
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def owner(self, authorization: str | None) -> str | None:
+        """Who is calling: a digest of their key; None when the API is open. Raises 401."""
+        if not self.enabled:
+            return None
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized(
+                "You didn't provide an API key. Provide it in an Authorization header using "
+                "Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+            )
+        candidate = token.strip().encode()
+        # Compare with every key, always: how long this takes says nothing about which matched.
+        matches = [hmac.compare_digest(candidate, key) for key in self._keys]
+        if not any(matches):
+            raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
+        return hashlib.sha256(b"serve_app owner\x00" + candidate).hexdigest()[:32]
+
+
+class RequireKey:
+    """Pure ASGI: every HTTP request outside `PUBLIC_PATHS` needs a valid key, checked from
+    its headers alone, before any other middleware or FastAPI reads or validates its body.
+
+    WebSocket upgrades are checked by their route (`websocket.py`), which answers a refused
+    key with an error event: they carry no body to read first.
+    """
+
+    def __init__(self, app: ASGIApp, api_keys: ApiKeys) -> None:
+        self.app = app
+        self.api_keys = api_keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _route_path(scope) in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        try:
+            owner = self.api_keys.owner(Headers(scope=scope).get("authorization"))
+        except Unauthorized as refused:
+            metrics.REQUESTS.labels("rejected").inc()
+            logger.info("rejected: %s (code %s)", refused.message, refused.code)
+            # The body is left unread: close the connection rather than wait for it.
+            response = JSONResponse(
+                refused.body(), status_code=refused.status_code, headers={"connection": "close"}
+            )
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})[_OWNER] = owner
+        await self.app(scope, receive, send)
+
+
+def _route_path(scope: Scope) -> str:
+    """The path within the app (without the prefix Serve or a proxy mounts it under)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
+def caller(request: Request) -> str | None:
+    """FastAPI dependency: the caller's owner digest, as `RequireKey` checked it."""
+    return request.scope["state"][_OWNER]
+
+
+Owner = Annotated[str | None, Depends(caller)]
