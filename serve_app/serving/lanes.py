@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import time
@@ -197,7 +198,16 @@ class Lanes:
             lane = Lane(stream_id, LaneSink(self._outbox, stream_id))
             lane.queue.append((message, 0))
             self._lanes[stream_id] = lane
-            lane.task = asyncio.create_task(self._run(lane), name=f"websocket lane {stream_id}")
+            # A named lane's calls in a context of their own: made in the connection's, every
+            # engine call of every lane would carry the WebSocket request's Serve request id
+            # (Serve's handles take it from the context), and concurrent calls with one id
+            # stall on the engine replica (seen on the serve tier: one lane of four streamed).
+            # The default lane keeps the connection's, as before lanes. A lane's calls are
+            # cancelled by `close` when the client leaves, not by Serve.
+            context = None if stream_id is None else contextvars.Context()
+            lane.task = asyncio.create_task(
+                self._run(lane), name=f"websocket lane {stream_id}", context=context
+            )
             return None
         if (overflow := self._pending.fits(size, request=True)) is not None:
             if stream_id is None:

@@ -107,8 +107,18 @@ def test_each_lane_is_fifo_whatever_the_interleaving(client, seed: int) -> None:
             )
             sent[lane].append(str(n))
         raw = []
-        while sum(1 for event in raw if event["type"] in TERMINAL) < 12:
-            raw.append(json.loads(connection.recv_bytes()))
+        # Each request ends in a terminal event, or in an error event if it was refused.
+        try:
+            while sum(1 for event in raw if event["type"] in (*TERMINAL, "error")) < 12:
+                raw.append(json.loads(connection.recv_bytes()))
+        except Exception as exc:
+            seen = [
+                (e.get("stream_id"), e["type"], e.get("response", {}).get("metadata"))
+                for e in raw
+                if e["type"] in ("response.created", *TERMINAL)
+            ]
+            raise AssertionError(f"sent {dict(sent)}; created and ended: {seen}") from exc
+    assert [event for event in raw if event["type"] == "error"] == []
     served: dict[str | None, list[str]] = defaultdict(list)
     running: dict[str | None, str | None] = {}
     for event in raw:
