@@ -1,4 +1,4 @@
-"""Liveness of the streams from engine replicas (serve_app.serving.engine_liveness): a request
+"""Liveness of the streams from engine replicas (serve_app.serving.engine.liveness): a request
 whose engine replica goes silent fails within 2 s, on a channel or on its own stream, and a
 stream that is only quiet (the engine pausing) lives on on its heartbeats. The real classes
 (`HandleEngineClient`, the engine deployment's class, the simulated engine), joined by the
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from serve_app.engines.base import GenerateChunk, GenerateRequest
-from serve_app.serving.engine_client import HandleEngineClient
-from serve_app.serving.engine_liveness import SILENCE_S, EngineSilent
+from serve_app.serving.engine.client import HandleEngineClient
+from serve_app.serving.engine.liveness import SILENCE_S, EngineSilent
 from tests.test_engine_channel import (
     _CALLS,
     CALLER,

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from serve_app.engines.base import GenerateChunk
-from serve_app.serving.engine_liveness import HEARTBEAT_S
+from serve_app.serving.engine.liveness import HEARTBEAT_S
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class Outbox:
         self._urgent.set()
 
     async def batches(self) -> AsyncIterator[Batch]:
-        """The batches to send, and an empty one (a heartbeat: engine_liveness) after
+        """The batches to send, and an empty one (a heartbeat: ``liveness``) after
         ``heartbeat_s`` with nothing to send."""
         last_send = float("-inf")
         busy_at = time.monotonic()  # when the channel last had a request or a chunk
