@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import os
@@ -59,9 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +69,7 @@ from common import MODEL, free_port, percentile
 
 from serve_app.fast_path import haproxy_isolation, read_env_file
 from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
+from tests.support import serve_run  # the repository's root on PYTHONPATH, as the usage says
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "local.yaml"
@@ -115,56 +113,6 @@ def bench_config(
             deployment["max_ongoing_requests"] = 512
             deployment["max_queued_requests"] = 1024
     return config
-
-
-@contextlib.contextmanager
-def serve_run(config: dict, env: dict[str, str], folder: Path) -> Iterator[subprocess.Popen]:
-    """``serve run`` on ``config`` with ``env`` on top of this process's, as a user starts it
-    (its own local Ray cluster, its dashboard, its replicas' logs streamed to its output, here
-    a file); Ctrl-C at the end, which stops the app and the cluster."""
-    path = folder / "serve_config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "RAY_USAGE_STATS_ENABLED": "0",
-        **env,
-    }
-    serve = Path(sys.executable).parent / "serve"
-    with (folder / "serve.log").open("wb") as out:
-        process = subprocess.Popen(
-            [str(serve), "run", str(path)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-
-
-def wait_ready(url: str, process: subprocess.Popen, log: Path, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"serve run exited:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"the app at {url} did not answer /health in {timeout_s}s")
 
 
 # --- processes and their CPU time -------------------------------------------------------------
@@ -601,13 +549,13 @@ def bench_front(
     env = {**FRONTS[front], **extra_env}
     if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
         env.update(haproxy_isolation(free_port))
-    url = f"http://127.0.0.1:{port}"
     rounds = []
     with tempfile.TemporaryDirectory(prefix="bench_stream_") as folder:
         print(f"\n#### {front}: serve run on port {port} with {FRONTS[front]}", flush=True)
-        with serve_run(config, env, Path(folder)) as process:
-            wait_ready(url, process, Path(folder) / "serve.log")
-            processes = cluster_processes(process.pid)
+        # serve run as users start it (tests/support/serve_run.py), with the front's env.
+        env = {"RAY_USAGE_STATS_ENABLED": "0", **env}
+        with serve_run.running(config, Path(folder), env, startup_timeout_s=300) as run:
+            processes = cluster_processes(run.process.pid)
             print("processes:", {role: pids for role, pids in processes.items() if role != "ray"})
             for transport in args.transports:  # warm-up: imports and first-request costs
                 asyncio.run(run_streams(transport, port, 4))

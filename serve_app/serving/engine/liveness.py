@@ -3,8 +3,8 @@
 A request whose engine replica dies must fail at once, whatever carries its tokens. Ray's actor
 transport reports a dead replica's streams failed, but the gRPC transport
 (``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``) left such a stream waiting until the client's own timeout
-(60 s in tests/test_faults.py), and a replica alive but stuck (its event loop blocked) is the same
-to a client on any transport. So the streams carry a heartbeat:
+(60 s in tests/app/test_faults.py), and a replica alive but stuck (its event loop blocked) is
+the same to a client on any transport. So the streams carry a heartbeat:
 
 - the engine replica: a stream that has carried nothing for `HEARTBEAT_S` carries a heartbeat
   (on a channel an empty batch, on a request's own stream a `Heartbeat`): about four items a
