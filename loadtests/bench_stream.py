@@ -553,7 +553,9 @@ def bench_front(
     with tempfile.TemporaryDirectory(prefix="bench_stream_") as folder:
         print(f"\n#### {front}: serve run on port {port} with {FRONTS[front]}", flush=True)
         # serve run as users start it (tests/support/serve_run.py), with the front's env.
-        env = {"RAY_USAGE_STATS_ENABLED": "0", **env}
+        # PYTHONPATH absolute: the replicas run elsewhere than `.`, and must import this tree.
+        pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {"RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": pythonpath, **env}
         with serve_run.running(config, Path(folder), env, startup_timeout_s=300) as run:
             processes = cluster_processes(run.process.pid)
             print("processes:", {role: pids for role, pids in processes.items() if role != "ray"})
