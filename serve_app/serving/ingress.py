@@ -36,6 +36,7 @@ from serve_app.serving.background import BackgroundRunner
 from serve_app.serving.compaction import compact
 from serve_app.serving.conversations import conversations_router
 from serve_app.serving.engine.client import EngineClient, HandleEngineClient
+from serve_app.serving.engine.liveness import Watchdog
 from serve_app.serving.http.auth import ApiKeys, Owner, RequireKey, caller
 from serve_app.serving.http.body_limit import BodyLimits
 from serve_app.serving.http.pagination import page as _page
@@ -288,6 +289,7 @@ class ResponsesIngress:
         logger.info("response store: %s", printable(store_url))
         self._store = SqlResponseStore(store_url)
         await self._store.start()
+        streaming = args.streaming.resolved()
         self._api = create_api(
             args,
             # Named so engine replicas abort this replica's requests should it die, and send
@@ -295,7 +297,8 @@ class ResponsesIngress:
             HandleEngineClient(
                 engine_handle,
                 caller=ray.get_runtime_context().get_actor_name(),
-                channels=args.streaming.resolved().channels,
+                channels=streaming.channels,
+                watchdog=Watchdog(streaming.silence_s, streaming.heartbeat_s),
             ),
             ReasoningVault.from_env(REASONING_KEY_ENV, args.secrets.reasoning_key),
             self._store,
