@@ -256,6 +256,11 @@ class ResponseStreamTranslator:
         return self._writer.output_items
 
     @property
+    def writer(self) -> ResponseEventWriter:
+        """The event writer, for items that are not decoded from tokens (a compaction's)."""
+        return self._writer
+
+    @property
     def tool_calls_exhausted(self) -> bool:
         """Whether ``max_tool_calls`` calls are done: what the engine writes next is dropped."""
         return self._max_tool_calls is not None and self._writer.tool_calls >= self._max_tool_calls

@@ -33,6 +33,8 @@ from typing import Any, Literal
 
 from openai.types.responses import (
     Response,
+    ResponseCompactionCompactingEvent,
+    ResponseCompactionItem,
     ResponseCompletedEvent,
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
@@ -103,6 +105,7 @@ class ItemKind(enum.Enum):
     MESSAGE = "message"
     FUNCTION_CALL = "function_call"
     CUSTOM_TOOL_CALL = "custom_tool_call"
+    COMPACTION = "compaction"
 
 
 @dataclass
@@ -332,6 +335,47 @@ class ResponseEventWriter:
             )
         )
 
+    # --- server-side compaction ----------------------------------------------------------
+
+    def open_compaction(self) -> OpenItem:
+        """A ``compaction`` item, before the answer: ``output_item.added`` (its
+        ``encrypted_content`` empty until the summary is sealed)."""
+        item = OpenItem(ItemKind.COMPACTION, builders.new_compaction_id(), self._output_index())
+        self._events.append(
+            ResponseOutputItemAddedEvent(
+                type="response.output_item.added",
+                output_index=item.output_index,
+                item=compaction_item(item, ""),
+                sequence_number=self._seq(),
+            )
+        )
+        return item
+
+    def compacting(self, item: OpenItem) -> None:
+        """``response.compaction.compacting``: more of the summary was sampled (it carries
+        none of it)."""
+        self._events.append(
+            ResponseCompactionCompactingEvent(
+                type="response.compaction.compacting",
+                item_id=item.item_id,
+                output_index=item.output_index,
+                sequence_number=self._seq(),
+            )
+        )
+
+    def close_compaction(self, item: OpenItem, encrypted_content: str) -> None:
+        """``output_item.done`` with the sealed summary; the item is in ``output`` from now."""
+        final = compaction_item(item, encrypted_content)
+        self._items.append(final)
+        self._events.append(
+            ResponseOutputItemDoneEvent(
+                type="response.output_item.done",
+                output_index=item.output_index,
+                item=final,
+                sequence_number=self._seq(),
+            )
+        )
+
     # --- the end -------------------------------------------------------------------------
 
     def finish(
@@ -498,6 +542,12 @@ def terminal_event(response: Response, sequence_number: int) -> ResponseStreamEv
         )
     return ResponseIncompleteEvent(
         type="response.incomplete", response=response, sequence_number=sequence_number
+    )
+
+
+def compaction_item(item: OpenItem, encrypted_content: str) -> ResponseCompactionItem:
+    return ResponseCompactionItem(
+        id=item.item_id, type="compaction", encrypted_content=encrypted_content
     )
 
 

@@ -55,7 +55,7 @@ from serve_app.protocol.responses import (
 )
 from serve_app.routing import metrics as routing_metrics
 from serve_app.routing.keys import key_digest, routing_key
-from serve_app.serving import metrics, validation
+from serve_app.serving import context_management, metrics, validation
 from serve_app.serving.engine_client import EngineClient
 from serve_app.serving.references import find_referenced, replace_references
 from serve_app.store.base import ResponseStore, StoredResponse
@@ -101,6 +101,8 @@ class Turn:
     owner: str | None = None
     arrived_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+    # The prompt reached its `context_management` threshold: compact before the answer.
+    compact: bool = False
 
     @property
     def response(self) -> Response:
@@ -187,7 +189,26 @@ class ResponsesService:
             extra={"response_id": response.id, "conversation": key_digest(key)},
         )
         return Turn(
-            request=request, generate=generate, translator=translator, owner=owner, history=history
+            request=request,
+            generate=generate,
+            translator=translator,
+            owner=owner,
+            history=history,
+            compact=context_management.due(self._args, request, len(prompt.token_ids)),
+        )
+
+    @property
+    def vault(self) -> ReasoningVault:
+        return self._vault
+
+    def retarget(self, turn: Turn, request: ResponsesRequest) -> None:
+        """Point ``turn``'s engine request at ``request`` rendered after ``turn.history`` (a
+        compacted context: serve_app.serving.context_management)."""
+        prompt = self._render(request, turn.history, turn.owner, None, truncate=True)
+        max_tokens = validation.output_budget(self._args, request, len(prompt.token_ids))
+        key = routing_key(request.prompt_cache_key, prompt.token_ids)
+        turn.generate = engine_request(
+            request, prompt, request_id=turn.response.id, max_tokens=max_tokens, session_id=key
         )
 
     async def render(self, request: ResponsesRequest, owner: str | None = None) -> RenderedPrompt:
@@ -342,6 +363,9 @@ class ResponsesService:
         first_token_seen = False
         replica = None
         try:
+            if turn.compact:
+                async for batch in context_management.compact_first(self, turn):
+                    yield batch
             async for chunk in self._engine_chunks(turn):
                 replica = replica or chunk.replica
                 prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
@@ -372,6 +396,8 @@ class ResponsesService:
             # callers get 429 with Retry-After.
             logger.warning("response %s: engines at capacity", turn.response.id)
             terminal = translator.fail(busy.message, RATE_LIMITED)
+        except APIError as error:  # a compaction that could not be made (context_management)
+            terminal = translator.fail(error.message, error.code or SERVER_ERROR)
         except Exception as exc:  # a replica died or the handle failed: never hang the client
             logger.exception("response %s: engine call failed", turn.response.id)
             terminal = translator.fail(f"The engine failed: {type(exc).__name__}", "server_error")
@@ -414,36 +440,17 @@ class ResponsesService:
         the user's messages and one sealed ``compaction`` item standing in for the rest."""
         context = await self.context(request, owner)
         items = [*context.history, *context.request.input_items]
-        ask = request.model_copy(
-            update={
-                "input": [*items, MessageItem(role="user", content=compaction.SUMMARY_REQUEST)],
-                "previous_response_id": None,
-                "conversation": None,
-                "tool_choice": "none",
-                "store": False,
-                "stream": False,
-                "background": False,
-                "include": [],
-                # As at OpenAI, compaction takes no output limit: a cut summary is no summary.
-                "max_output_tokens": None,
-            }
-        )
+        ask = context_management.summary_request(request, items)
         # The ask holds the stored history and the summary request as input items too.
         response = await self.run(await self.prepare(ask, owner, check_limits=False))
-        if response.status == "failed" and response.error is not None:
-            raise failed_response_error(response.error.message, response.error.code)
-        summary = response.output_text.strip()
-        if not summary and response.status == "incomplete":
-            raise InvalidRequest(
-                "The history leaves no room in the model's context to write its summary.",
-                param="input",
-                code="context_length_exceeded",
-            )
-        if not summary:
-            raise ServerError("The model wrote no summary.", code=SERVER_ERROR)
+        summary = context_management.summary_of(response)
         metrics.COMPACTIONS.inc()
         compaction_id = new_item_id(ITEM_ID_PREFIXES["compaction"])
-        kept = [stored_item(item) for item in items if _is_user_message(item)]
+        kept = [
+            context_management.kept_message(stored_item(item))
+            for item in items
+            if _is_user_message(item)
+        ]
         sealed = compaction.seal_summary(self._vault, summary, owner)
         return {
             "id": compaction_id,
