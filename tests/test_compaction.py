@@ -15,6 +15,7 @@ from serve_app.harmony.render import render_request
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving import validation
+from tests import open_responses
 from tests.helpers import decode, in_process_api, sdk_client
 
 MODEL = "gpt-oss-120b"
@@ -110,3 +111,17 @@ async def test_compact_counts_the_clients_items_against_max_input_items(tmp_path
         assert chained.output[-1].type == "compaction"
         with pytest.raises(openai.BadRequestError, match="at most 4"):
             await client.responses.compact(model=MODEL, input=[*four, four[0]])
+
+
+def test_compact_output_is_valid_open_responses(client: OpenAI, app_url: str) -> None:
+    """The specification's compliance test `compact-response` (its schema of the answer):
+    every kept message an item with id, status and content parts, the compaction item, usage
+    with its details. Checked against the vendored part of the specification in CI."""
+    body = {"model": MODEL, "input": HISTORY, "tools": TOOLS}
+    answer = httpx.post(f"{app_url}/v1/responses/compact", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    compacted = answer.json()
+    open_responses.check_compact_resource(compacted)
+    message = compacted["output"][0]
+    assert message["status"] == "completed" and message["id"].startswith("msg_")
+    assert message["content"] == [{"type": "input_text", "text": HISTORY[0]["content"]}]
