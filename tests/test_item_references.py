@@ -16,7 +16,7 @@ from openai import OpenAI
 
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ItemReference, MessageItem, ResponsesRequest
-from serve_app.serving import validation
+from serve_app.serving.admission import responses as validation
 from tests.helpers import WEATHER_TOOL, sdk_client
 
 MODEL = "gpt-oss-120b"
@@ -152,11 +152,7 @@ def test_a_reference_to_nothing_is_a_400_naming_it(client: OpenAI) -> None:
     assert counted.value.body == expected
 
 
-
-
 # --- ownership: in-process, with two API keys --------------------------------------------------
-
-
 
 
 async def test_another_keys_items_are_not_found(two_keys_api) -> None:

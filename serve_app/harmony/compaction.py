@@ -46,7 +46,7 @@ def seal_summary(
 
 def open_summary(vault: ReasoningVault | None, blob: str, owner: str | None = None) -> str | None:
     """The summary a compaction item holds; None if this server did not seal it for ``owner``
-    (serve_app.serving.validation turns that into a 400)."""
+    (serve_app.serving.admission.responses turns that into a 400)."""
     text = _open(vault, blob, owner)
     return text.removeprefix(_REPLACES_ALL) if text is not None else None
 

@@ -27,12 +27,14 @@ from openai.types.responses import Response, ResponseStreamEvent
 from serve_app.config import AppArgs
 from serve_app.engines.base import SERVER_ERROR
 from serve_app.harmony import compaction
-from serve_app.protocol.errors import APIError, InvalidRequest, ServerError
+from serve_app.protocol.errors import APIError, ServerError
 from serve_app.protocol.requests import CompactionItem, InputItem, MessageItem, ResponsesRequest
 from serve_app.serving import metrics
+from serve_app.serving.admission import responses as rules
+from serve_app.serving.turn.state import Ask, Turn
 
 if TYPE_CHECKING:
-    from serve_app.serving.responses_service import ResponsesService, Turn
+    from serve_app.serving.turn.service import ResponsesService
 
 logger = logging.getLogger(__name__)
 
@@ -79,16 +81,10 @@ def summary_request(request: ResponsesRequest, items: list[InputItem]) -> Respon
 def summary_of(response: Response) -> str:
     """The summary a summary turn wrote; an `APIError` if it wrote none."""
     if response.status == "failed" and response.error is not None:
-        from serve_app.serving.responses_service import failed_response_error
-
-        raise failed_response_error(response.error.message, response.error.code)
+        raise rules.failed_response_error(response.error.message, response.error.code)
     summary = response.output_text.strip()
     if not summary and response.status == "incomplete":
-        raise InvalidRequest(
-            "The history leaves no room in the model's context to write its summary.",
-            param="input",
-            code="context_length_exceeded",
-        )
+        raise rules.no_room_for_summary()
     if not summary:
         raise ServerError("The model wrote no summary.", code=SERVER_ERROR)
     return summary
@@ -115,7 +111,7 @@ async def compact_first(
     yield writer.take_events()
     items = [*turn.history, *turn.request.input_items]
     ask = await service.prepare(
-        summary_request(turn.request, items), turn.owner, check_limits=False
+        Ask(summary_request(turn.request, items), turn.owner, check_limits=False)
     )
     async with contextlib.aclosing(service.event_batches(ask)) as batches:
         async for batch in batches:
