@@ -21,6 +21,7 @@ import pytest
 from serve_app.constraints import ijson
 from serve_app.constraints.grammar import to_lark
 from serve_app.constraints.spec import Body, CompletionConstraint
+from tests import js_scenarios
 from tests.helpers import in_process_api, sdk_client
 
 MODEL = "gpt-oss-120b"
@@ -128,3 +129,12 @@ def _numbers(value: Any) -> list[Any]:
         return [value]
     items = value.values() if isinstance(value, dict) else value
     return [number for item in items for number in _numbers(item)]
+
+
+def test_zod_parses_every_constrained_answer(app_url: str) -> None:
+    """The AI SDK's generateObject and the openai JS SDK's responses.parse, each validating
+    with zod (which refuses ±Infinity), over many unscripted strict answers."""
+    output = js_scenarios.run("issue30_scenarios.mjs", "numbers", app_url, ISSUE30_ANSWERS="40")
+    result = output["result"]
+    assert result["answers"] == 80 and result["numbers"] >= 80 * 5
+    assert result["allFinite"] and result["integersSafe"] and result["strict"]
