@@ -16,7 +16,7 @@ fetched (``GET /v1/responses/{id}``; each conversation's items listed).
 loadtests/traces.py) at twice the engine's capacity (``--users``, default 2 x engine replicas x
 ``--engine-slots``) for ``--duration`` (600 s), half of its sessions stored and chained by
 ``previous_response_id``, while an engine replica is killed every ``--kill-every`` (120 s) and
-an ingress replica once, halfway (``ray.kill`` on the replica actor, as tests/test_faults.py
+an ingress replica once, halfway (``ray.kill`` on the replica actor, as tests/app/test_faults.py
 does). Then every acknowledged stored response is fetched.
 
 Each prints, per store: acknowledged, lost (acknowledged but not retrievable), refused with a

@@ -5,10 +5,12 @@ engine turns in tests/fixtures/engine_script.yaml, two replicas of each deployme
 routing and the shared store are tested), small engine limits (so overload is reachable) and
 a response store in the session's temp folder. One Ray start-up serves every app test.
 
-Two tiers: every test that uses the app's fixtures (``APP_FIXTURES`` below) is marked ``serve``
-at collection, so ``pytest -m "not serve"`` runs the rest without starting Ray, and plain
-``pytest`` runs all. With ``SERVE_APP_TEST_URL`` set, the ``app_url`` tests run against an app
-already running there (``python -m tests.local_app``) without Ray too.
+Two tiers, chosen by folder: every test under ``tests/app/`` and ``tests/clients/``
+(``SERVE_FOLDERS`` below) is marked ``serve`` at collection, so ``pytest -m "not serve"`` runs the
+rest without starting Ray, and plain ``pytest`` runs all. A test elsewhere that asks for the
+running app (``APP_FIXTURES``) is a collection error, unless it is marked ``serve`` itself
+(tests/vllm_cpu, a stage of its own). With ``SERVE_APP_TEST_URL`` set, the ``app_url`` tests run
+against an app already running there (``python -m tests.local_app``) without Ray too.
 
 With ``SERVE_APP_TEST_ENGINE=vllm`` (the vLLM stage of scripts/test.sh, in its own environment
 with vllm-cpu) the engine is the real vLLM engine instead, on a tiny random gpt-oss checkpoint
@@ -48,10 +50,10 @@ STORE_BACKEND = os.environ.get("SERVE_APP_TEST_STORE", "sqlite")
 ENGINE = os.environ.get("SERVE_APP_TEST_ENGINE", "simulated")
 
 
-# How many examples the property tests draw (tests/test_fuzz.py takes its volume from here):
-# `thorough`, what scripts/test.sh (and so CI) runs, sends the fuzz tests over 10,000 requests;
-# the default keeps the fast tier (`pytest -m "not serve"`) fast with 50 per test. Pick one
-# with pytest's `--hypothesis-profile`.
+# How many examples the property tests draw (tests/unit/serving/test_ingress_fuzz.py takes its
+# volume from here): `thorough`, what scripts/test.sh (and so CI) runs, sends the fuzz tests
+# over 10,000 requests; the default keeps the fast tier (`pytest -m "not serve"`) fast with 50
+# per test. Pick one with pytest's `--hypothesis-profile`.
 # (The vLLM stage's environment has no Hypothesis, nor a test that uses it.)
 with contextlib.suppress(ImportError):
     from hypothesis import settings
@@ -238,16 +240,29 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-# The fixtures that reach the running app; a test using any of them (directly or through a
-# fixture of its own) is in the `serve` tier.
+# The folders (under tests/) whose tests run against the running app: the `serve` tier.
+SERVE_FOLDERS = frozenset({"app", "clients"})
+# The fixtures that reach the running app (directly or through a fixture of their own).
 APP_FIXTURES = frozenset({"app_url", "app_cluster", "engine_handle", "_serve_run"})
+TESTS = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks every test that uses the app as ``serve``, so ``pytest -m "not serve"`` is the
-    tier that never starts Ray. Fault tests kill replicas of the shared app: run them last."""
+    """Marks every test in a serve folder as ``serve``, so ``pytest -m "not serve"`` is the tier
+    that never starts Ray; a test elsewhere that needs the app is misplaced: it would start Ray
+    in the fast tier. Fault tests kill replicas of the shared app: run them last."""
+    misplaced = []
     for item in items:
-        # The fixture closure, so a fixture built on `app_url` counts too.
-        if APP_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
+        if folder in SERVE_FOLDERS:
             item.add_marker(pytest.mark.serve)
+        elif item.get_closest_marker("serve") is None and APP_FIXTURES.intersection(
+            getattr(item, "fixturenames", ())  # the fixture closure: fixtures built on app_url too
+        ):
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError(
+            "these tests use the running app: move them to tests/app/ or tests/clients/ "
+            f"(or mark them serve): {', '.join(misplaced)}"
+        )
     items.sort(key=lambda item: item.get_closest_marker("faults") is not None)

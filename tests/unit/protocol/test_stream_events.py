@@ -1,6 +1,6 @@
 """The event writer alone (no harmony): what it is told becomes OpenAI's events, in order.
 
-The translator's tests (tests/test_stream_translator.py) cover it through harmony token ids;
+The translator's tests (tests/unit/harmony/test_stream.py) cover it through harmony token ids;
 these drive `ResponseEventWriter` directly, as any other decoder would, and read the events
 back as a client does (SSE, the openai SDK's models and its stream accumulator).
 """

@@ -4,22 +4,20 @@ HTTP (streamed and not) and the WebSocket mode, stateless and chained.
 The scripted engine (tests/fixtures/engine_script.yaml) writes the summary when asked for one
 ("Context compaction:") and answers "Resuming from the summary: Paris is sunny." only when
 the summary is the newest message: so that answer shows the turn generated from the compacted
-context. The Agents JS SDK's ``contextManagement`` is tests/js/context_management.mjs.
+context. The JavaScript clients: tests/clients/test_js_context_management.py; the unscripted
+engine and a failing summary: tests/unit/serving/test_context_management.py.
 """
 
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from openai import BadRequestError, InternalServerError, OpenAI
+from openai import BadRequestError, OpenAI
 
-from serve_app.engines.simulated import SimulatedEngineConfig
-from tests import js_scenarios, open_responses
-from tests.helpers import in_process_api, sdk_client
+from tests import open_responses
 
 MODEL = "gpt-oss-120b"
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
@@ -221,101 +219,3 @@ def test_bad_context_management_is_a_400_naming_it(
         connection.response.create(model=MODEL, input="hi", context_management=entries)
         event = connection.recv()
         assert event.type == "error" and event.error.param == param
-
-
-# --- JavaScript clients (tests/js/issue30_scenarios.mjs) -------------------------------------
-
-SCRIPT = "issue30_scenarios.mjs"
-COMPACT_SENT = [{"type": "compaction", "compact_threshold": THRESHOLD}]
-
-
-def input_kinds(request: dict[str, Any]) -> list[str]:
-    return [item.get("type") or item["role"] for item in request["body"]["input"]]
-
-
-@pytest.mark.parametrize("scenario", ["agents-stateless", "agents-chained"])
-def test_agents_js_context_management(app_url: str, scenario: str) -> None:
-    """The Agents JS SDK's ``modelSettings.contextManagement``: the first run comes back
-    compacted and answered from the summary; the second, from result.history (stateless) or
-    by previousResponseId with only the new message, is not compacted again."""
-    output = js_scenarios.run(SCRIPT, scenario, app_url)
-    result, sent = output["result"], output["requests"]
-    assert result["first"] == {"output": ["compaction", "message"], "finalOutput": RESUMED}
-    assert "compaction" not in result["second"]["output"]
-    assert [request["status"] for request in sent] == [200, 200]
-    assert all(request["body"]["context_management"] == COMPACT_SENT for request in sent)
-    if scenario == "agents-stateless":
-        # The SDK sends the compaction item back (and drops what came before it itself).
-        assert input_kinds(sent[1])[0] == "compaction" and sent[1]["body"]["store"] is False
-    else:
-        assert input_kinds(sent[1]) == ["user"] and sent[1]["body"]["previous_response_id"]
-
-
-def test_openai_js_stream_with_context_management(app_url: str) -> None:
-    result = js_scenarios.run(SCRIPT, "openai-stream", app_url)["result"]
-    events = result["events"]
-    assert [event["type"] for event in events[:3]] == [
-        "response.created",
-        "response.in_progress",
-        "response.output_item.added",
-    ]
-    assert events[2]["item_type"] == "compaction" and events[2]["output_index"] == 0
-    done = next(i for i, event in enumerate(events) if event["type"] == "response.output_item.done")
-    assert {event["type"] for event in events[3:done]} == {"response.compaction.compacting"}
-    assert events[done]["item_type"] == "compaction" and events[done]["encrypted"] > 0
-    assert events[done + 1]["output_index"] == 1
-    assert result["output"] == ["compaction", "message"]
-
-
-# --- in-process: the unscripted engine, and a summary that cannot be written ---------------
-
-
-async def test_unscripted_turns_compact_too(tmp_path: Path) -> None:
-    """The unscripted simulated engine writes a placeholder summary: the turn still compacts,
-    answers from it, and the next turn continues from the compaction item."""
-    async with in_process_api(tmp_path / "cm.db") as api:
-        client = sdk_client(api)
-        first = await client.responses.create(
-            model=MODEL, input=HISTORY, tools=TOOLS, store=False, context_management=COMPACT
-        )
-        kinds = [item.type for item in first.output]
-        assert kinds[0] == "compaction" and kinds[-1] == "message"  # reasoning may come between
-        assert "compaction" not in kinds[1:]
-        assert first.status == "completed" and first.output_text
-        second = await client.responses.create(
-            model=MODEL,
-            input=[*as_input(first.output), NEXT],
-            tools=TOOLS,
-            store=False,
-            context_management=COMPACT,
-        )
-        assert [item.type for item in second.output][-1] == "message"
-        assert "compaction" not in [item.type for item in second.output]
-
-
-async def test_a_summary_that_fails_ends_the_turn_failed(tmp_path: Path) -> None:
-    """The engine fails while writing the summary: the stream ends in ``response.failed``
-    with the engine's error (after the compaction item was announced), the non-streamed
-    request is a 500 in OpenAI's shape; nothing hangs."""
-    script = {"turns": [{"match": "Context compaction:", "items": [{"fail": "summary fault"}]}]}
-    engine = SimulatedEngineConfig(script=script, decode_tokens_per_s=50_000)
-    async with in_process_api(tmp_path / "cm.db", engine=engine) as api:
-        client = sdk_client(api)
-        stream = await client.responses.create(
-            model=MODEL, input=HISTORY, tools=TOOLS, stream=True, context_management=COMPACT
-        )
-        events = [event async for event in stream]
-        kinds = [event.type for event in events]
-        assert kinds[2] == "response.output_item.added" and events[2].item.type == "compaction"
-        assert kinds[-1] == "response.failed" and kinds.count("response.failed") == 1
-        failed = events[-1].response
-        assert failed.error.code == "server_error" and "summary fault" in failed.error.message
-        assert "response.output_item.done" not in kinds
-        with pytest.raises(InternalServerError) as error:
-            await client.responses.create(
-                model=MODEL, input=HISTORY, tools=TOOLS, context_management=COMPACT
-            )
-        assert error.value.body["code"] == "server_error"
-        # Stored as it ended (as any failed response): failed, no half compaction in it.
-        stored = await client.responses.retrieve(failed.id)
-        assert stored.status == "failed" and stored.output == []

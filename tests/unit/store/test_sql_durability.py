@@ -40,7 +40,7 @@ from serve_app.serving.http.ingress import create_api
 from serve_app.store.base import StoredResponse
 from serve_app.store.sql import WRITE_ATTEMPTS, SqlResponseStore
 from tests.helpers import on_uvicorn, sdk_client
-from tests.test_store import postgres_url, store_url  # noqa: F401 - fixtures
+from tests.unit.store.test_sql import postgres_url, store_url  # noqa: F401 - fixtures
 
 MODEL = "gpt-oss-120b"
 WRITES = re.compile(r"\s*(INSERT|UPDATE|DELETE)\b", re.IGNORECASE)

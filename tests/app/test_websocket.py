@@ -256,7 +256,7 @@ def test_prompt_cache_prewarm_is_a_prewarm_and_the_options_are_strict(app_url: s
 def test_blobs_the_server_cannot_open_over_a_socket(client) -> None:
     # A megabyte without a break is never read as text: a reasoning item's is ignored (the
     # prompt as without it), a compaction item's is an error event naming it, as over HTTP
-    # (tests/test_opaque_blobs.py); the socket serves on.
+    # (tests/unit/harmony/test_reasoning_vault_blobs.py); the socket serves on.
     blob = "A" * (1 << 20)
     question = {"role": "user", "content": "weather in Paris?"}
     call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}

@@ -1,6 +1,6 @@
 """The KubeRay manifests validate offline: CRD schema (unknown fields rejected), Ray's own Serve
 config schema, and the embedded Serve config is configs/gpt-oss.yaml with
-k8s/serve_overrides.yaml merged in (tests/test_deployment.py checks what it deploys fits)."""
+k8s/serve_overrides.yaml merged in (tests/deploy/test_deployment.py checks what it deploys fits)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ resolves to the stored item of the same owner, which renders as if the client ha
 
 The Vercel AI SDK sends earlier reasoning, messages and tool calls back this way on every step
 when its responses are stored. Through the openai SDK: against the running app (scripted engine
-turns ``REF-*``), and in-process with two API keys for ownership.
+turns ``REF-*``); the parsing and the ownership check without Ray in
+tests/unit/serving/test_references.py.
 """
 
 from __future__ import annotations
@@ -14,10 +15,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from serve_app.protocol.errors import InvalidRequest
-from serve_app.protocol.requests import ItemReference, MessageItem, ResponsesRequest
-from serve_app.serving.admission import responses as validation
-from tests.helpers import WEATHER_TOOL, sdk_client
+from tests.helpers import WEATHER_TOOL
 
 MODEL = "gpt-oss-120b"
 
@@ -96,25 +94,6 @@ def test_an_item_sent_back_with_only_its_id_is_a_reference(client: OpenAI) -> No
     assert answer.status == "completed" and answer.output_text == "Noted."
 
 
-def test_a_reference_may_leave_out_its_type_or_send_it_null() -> None:
-    items = [{"id": "a"}, {"id": "b", "type": None}, reference("c")]
-    parsed = ResponsesRequest.model_validate({"model": MODEL, "input": items}).input_items
-    assert [(type(item), item.type, item.id) for item in parsed] == [
-        (ItemReference, "item_reference", "a"),
-        (ItemReference, "item_reference", "b"),
-        (ItemReference, "item_reference", "c"),
-    ]
-
-
-def test_a_reference_left_unresolved_is_refused_before_rendering() -> None:
-    # The service resolves references before rendering; nothing renders a guess at one.
-    request = ResponsesRequest.model_validate({"model": MODEL, "input": [reference("rs_1")]})
-    history = [MessageItem(role="user", content="earlier")]
-    with pytest.raises(InvalidRequest) as caught:
-        validation.check_items(request, history)
-    assert (caught.value.param, caught.value.code) == ("input[0].id", "item_not_found")
-
-
 def test_a_conversation_item_can_be_referenced(client: OpenAI) -> None:
     note = {"type": "message", "role": "user", "content": "REF-TEXT: a note in a conversation"}
     conversation = client.conversations.create(items=[note])
@@ -150,27 +129,3 @@ def test_a_reference_to_nothing_is_a_400_naming_it(client: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as counted:
         count(client, items)
     assert counted.value.body == expected
-
-
-# --- ownership: in-process, with two API keys --------------------------------------------------
-
-
-async def test_another_keys_items_are_not_found(two_keys_api) -> None:
-    alice, bob = sdk_client(two_keys_api, "key-alice"), sdk_client(two_keys_api, "key-bob")
-    created = await alice.responses.create(model=MODEL, input="hello")
-    message = created.output[-1]
-    conversation = await alice.conversations.create(items=[{"role": "user", "content": "note"}])
-    (note,) = (await alice.conversations.items.list(conversation.id)).data
-    for item_id in (message.id, note.id):
-        with pytest.raises(openai.BadRequestError) as caught:
-            await bob.responses.create(
-                model=MODEL, input=[{"role": "user", "content": "x"}, reference(item_id)]
-            )
-        assert caught.value.body["param"] == "input[1].id"
-        assert caught.value.body["code"] == "item_not_found"
-        assert caught.value.body["message"] == f"Item with id '{item_id}' not found."
-    answered = await alice.responses.create(
-        model=MODEL,
-        input=[reference(note.id), reference(message.id), {"role": "user", "content": "x"}],
-    )
-    assert answered.status == "completed"

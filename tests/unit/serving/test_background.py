@@ -30,7 +30,7 @@ from serve_app.serving.http.ingress import create_api
 from serve_app.store.base import StoredResponse
 from serve_app.store.sql import SqlResponseStore
 from tests.helpers import sdk_client
-from tests.test_store import (  # noqa: F401 - postgres_url: the fixture, for store_url
+from tests.unit.store.test_sql import (  # noqa: F401 - postgres_url: the fixture, for store_url
     postgres_url,
     store_url,
 )

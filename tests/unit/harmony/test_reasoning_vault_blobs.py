@@ -3,7 +3,7 @@ open. A reasoning item's ``encrypted_content`` the server cannot open is ignored
 compaction item's is a 400 ``invalid_encrypted_content``, whatever its size: a megabyte without
 a break is not the long-piece 400 for text (serve_app.harmony.pieces). Nor is data the model
 never reads (an image's or a file's data URL, a hosted tool's settings). The openai SDK and
-httpx against the app in this process; over a WebSocket in tests/test_websocket.py."""
+httpx against the app in this process; over a WebSocket in tests/app/test_websocket.py."""
 
 from __future__ import annotations
 

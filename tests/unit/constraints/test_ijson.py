@@ -4,8 +4,8 @@ unless the schema's own bounds say otherwise (issue 30 part 5).
 Before the fix, the simulated engine sampling under a strict schema wrote numbers such as
 ``-9515642952e791125262476742455271770`` (``-Infinity`` to JSON.parse, ``inf`` to Python's
 ``float``); the bound lives in the grammar (serve_app/constraints/ijson.py), so vLLM's
-``guidance`` backend gets it too. The JS clients' side (zod, the AI SDK's generateObject) is
-tests/js/ijson_numbers.mjs, run by test_ai_sdk.py.
+``guidance`` backend gets it too. The JS clients' side (zod through the AI SDK's
+generateObject and the openai SDK's responses.parse): tests/clients/test_js_numbers.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import pytest
 from serve_app.constraints import ijson
 from serve_app.constraints.grammar import to_lark
 from serve_app.constraints.spec import Body, CompletionConstraint
-from tests import js_scenarios
 from tests.helpers import in_process_api, sdk_client
 
 MODEL = "gpt-oss-120b"
@@ -129,12 +128,3 @@ def _numbers(value: Any) -> list[Any]:
         return [value]
     items = value.values() if isinstance(value, dict) else value
     return [number for item in items for number in _numbers(item)]
-
-
-def test_zod_parses_every_constrained_answer(app_url: str) -> None:
-    """The AI SDK's generateObject and the openai JS SDK's responses.parse, each validating
-    with zod (which refuses ±Infinity), over many unscripted strict answers."""
-    output = js_scenarios.run("issue30_scenarios.mjs", "numbers", app_url, ISSUE30_ANSWERS="40")
-    result = output["result"]
-    assert result["answers"] == 80 and result["numbers"] >= 80 * 5
-    assert result["allFinite"] and result["integersSafe"] and result["strict"]

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from serve_app.protocol.requests import MAX_ITEM_ID_LENGTH
 from tests.helpers import in_process_api, sdk_client
-from tests.test_store import (  # noqa: F401 - postgres_url: the fixture, for store_url
+from tests.unit.store.test_sql import (  # noqa: F401 - postgres_url: the fixture, for store_url
     LONG_ID,
     REPEATING_IDS,
     assert_each_call_contiguous,
