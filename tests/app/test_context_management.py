@@ -18,6 +18,7 @@ import pytest
 from openai import BadRequestError, OpenAI
 
 from tests import open_responses
+from tests.helpers import wait_for
 
 MODEL = "gpt-oss-120b"
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
@@ -219,3 +220,37 @@ def test_bad_context_management_is_a_400_naming_it(
         connection.response.create(model=MODEL, input="hi", context_management=entries)
         event = connection.recv()
         assert event.type == "error" and event.error.param == param
+
+
+def test_background_and_conversation_turns_compact_too(client: OpenAI) -> None:
+    """A background run compacts as a streamed one; a conversation keeps the compaction item
+    among its items, and its next turn renders from it."""
+    started = client.responses.create(
+        model=MODEL, input=HISTORY, tools=TOOLS, background=True, context_management=COMPACT
+    )
+    assert wait_for(lambda: client.responses.retrieve(started.id).status == "completed")
+    done = client.responses.retrieve(started.id)
+    assert done.status == "completed", done.error
+    assert [item.type for item in done.output] == ["compaction", "message"]
+    assert done.output_text == RESUMED
+
+    conversation = client.conversations.create()
+    first = client.responses.create(
+        model=MODEL,
+        input=HISTORY,
+        tools=TOOLS,
+        conversation=conversation.id,
+        context_management=COMPACT,
+    )
+    assert [item.type for item in first.output] == ["compaction", "message"]
+    items = client.conversations.items.list(conversation.id, order="asc").data
+    assert "compaction" in [item.type for item in items]
+    second = client.responses.create(
+        model=MODEL,
+        input=[NEXT],
+        tools=TOOLS,
+        conversation=conversation.id,
+        context_management=COMPACT,
+    )
+    assert "compaction" not in [item.type for item in second.output]
+    assert second.usage.input_tokens < THRESHOLD
