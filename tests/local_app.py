@@ -24,7 +24,7 @@ from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.http.auth import ApiKeys
 from serve_app.serving.http.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
-from tests.conftest import ENGINE_SCRIPT
+from tests.support import ENGINE_SCRIPT
 
 REASONING_KEY = "test-reasoning-key"
 

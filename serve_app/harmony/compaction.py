@@ -5,7 +5,7 @@ with the server's key and returns it as a ``compaction`` item. When a client sen
 back in a later ``input``, it renders as one user message holding the summary, in place of
 everything it replaced.
 
-Server-side compaction (``context_management``, serve_app/serving/context_management.py)
+Server-side compaction (``context_management``, serve_app/serving/turn/context_management.py)
 seals its summary marked as standing in for *everything* before it: rendering drops the items
 before the last such item (`context_start`), as OpenAI lets a client drop them itself. A
 ``/compact`` summary is not marked: the user messages kept before it stay.

@@ -9,7 +9,8 @@ from typing import Any
 from serve_app.harmony import compaction
 from serve_app.protocol.requests import InputItem, MessageItem
 from serve_app.protocol.responses import ITEM_ID_PREFIXES, new_item_id
-from serve_app.serving import context_management, metrics
+from serve_app.serving import metrics
+from serve_app.serving.turn import context_management
 from serve_app.serving.turn.persistence import stored_item
 from serve_app.serving.turn.service import ResponsesService
 from serve_app.serving.turn.state import Ask

@@ -7,9 +7,8 @@ import httpx
 import pytest
 from openai import BadRequestError, OpenAI
 
-from tests import open_responses
+from tests.support import MODEL, open_responses
 
-MODEL = "gpt-oss-120b"
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
 OLD_OUTPUT = "OLD-TOOL-OUTPUT " + "sunny and warm, " * 300
 HISTORY = [
@@ -23,11 +22,6 @@ HISTORY = [
     {"type": "function_call_output", "call_id": "call_w", "output": OLD_OUTPUT},
     {"role": "assistant", "content": "OLD-ANSWER: it is sunny."},
 ]
-
-
-@pytest.fixture
-def client(app_url: str) -> OpenAI:
-    return OpenAI(base_url=f"{app_url}/v1", api_key="unused")
 
 
 def test_compact_round_trip(client: OpenAI) -> None:

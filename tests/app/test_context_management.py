@@ -17,10 +17,9 @@ import httpx
 import pytest
 from openai import BadRequestError, OpenAI
 
-from tests import open_responses
-from tests.helpers import wait_for
+from tests.support import MODEL, open_responses
+from tests.support.helpers import wait_for
 
-MODEL = "gpt-oss-120b"
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
 LONG_OUTPUT = "OLD-TOOL-OUTPUT " + "sunny and warm, " * 300
 HISTORY: list[dict[str, Any]] = [

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import httpx
 
-from tests.helpers import wait_for
-from tests.replicas import engine_ongoing
+from tests.support import MODEL
+from tests.support.helpers import wait_for
+from tests.support.replicas import engine_ongoing
 
 KEY = "disconnect-test-conversation"
 
 
 def test_disconnect_mid_stream_aborts_the_engine_request(app_url: str, app_cluster: None) -> None:
     body = {
-        "model": "gpt-oss-120b",
+        "model": MODEL,
         "input": "SDK-SLOW: take your time",
         "stream": True,
         "prompt_cache_key": KEY,

@@ -28,7 +28,8 @@ from ray import serve
 from serve_app.config import AppArgs
 from serve_app.serving.engine.deployment import EngineDeployment
 from serve_app.serving.http.ingress import ResponsesIngress
-from tests.helpers import REPO
+from tests.support import MODEL
+from tests.support.helpers import REPO
 
 APP = "drain"
 PREFIX = "/drain"
@@ -92,7 +93,7 @@ def _replicas_streaming() -> set[str]:
 
 async def _turn(client: AsyncOpenAI, started: asyncio.Event) -> dict[str, Any]:
     stream = await client.responses.create(
-        model="gpt-oss-120b",
+        model=MODEL,
         input="tell me a long story",
         prompt_cache_key=f"drain-{uuid.uuid4()}",
         stream=True,

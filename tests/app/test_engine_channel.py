@@ -13,7 +13,8 @@ import pytest
 from openai import AsyncOpenAI
 
 from serve_app.serving.engine.channel import CHANNEL_IDLE_S
-from tests.helpers import scrape_metrics
+from tests.support import MODEL
+from tests.support.helpers import scrape_metrics
 
 
 def _engine_streams(app_url: str) -> dict[str, float]:
@@ -31,7 +32,7 @@ async def _streamed_text(client: AsyncOpenAI, key: str) -> tuple[str, str, str]:
     deltas: list[str] = []
     last = None
     stream = await client.responses.create(
-        model="gpt-oss-120b", input=f"SDK-TEXT: channel {key}", prompt_cache_key=key, stream=True
+        model=MODEL, input=f"SDK-TEXT: channel {key}", prompt_cache_key=key, stream=True
     )
     async for event in stream:
         last = event
@@ -78,13 +79,13 @@ async def test_a_client_leaving_does_not_close_the_channel_its_request_opened(
     key = "channel-opener"
     async with AsyncOpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0) as client:
         opener = await client.responses.create(
-            model="gpt-oss-120b", input="SDK-SLOW: open", prompt_cache_key=key, stream=True
+            model=MODEL, input="SDK-SLOW: open", prompt_cache_key=key, stream=True
         )
         await _until(opener, "response.reasoning_text.done")  # its engine call runs on
 
         async def ride(index: int) -> tuple[str, str]:
             stream = await client.responses.create(
-                model="gpt-oss-120b", input=f"SDK-PAUSE: {index}", prompt_cache_key=key, stream=True
+                model=MODEL, input=f"SDK-PAUSE: {index}", prompt_cache_key=key, stream=True
             )
             last = None
             async for event in stream:

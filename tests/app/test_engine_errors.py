@@ -10,12 +10,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-MODEL = "gpt-oss-120b"
-
-
-@pytest.fixture(scope="module")
-def client(app_url: str) -> OpenAI:
-    return OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0, timeout=60)
+from tests.support import MODEL
 
 
 def test_a_request_the_engine_rejects_is_a_400_with_its_code(client: OpenAI) -> None:

@@ -15,7 +15,8 @@ import ray
 
 from serve_app.config import BackgroundArgs
 from serve_app.serving.engine.deployment import CALLER_CHECK_PERIOD_S
-from tests.replicas import (
+from tests.support import MODEL
+from tests.support.replicas import (
     engine_ongoing,
     engine_replica_actors,
     engine_replica_serving,
@@ -26,7 +27,6 @@ from tests.replicas import (
 
 pytestmark = pytest.mark.faults
 KEY = "fault-test-conversation"
-MODEL = "gpt-oss-120b"
 
 
 def events(lines) -> list[dict]:

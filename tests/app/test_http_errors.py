@@ -10,9 +10,8 @@ import httpx
 import pytest
 import zstandard
 
-from tests.helpers import scrape_metrics
-
-MODEL = "gpt-oss-120b"
+from tests.support import MODEL
+from tests.support.helpers import scrape_metrics
 
 
 def post(app_url: str, body: object, **kwargs) -> httpx.Response:

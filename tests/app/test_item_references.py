@@ -15,18 +15,12 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.helpers import WEATHER_TOOL
-
-MODEL = "gpt-oss-120b"
+from tests.support import MODEL
+from tests.support.helpers import WEATHER_TOOL
 
 
 def reference(item_id: str) -> dict[str, str]:
     return {"type": "item_reference", "id": item_id}
-
-
-@pytest.fixture(scope="module")
-def client(app_url: str) -> OpenAI:
-    return OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0, timeout=60)
 
 
 def count(client: OpenAI, items: list[Any], **options: Any) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.helpers import REPO, run_locust
+from tests.support.helpers import REPO, run_locust
 
 sys.path.insert(0, str(REPO / "loadtests"))
 import outcomes

@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from tests.conftest import ENGINE_MAX_ONGOING, ENGINE_MAX_QUEUED, REPLICAS
-from tests.helpers import run_locust
+from tests.support import MODEL
+from tests.support.helpers import run_locust
 
 pytestmark = pytest.mark.faults
-MODEL = "gpt-oss-120b"
 CAPACITY = REPLICAS * ENGINE_MAX_ONGOING + REPLICAS * ENGINE_MAX_QUEUED
 
 

@@ -2,7 +2,7 @@
 (the real one on Ray in CI, or ``python -m tests.local_app``), through the openai SDK and the
 wire, with the scripted turns marked ``SUM-`` in tests/fixtures/engine_script.yaml. Every
 Response and event read here is also checked against the Open Responses specification when it is
-on this machine (tests/open_responses.py). What needs other app args:
+on this machine (tests/support/open_responses.py). What needs other app args:
 tests/unit/serving/test_responses_service.py."""
 
 from __future__ import annotations
@@ -15,17 +15,11 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests import open_responses
-from tests.helpers import EXEC_TOOL
-from tests.open_responses import check_spec
+from tests.support import MODEL, open_responses
+from tests.support.helpers import EXEC_TOOL
+from tests.support.open_responses import check_spec
 
-MODEL = "gpt-oss-120b"
 SUMMARY_TEXT = "First I think about the question, then I answer it briefly."
-
-
-@pytest.fixture
-def client(app_url: str) -> OpenAI:
-    return OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0, timeout=60)
 
 
 def http(app_url: str) -> httpx.Client:

@@ -12,9 +12,8 @@ from serve_app.engines.base import GenerateRequest, SamplingSettings
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.routing import metrics
-from tests.helpers import scrape_metrics, wait_for
-
-MODEL = "gpt-oss-120b"
+from tests.support import MODEL
+from tests.support.helpers import scrape_metrics, wait_for
 
 
 def routing_decisions(app_url: str) -> dict[str, float]:

@@ -10,20 +10,15 @@ import pytest
 import ray
 from openai import OpenAI
 
-from tests.replicas import replica_actor, replica_actors, wait_for_ingress_replicas
+from tests.support import MODEL
+from tests.support.replicas import replica_actor, replica_actors, wait_for_ingress_replicas
 
-MODEL = "gpt-oss-120b"
 WEATHER_TOOL = {
     "type": "function",
     "name": "get_weather",
     "description": "Current weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
-
-
-@pytest.fixture(scope="module")
-def client(app_url: str) -> OpenAI:
-    return OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0, timeout=60)
 
 
 def test_three_chained_turns_with_a_tool_call_in_the_middle(client: OpenAI) -> None:

@@ -8,27 +8,21 @@ import time
 import uuid
 
 import pytest
-from openai import OpenAI
 from openai.types.responses.responses_server_event import ResponseWsError
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from serve_app.serving.websocket import MAX_PENDING_MESSAGES
-from tests.helpers import wait_for
-from tests.replicas import engine_ongoing
+from tests.support import MODEL
+from tests.support.helpers import wait_for
+from tests.support.replicas import engine_ongoing
 
-MODEL = "gpt-oss-120b"
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 WEATHER_TOOL = {
     "type": "function",
     "name": "get_weather",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
-
-
-@pytest.fixture
-def client(app_url: str) -> OpenAI:
-    return OpenAI(base_url=f"{app_url}/v1", api_key="unused")
 
 
 def socket_url(app_url: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI, OpenAI
 
-MODEL = "gpt-oss-120b"
+from tests.support import MODEL
 
 
 async def test_agent_runs_its_tool_and_answers_with_previous_response_id(app_url: str) -> None:

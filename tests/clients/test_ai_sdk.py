@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import JS_DIR
+from tests.support.helpers import JS_DIR
 
 SCRIPT = JS_DIR / "ai_sdk_scenarios.mjs"
 TIMEOUT_S = 120

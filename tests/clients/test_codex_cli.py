@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, scrape_metrics
+from tests.support.helpers import REPO, scrape_metrics
 
 CODEX_DIR = REPO / "tests" / "codex"
 CATALOG = REPO / "configs" / "codex" / "gpt_oss_catalog.json"  # the copy users are told to use

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests import js_scenarios
+from tests.support import js_scenarios
 
 RESUMED = "Resuming from the summary: Paris is sunny."
 THRESHOLD = 1000  # the scenarios' long input renders to about 1,300 tokens

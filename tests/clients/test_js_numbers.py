@@ -6,7 +6,7 @@ side: tests/unit/constraints/test_ijson.py."""
 
 from __future__ import annotations
 
-from tests import js_scenarios
+from tests.support import js_scenarios
 
 
 def test_zod_parses_every_constrained_answer(app_url: str) -> None:

@@ -5,17 +5,10 @@ from __future__ import annotations
 import json
 import uuid
 
-import pytest
 from openai import OpenAI
 
-from tests.helpers import WEATHER_TOOL
-
-MODEL = "gpt-oss-120b"
-
-
-@pytest.fixture(scope="module")
-def client(app_url: str) -> OpenAI:
-    return OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0, timeout=60)
+from tests.support import MODEL
+from tests.support.helpers import WEATHER_TOOL
 
 
 def test_text_answer_non_streaming(client: OpenAI) -> None:

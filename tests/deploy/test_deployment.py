@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 
 from serve_app.config import STORE_URL_ENV, AppArgs, StoreConfig
 from serve_app.store.shared import StoreNotShared, require_shared_store
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 K8S = REPO / "k8s"
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))

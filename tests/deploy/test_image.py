@@ -14,7 +14,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 DOCKERFILE = (REPO / "docker" / "Dockerfile").read_text()
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]

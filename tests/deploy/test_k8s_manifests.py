@@ -16,7 +16,7 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from serve_app.config import AppArgs
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 # KubeRay's RayService CRD (ray.io/v1): its openAPIV3Schema as JSON Schema (Apache-2.0).
 SCHEMA = REPO / "tests" / "fixtures" / "k8s" / "rayservice_v1.schema.json"

@@ -17,7 +17,7 @@ import pytest
 from serve_app.config import AppArgs
 from serve_app.engines.vllm_engine import VLLMEngineConfig
 from tests.conftest import ENGINE
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 # The rows the CPU app cannot give (no GPU): skipped with their reason, every other must pass.
 GPU_ONLY = {"placement"}

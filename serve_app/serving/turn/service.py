@@ -22,10 +22,10 @@ from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.protocol.requests import InputItem, ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id
 from serve_app.routing.keys import key_digest, routing_key
-from serve_app.serving import context_management, metrics
+from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
-from serve_app.serving.turn import history
+from serve_app.serving.turn import context_management, history
 from serve_app.serving.turn.admit import Door
 from serve_app.serving.turn.engine_request import engine_request
 from serve_app.serving.turn.events import EventLoop
@@ -105,7 +105,7 @@ class ResponsesService:
 
     def retarget(self, turn: Turn, request: ResponsesRequest) -> None:
         """Point ``turn``'s engine request at ``request`` rendered after ``turn.history`` (a
-        compacted context: serve_app.serving.context_management)."""
+        compacted context: serve_app.serving.turn.context_management)."""
         context = Context(request, turn.history)
         prompt = self._renderer.render(context, turn.owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
@@ -152,12 +152,12 @@ class ResponsesService:
         if it could not be."""
         await self._persistence.save(turn)
 
-    async def keep(self, turn: Turn) -> bool:
+    async def keep(self, turn: Turn) -> ResponseStreamEvent | None:
         """`Persistence.keep`, for a caller that sends the terminal event itself (a WebSocket
-        prewarm): False, and the response now ``failed``, if it could not be stored."""
+        prewarm): None once stored; if it could not be, the response is now ``failed`` and
+        this is the ``response.failed`` to send in place of its terminal event."""
         try:
             await self._persistence.keep(turn)
         except NotStored:
-            turn.translator.fail_ended(NOT_STORED_MESSAGE, SERVER_ERROR)
-            return False
-        return True
+            return turn.translator.fail_ended(NOT_STORED_MESSAGE, SERVER_ERROR)
+        return None

@@ -54,7 +54,7 @@ class Turn:
     arrived_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     # What runs after ``response.created`` and before the engine is asked for the answer
-    # (a compaction, serve_app.serving.context_management): its event batches; it may point
+    # (a compaction, serve_app.serving.turn.context_management): its event batches; it may point
     # ``generate`` elsewhere. An `APIError` from it ends the turn failed.
     before_answer: Callable[[Turn], AsyncIterator[list[ResponseStreamEvent]]] | None = None
 

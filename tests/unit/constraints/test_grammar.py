@@ -31,10 +31,10 @@ from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id
-from tests.helpers import CODEX_CAPTURES
+from tests.support import MODEL
+from tests.support.helpers import CODEX_CAPTURES
 
 ENCODING = get_encoding()
-MODEL = "gpt-oss-120b"
 SEEDS = range(50)
 MAX_TOKENS = 600
 CODEX_PATCH_REQUEST = CODEX_CAPTURES / "patch" / "req_001.json"

@@ -21,9 +21,9 @@ import pytest
 from serve_app.constraints import ijson
 from serve_app.constraints.grammar import to_lark
 from serve_app.constraints.spec import Body, CompletionConstraint
-from tests.helpers import in_process_api, sdk_client
+from tests.support import MODEL
+from tests.support.helpers import in_process_api, sdk_client
 
-MODEL = "gpt-oss-120b"
 SAFE = 2**53 - 1
 # Numbers at the top, nested in arrays and objects, in a type list, and values of any type.
 SCHEMA = {

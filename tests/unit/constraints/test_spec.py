@@ -35,9 +35,9 @@ from serve_app.engines.vllm_engine import VLLMEngine, VLLMEngineConfig, _Constra
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
-from tests.helpers import in_process_api, sdk_client
+from tests.support import MODEL
+from tests.support.helpers import in_process_api, sdk_client
 
-MODEL = "gpt-oss-120b"
 ENCODING = get_encoding()
 END = ENCODING.encode("<|end|>", allowed_special="all")[0]
 STRICT_SCHEMA = {

@@ -102,7 +102,7 @@ def test_building_options_starts_no_ray() -> None:
 def test_production_config_places_engines_as_engine_placement_says() -> None:
     import yaml
 
-    from tests.helpers import REPO
+    from tests.support.helpers import REPO
 
     config = yaml.safe_load((REPO / "configs" / "gpt-oss.yaml").read_text())
     app = config["applications"][0]

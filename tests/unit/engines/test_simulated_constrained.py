@@ -29,10 +29,10 @@ from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id
 from serve_app.serving.turn.engine_request import _constraint
-from tests.client_schemas import MODELS, SCHEMAS, Priority, Route, Ticket
-from tests.helpers import in_process_api, sdk_client
+from tests.support import MODEL
+from tests.support.client_schemas import MODELS, SCHEMAS, Priority, Route, Ticket
+from tests.support.helpers import in_process_api, sdk_client
 
-MODEL = "gpt-oss-120b"
 MAX_TOKENS = 1500
 # Fast enough that the time model never sleeps: the sweeps cost the sampling only.
 FAST = SimulatedEngineConfig(decode_tokens_per_s=10_000_000, prefill_tokens_per_s=10_000_000)

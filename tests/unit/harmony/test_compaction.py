@@ -15,10 +15,8 @@ from serve_app.harmony.render import render_request
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.admission import responses as validation
-from tests.helpers import decode, in_process_api, sdk_client
-
-MODEL = "gpt-oss-120b"
-
+from tests.support import MODEL
+from tests.support.helpers import decode, in_process_api, sdk_client
 
 QUESTION = {"role": "user", "content": "What is the weather in Paris?"}
 

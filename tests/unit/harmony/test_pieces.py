@@ -15,9 +15,9 @@ import pytest
 from openai import AsyncOpenAI
 
 from serve_app.harmony.pieces import MAX_PIECE_CHARS, MAX_RUN_CHARS, long_piece
-from tests.helpers import in_process_api, sdk_client
+from tests.support import MODEL
+from tests.support.helpers import in_process_api, sdk_client
 
-MODEL = "gpt-oss-120b"
 OVER = MAX_PIECE_CHARS + 1
 
 

@@ -18,9 +18,9 @@ from fastapi import FastAPI
 from openai import AsyncOpenAI
 
 from serve_app.harmony.pieces import MAX_PIECE_CHARS
-from tests.helpers import WEATHER_TOOL, in_process_api, sdk_client
+from tests.support import MODEL
+from tests.support.helpers import WEATHER_TOOL, in_process_api, sdk_client
 
-MODEL = "gpt-oss-120b"
 MiB = 1 << 20
 # Unbroken runs, each one tokenizer piece if it were read as text: just over the limit, one a
 # run too long to look into, a megabyte; of base64's letters and of its punctuation.

@@ -13,7 +13,8 @@ from serve_app.protocol.body_errors import from_validation_errors
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.admission import responses as validation
-from tests.helpers import CAPTURES, capture_body, decode
+from tests.support import MODEL
+from tests.support.helpers import CAPTURES, capture_body, decode
 
 NOW = datetime(2026, 11, 22, tzinfo=UTC)
 
@@ -90,7 +91,7 @@ def test_namespace_tools_render_as_harmony_namespaces() -> None:
 
 
 def _turns_body(*items: dict) -> dict:
-    return {"model": "gpt-oss-120b", "input": list(items), "tools": [_weather_tool()]}
+    return {"model": MODEL, "input": list(items), "tools": [_weather_tool()]}
 
 
 def _weather_tool() -> dict:
@@ -187,7 +188,7 @@ def test_encrypted_reasoning_comes_back_and_a_foreign_blob_is_ignored() -> None:
 
 def test_nested_chat_completions_tools_and_string_input() -> None:
     body = {
-        "model": "gpt-oss-120b",
+        "model": MODEL,
         "input": "hello",
         "instructions": "Be brief.",
         "tools": [

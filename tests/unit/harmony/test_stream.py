@@ -3,7 +3,7 @@
 Every stream here is real harmony token ids from the gpt-oss encoding (well formed or broken
 the ways models break it). Each event goes through the SSE encoder, is parsed back from the
 wire and validated against the openai SDK's event models and the Open Responses specification
-(tests/open_responses.py, when it is on this machine), then fed to the SDK's own stream
+(tests/support/open_responses.py, when it is on this machine), then fed to the SDK's own stream
 accumulator, whose final snapshot must equal the translator's Response.
 """
 
@@ -33,11 +33,10 @@ from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import dump_response, initial_response, new_response_id, usage
 from serve_app.protocol.sse import encode_event
-from tests import open_responses
+from tests.support import MODEL, open_responses
 
 ENCODING = get_encoding()
 EVENT = TypeAdapter(ResponseStreamEvent)
-MODEL = "gpt-oss-120b"
 TERMINAL_TYPES = {"response.completed", "response.incomplete", "response.failed"}
 PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hi there\n*** End Patch\n"
 

@@ -31,7 +31,8 @@ from serve_app.protocol import json_schema as schemas
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.admission import responses as validation
-from tests.helpers import (
+from tests.support import MODEL
+from tests.support.helpers import (
     CAPTURES,
     capture_body,
     decode,
@@ -40,7 +41,6 @@ from tests.helpers import (
     sdk_client,
 )
 
-MODEL = "gpt-oss-120b"
 NOW = datetime(2026, 11, 22, tzinfo=UTC)
 
 

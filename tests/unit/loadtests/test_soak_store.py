@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 sys.path.insert(0, str(REPO / "loadtests"))
 import soak_store

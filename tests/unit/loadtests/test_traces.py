@@ -8,10 +8,12 @@ import sys
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.admission import responses as validation
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 sys.path.insert(0, str(REPO / "loadtests"))
 from traces import SAMPLE, generate, load_traces
+
+from tests.support import MODEL
 
 
 def test_generation_is_deterministic_for_a_seed() -> None:
@@ -29,7 +31,7 @@ def test_every_turn_extends_the_previous_one_and_is_a_valid_request() -> None:
             items = session.turn_input(index)
             assert items[: len(previous)] == previous  # a prefix extension: cacheable
             previous = items
-            body = {"model": "gpt-oss-120b", "input": items, "tools": session.tools}
+            body = {"model": MODEL, "input": items, "tools": session.tools}
             request = ResponsesRequest.model_validate(body)
             validation.check_items(request)  # pairs checked
             render_request(request)  # renders

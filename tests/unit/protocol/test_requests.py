@@ -24,9 +24,9 @@ from pydantic import BaseModel
 
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.conversations import ConversationCreate
-from tests.helpers import in_process_api
+from tests.support import MODEL
+from tests.support.helpers import in_process_api
 
-MODEL = "gpt-oss-120b"
 Loc = tuple[str | int, ...]
 
 # One value per JSON type. Each is a value lax validation would coerce where it could (1 is

@@ -20,13 +20,14 @@ from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import dump_response, initial_response, new_response_id, usage
 from serve_app.protocol.sse import encode_event
 from serve_app.protocol.stream_events import ResponseEventWriter
+from tests.support import MODEL
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 
 
 def new_writer(**options: Any) -> ResponseEventWriter:
-    request = ResponsesRequest.model_validate({"model": "gpt-oss-120b", "input": "hi"})
-    response = initial_response(request, response_id=new_response_id(), model="gpt-oss-120b")
+    request = ResponsesRequest.model_validate({"model": MODEL, "input": "hi"})
+    response = initial_response(request, response_id=new_response_id(), model=MODEL)
     return ResponseEventWriter(response, **options)
 
 

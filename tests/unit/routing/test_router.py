@@ -24,7 +24,8 @@ from serve_app.protocol.requests import ResponsesRequest
 from serve_app.routing import metrics
 from serve_app.routing.directory import ServedConversations
 from serve_app.routing.router import PrefixAffinityRouter
-from tests.helpers import REPO
+from tests.support import MODEL
+from tests.support.helpers import REPO
 
 DEPLOYMENT = DeploymentID(name="EngineDeployment", app_name="router-test")
 # Far longer than a test may take: a request that waits for reports at all shows as a stall.
@@ -65,7 +66,7 @@ def prompt(later_turn: bool) -> list[int]:
             {"role": "assistant", "content": "hi"},
             {"role": "user", "content": "again"},
         ]
-    request = ResponsesRequest.model_validate({"model": "gpt-oss-120b", "input": items})
+    request = ResponsesRequest.model_validate({"model": MODEL, "input": items})
     return render_request(request).token_ids
 
 

@@ -15,9 +15,8 @@ import pytest
 
 from serve_app.store.base import StoredResponse
 from serve_app.store.sql import SqlResponseStore
-from tests.helpers import WEATHER_TOOL, sdk_client
-
-MODEL = "gpt-oss-120b"
+from tests.support import MODEL
+from tests.support.helpers import WEATHER_TOOL, sdk_client
 
 
 async def test_a_wrong_or_missing_key_is_401_in_openai_shape(two_keys_api) -> None:

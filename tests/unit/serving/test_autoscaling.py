@@ -29,7 +29,7 @@ from serve_app.engines.base import GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS, generating_requests_policy
 from serve_app.serving.engine.deployment import EngineDeployment
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 DEPLOYMENT = DeploymentID(name="EngineDeployment", app_name="serve_app")
 INGRESS_REPLICAS = 4  # configs/gpt-oss.yaml's ResponsesIngress max_replicas

@@ -29,13 +29,13 @@ from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.http.ingress import create_api
 from serve_app.store.base import StoredResponse
 from serve_app.store.sql import SqlResponseStore
-from tests.helpers import sdk_client
+from tests.support import MODEL
+from tests.support.helpers import sdk_client
 from tests.unit.store.test_sql import (  # noqa: F401 - postgres_url: the fixture, for store_url
     postgres_url,
     store_url,
 )
 
-MODEL = "gpt-oss-120b"
 PAUSE_S = 2.0
 SCRIPT = {
     "turns": [

@@ -11,9 +11,9 @@ import pytest
 from openai import InternalServerError
 
 from serve_app.engines.simulated import SimulatedEngineConfig
-from tests.helpers import in_process_api, sdk_client
+from tests.support import MODEL
+from tests.support.helpers import in_process_api, sdk_client
 
-MODEL = "gpt-oss-120b"
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
 HISTORY: list[dict[str, Any]] = [
     {"role": "user", "content": "What is the weather in Paris?"},

@@ -13,7 +13,8 @@ import pytest
 from fastapi import FastAPI
 
 from serve_app.protocol.requests import MAX_ITEM_ID_LENGTH
-from tests.helpers import in_process_api, sdk_client
+from tests.support import MODEL
+from tests.support.helpers import in_process_api, sdk_client
 from tests.unit.store.test_sql import (  # noqa: F401 - postgres_url: the fixture, for store_url
     LONG_ID,
     REPEATING_IDS,
@@ -21,8 +22,6 @@ from tests.unit.store.test_sql import (  # noqa: F401 - postgres_url: the fixtur
     postgres_url,
     store_url,
 )
-
-MODEL = "gpt-oss-120b"
 
 
 @pytest.fixture

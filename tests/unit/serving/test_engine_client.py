@@ -18,8 +18,7 @@ from serve_app.protocol.errors import RETRY_AFTER_S, RateLimited
 from serve_app.serving.engine.client import HandleEngineClient
 from serve_app.serving.http.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
-
-MODEL = "gpt-oss-120b"
+from tests.support import MODEL
 
 
 class _FullQueue:

@@ -32,9 +32,8 @@ from serve_app.protocol.requests import INPUT_ITEM_TYPES
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.http.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
-from tests import open_responses
+from tests.support import MODEL, open_responses
 
-MODEL = "gpt-oss-120b"
 # Per test, from the Hypothesis profile (tests/conftest.py): `thorough` (scripts/test.sh) draws
 # 2,600, over 10,000 requests in all; the fast tier's default draws 50.
 EXAMPLES = settings().max_examples
@@ -93,7 +92,7 @@ def check(response: httpx.Response) -> None:
 def check_answer(status: int, content_type: str, content: bytes) -> None:
     """The one property: a valid response or stream, or a 4xx in OpenAI's error shape.
     Valid: by the openai SDK's models, and by the Open Responses specification when it is on
-    this machine (tests/open_responses.py)."""
+    this machine (tests/support/open_responses.py)."""
     assert status < 500, content[:500]
     spec = open_responses.available()
     if content_type.startswith("text/event-stream"):

@@ -32,10 +32,9 @@ from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.http.auth import ApiKeys
 from serve_app.serving.http.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
-from tests.conftest import ENGINE_SCRIPT
-from tests.helpers import on_uvicorn
+from tests.support import ENGINE_SCRIPT, MODEL
+from tests.support.helpers import on_uvicorn
 
-MODEL = "gpt-oss-120b"
 ALICE, BOB = "key-alice", "key-bob"
 # The replica's request slots in the model (Serve's `max_ongoing_requests`: 256 on the ingress).
 SLOTS = 8

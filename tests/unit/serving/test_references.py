@@ -12,9 +12,8 @@ import pytest
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ItemReference, MessageItem, ResponsesRequest
 from serve_app.serving.admission import responses as validation
-from tests.helpers import sdk_client
-
-MODEL = "gpt-oss-120b"
+from tests.support import MODEL
+from tests.support.helpers import sdk_client
 
 
 def reference(item_id: str) -> dict[str, str]:

@@ -6,7 +6,7 @@ The ``app_url`` tests run against the app (the real one on Ray in CI, or
 tests/fixtures/engine_script.yaml. Tests that need other app args (``reasoning_summary: none``,
 a small context) run the ingress app in-process. Every Response and event read here is also
 checked against the Open Responses specification when it is on this machine
-(tests/open_responses.py).
+(tests/support/open_responses.py).
 """
 
 from __future__ import annotations
@@ -27,11 +27,9 @@ from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.http.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
-from tests.conftest import ENGINE_SCRIPT
-from tests.helpers import EXEC_TOOL, decode, in_process_api, sdk_client
-from tests.open_responses import check_spec
-
-MODEL = "gpt-oss-120b"
+from tests.support import ENGINE_SCRIPT, MODEL
+from tests.support.helpers import EXEC_TOOL, decode, in_process_api, sdk_client
+from tests.support.open_responses import check_spec
 
 
 async def stream_summary(api: Any) -> tuple[list[str], Any]:

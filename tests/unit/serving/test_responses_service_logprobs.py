@@ -14,9 +14,9 @@ from fastapi import FastAPI
 from openai.types.responses import Response, ResponseTextDeltaEvent
 from openai.types.responses.response_output_text import Logprob
 
-from tests.helpers import in_process_api, sdk_client
+from tests.support import MODEL
+from tests.support.helpers import in_process_api, sdk_client
 
-MODEL = "gpt-oss-120b"
 INCLUDE = ["message.output_text.logprobs"]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from serve_app.store.base import StoredResponse
 from serve_app.store.sql import SqlResponseStore
-from tests import postgres
+from tests.support import postgres
 
 
 @pytest.fixture(scope="session")

@@ -39,10 +39,10 @@ from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.http.ingress import create_api
 from serve_app.store.base import StoredResponse
 from serve_app.store.sql import WRITE_ATTEMPTS, SqlResponseStore
-from tests.helpers import on_uvicorn, sdk_client
+from tests.support import MODEL
+from tests.support.helpers import on_uvicorn, sdk_client
 from tests.unit.store.test_sql import postgres_url, store_url  # noqa: F401 - fixtures
 
-MODEL = "gpt-oss-120b"
 WRITES = re.compile(r"\s*(INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
 
 

@@ -32,7 +32,8 @@ import pytest
 import referencing
 import referencing.jsonschema
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import REPO
+
 SPEC_ENV = "SERVE_APP_OPEN_RESPONSES_SPEC"
 DEFAULT_SPEC = REPO.parent / "shared" / "open-responses" / "openapi.json"
 # The schemas of POST /responses/compact's answer, vendored (source and licence in its

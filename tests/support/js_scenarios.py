@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import JS_DIR
+from tests.support.helpers import JS_DIR
 
 TIMEOUT_S = 300
 

@@ -20,21 +20,19 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from openai.types.responses import Response, ResponseStreamEvent
 
 from serve_app.config import AppArgs
 from serve_app.engines.base import SERVER_ERROR
 from serve_app.harmony import compaction
+from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.protocol.errors import APIError, ServerError
 from serve_app.protocol.requests import CompactionItem, InputItem, MessageItem, ResponsesRequest
 from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.turn.state import Ask, Turn
-
-if TYPE_CHECKING:
-    from serve_app.serving.turn.service import ResponsesService
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +98,21 @@ def kept_message(stored: dict[str, Any]) -> dict[str, Any]:
     return {**stored, "status": "completed", "content": content}
 
 
-async def compact_first(
-    service: ResponsesService, turn: Turn
-) -> AsyncIterator[list[ResponseStreamEvent]]:
+class _Service(Protocol):
+    """What `compact_first` needs of `ResponsesService` (typed here: the service imports this
+    module)."""
+
+    @property
+    def vault(self) -> ReasoningVault: ...
+
+    async def prepare(self, ask: Ask) -> Turn: ...
+
+    def event_batches(self, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]: ...
+
+    def retarget(self, turn: Turn, request: ResponsesRequest) -> None: ...
+
+
+async def compact_first(service: _Service, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]:
     """The compaction of a turn whose prompt reached its threshold, as event batches (after
     ``response.created``); then ``turn.generate`` asks for the answer from the summary alone.
     A summary that cannot be written raises its `APIError` (the turn ends failed)."""

@@ -1,4 +1,5 @@
-"""Shared test helpers: Codex capture fixtures, harmony decoding, the app in-process."""
+"""Shared test helpers: Codex capture fixtures, harmony decoding, the app in-process (formerly
+tests/support/helpers.py)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.http.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 # The JavaScript clients (npm, installed by scripts/test.sh): the AI SDK, zod.
 JS_DIR = REPO / "tests" / "js"
 # Real Codex requests (0.169 and 0.63), captured against a local server: by scenario, in order.

@@ -5,10 +5,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from tests.support.serve_run import free_port
 
 SERVER_USER = "postgres"  # Debian's package creates it; initdb refuses to run as root
 
@@ -19,12 +20,6 @@ def _binary(name: str) -> str | None:
         return found
     candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
     return candidates[-1] if candidates else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _as_server_user(command: list[str]) -> list[str]:
@@ -43,7 +38,7 @@ def start() -> tuple[str, Path]:
     data = Path(tempfile.mkdtemp(prefix="serve_app_pg_"))
     if os.geteuid() == 0:
         shutil.chown(data, SERVER_USER)
-    port = _free_port()
+    port = free_port()
     run = {"check": True, "capture_output": True, "text": True, "timeout": 120}
     subprocess.run(
         _as_server_user([initdb, "-D", str(data), "-U", "postgres", "--auth=trust"]), **run
