@@ -34,6 +34,8 @@ if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev
 fi
 
 ruff check serve_app tests loadtests k8s scripts
+# The layers and no import cycles (pyproject.toml: [tool.importlinter]).
+lint-imports
 # The image recipe (hadolint from PyPI, the `test` extra; its wheels are for x86-64 and macOS).
 if command -v hadolint >/dev/null; then
   hadolint docker/Dockerfile

@@ -1,5 +1,5 @@
 """The channel between engine and ingress replicas through Serve: the session app streams its
-requests over channels (serve_app.serving.engine_channel) without losing a token, and a client
+requests over channels (serve_app.serving.engine.channel) without losing a token, and a client
 leaving does not close the channel its request opened. Without Ray:
 tests/unit/serving/test_engine_channel.py."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from serve_app.serving.engine_channel import CHANNEL_IDLE_S
+from serve_app.serving.engine.channel import CHANNEL_IDLE_S
 from tests.support import MODEL
 from tests.support.helpers import scrape_metrics
 

@@ -52,12 +52,14 @@ def paths(text: str) -> Iterator[str]:
 
 
 def table_paths(text: str) -> Iterator[str]:
-    """The files the map's table names by their bare names (``requests.py``, ``codex/``) in the
-    row of their folder (``serve_app/protocol/``)."""
+    """The files the map's table names relative to the folder of their row: ``requests.py``,
+    ``turn/service.py``, ``codex/`` in the rows of ``serve_app/protocol/``,
+    ``serve_app/serving/``, ``configs/``."""
     for row in re.findall(r"^\| `([\w/.-]+/)` \|(.*)\|$", text, re.M):
         folder, cells = row
-        for name in re.findall(r"`([\w.-]+(?:\.(?:py|yaml|json|md)|/))`", cells):
-            yield folder + name
+        for name in re.findall(r"`([\w.-]+(?:/[\w.-]+)*(?:\.(?:py|yaml|json|md)|/))`", cells):
+            if name.split("/")[0] not in TOP_FOLDERS + SUBPACKAGES:  # those: paths() has them
+                yield folder + name
 
 
 def links(text: str) -> Iterator[tuple[str, str]]:

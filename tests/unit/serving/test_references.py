@@ -1,5 +1,5 @@
 """Item references without Ray: {"type": "item_reference", "id": ...} (or an item with only
-its id) parses as a reference, is resolved (serve_app.serving.references) before rendering, and
+its id) parses as a reference, is resolved (serve_app.serving.turn.references) before rendering, and
 only to an item of the same owner (in-process, two API keys). Against the running app, with the
 scripted turns REF-*: tests/app/test_item_references.py.
 """
@@ -11,7 +11,7 @@ import pytest
 
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ItemReference, MessageItem, ResponsesRequest
-from serve_app.serving import validation
+from serve_app.serving.admission import responses as validation
 from tests.support import MODEL
 from tests.support.helpers import sdk_client
 

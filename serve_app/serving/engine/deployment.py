@@ -15,7 +15,7 @@ token) and aborts the requests of those no longer alive, and closes their channe
 
 A request's chunks go back on its own stream, or, once its caller has a channel open here
 (`channel`), on that channel with the chunks of the caller's other requests
-(``serve_app.serving.engine_channel``).
+(``serve_app.serving.engine.channel``).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from serve_app.engines.base import (
 )
 from serve_app.engines.factory import make_engine
 from serve_app.routing.directory import ServedConversations
-from serve_app.serving.autoscaling import GENERATING_REQUESTS
-from serve_app.serving.engine_channel import (
+from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS
+from serve_app.serving.engine.channel import (
     CHANNEL_IDLE_S,
     Batch,
     ChannelClosed,
@@ -234,7 +234,7 @@ class EngineDeployment:
         self, request: GenerateRequest, caller: str | None = None
     ) -> AsyncIterator[GenerateChunk | OnChannel]:
         """Stream the engine's chunks until ``caller`` has a channel open here; from then on
-        send them on it, after an `OnChannel` marker (``serve_app.serving.engine_channel``).
+        send them on it, after an `OnChannel` marker (``serve_app.serving.engine.channel``).
         A request that starts with the channel open streams only the marker.
 
         On its own stream, the engine runs ahead into a queue and every yield sends all that is
@@ -399,7 +399,7 @@ class EngineDeployment:
 
     async def record_autoscaling_stats(self) -> dict[str, int]:
         """Ray Serve's custom autoscaling metric: the requests the engine holds, which the
-        engine deployment's policy scales on (``serve_app.serving.autoscaling``). Serve's own
+        engine deployment's policy scales on (``serve_app.serving.engine.autoscaling``). Serve's own
         ongoing count also holds the open channels, which generate nothing."""
         return {GENERATING_REQUESTS: self._engine.num_ongoing_requests()}
 
