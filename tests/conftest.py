@@ -46,7 +46,7 @@ STORE_BACKEND = os.environ.get("SERVE_APP_TEST_STORE", "sqlite")
 ENGINE = os.environ.get("SERVE_APP_TEST_ENGINE", "simulated")
 
 
-# How many examples the property tests draw (tests/unit/serving/test_ingress_fuzz.py takes its
+# How many examples the property tests draw (tests/unit/serving/http/test_ingress_fuzz.py takes its
 # volume from here): `thorough`, what scripts/test.sh (and so CI) runs, sends the fuzz tests
 # over 10,000 requests; the default keeps the fast tier (`pytest -m "not serve"`) fast with 50
 # per test. Pick one with pytest's `--hypothesis-profile`.
