@@ -121,6 +121,11 @@ class ResponseStreamTranslator:
         return self._writer.response
 
     @property
+    def writer(self) -> ResponseEventWriter:
+        """The response's event writer (a turn answered without generating uses it alone)."""
+        return self._writer
+
+    @property
     def output_items(self) -> list[ResponseOutputItem]:
         """The items finished so far (``output_item.done`` sent), in output order."""
         return self._writer.output_items

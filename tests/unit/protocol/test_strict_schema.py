@@ -16,7 +16,8 @@ from pydantic import BaseModel, Field
 
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
-from serve_app.protocol.strict_schema import StrictSchemaError, check_request, check_schema
+from serve_app.protocol.strict_schema import StrictSchemaError, check_schema
+from serve_app.serving.admission.tools import check_strict_schemas as check_request
 from tests.support import MODEL
 from tests.support.helpers import in_process_api, node_json, sdk_client
 
