@@ -404,13 +404,10 @@ def _required_input(response: Response) -> list[ResponseSteerRequiredInput]:
     return stubs
 
 
-def unsteerable_reason(request: ResponsesRequest, body: dict[str, Any]) -> str | None:
+def unsteerable_reason(request: ResponsesRequest) -> str | None:
     """Why a response made from this request cannot be steered (None: it can)."""
     if request.conversation_id is not None:
         return "A response bound to a conversation cannot be steered."
-    management = body.get("context_management")
-    if isinstance(management, list) and any(
-        isinstance(entry, dict) and entry.get("type") == "compaction" for entry in management
-    ):
+    if any(entry.type == "compaction" for entry in request.context_management or []):
         return "A response using context_management compaction cannot be steered."
     return None

@@ -395,11 +395,13 @@ def test_each_steering_refusal_has_its_sdk_code_and_gives_the_input_back(client)
 def test_too_many_steers_and_a_successor_that_cannot_be_created(client) -> None:
     with connected(client) as connection:
         connection.response.create(model=MODEL, input="STEER-WAIT: plan", store=True)
-        created = connection.recv()
-        target = created.response.id
+        # Steered once its message has begun (steered before its first token, it would end
+        # there at once, and the later steers find it ended).
+        first = until(connection, lambda e: e.type == "response.reasoning_text.delta")
+        target = first[0].response.id
         for n in range(9):  # the ninth is one more than the response may hold
             connection.response.steer(previous_response_id=target, input=f"STEER-FOLLOW {n}")
-        first = [created, *until_terminal(connection)]
+        first += until_terminal(connection)
         accepted = [e for e in first if isinstance(e, ResponseSteerAcceptedEvent)]
         refusals = [e for e in first if isinstance(e, ResponseSteerFailedEvent)]
         assert len(accepted) == 8

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from openai.types.responses import Response, ResponseStreamEvent
 
 from serve_app.engines.base import SERVER_ERROR, GenerateChunk
-from serve_app.protocol.errors import RATE_LIMITED, RateLimited
+from serve_app.protocol.errors import RATE_LIMITED, APIError, RateLimited
 from serve_app.routing import metrics as routing_metrics
 from serve_app.serving import metrics
 from serve_app.serving.engine.client import EngineClient
@@ -50,6 +50,10 @@ class EventLoop:
         first_token_seen = False
         replica = None
         try:
+            if turn.before_answer is not None:
+                async with contextlib.aclosing(turn.before_answer(turn)) as before:
+                    async for batch in before:
+                        yield batch
             # Closed on leaving (a steered end breaks out early): that aborts the engine request.
             async with contextlib.aclosing(self._engine_chunks(turn)) as chunks:
                 async for chunk in chunks:
@@ -94,6 +98,8 @@ class EventLoop:
             # callers get 429 with Retry-After.
             logger.warning("response %s: engines at capacity", turn.response.id)
             terminal = translator.fail(busy.message, RATE_LIMITED)
+        except APIError as error:  # what runs before the answer could not be done
+            terminal = translator.fail(error.message, error.code or SERVER_ERROR)
         except Exception as exc:  # a replica died or the handle failed: never hang the client
             logger.exception("response %s: engine call failed", turn.response.id)
             terminal = translator.fail(f"The engine failed: {type(exc).__name__}", "server_error")
