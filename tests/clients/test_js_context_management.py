@@ -1,7 +1,7 @@
 """Server-side compaction (issue 30 part 1) through the JavaScript clients: the Agents JS
 SDK's ``modelSettings.contextManagement`` (stateless from ``result.history``, and chained by
 ``previousResponseId``) and the openai JS SDK's ``context_management`` on a stream
-(tests/js/issue30_scenarios.mjs, played by the scripted engine turns of
+(tests/js/context_and_numbers_scenarios.mjs, played by the scripted engine turns of
 tests/fixtures/engine_script.yaml)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tests.support import js_scenarios
 RESUMED = "Resuming from the summary: Paris is sunny."
 THRESHOLD = 1000  # the scenarios' long input renders to about 1,300 tokens
 
-SCRIPT = "issue30_scenarios.mjs"
+SCRIPT = "context_and_numbers_scenarios.mjs"
 COMPACT_SENT = [{"type": "compaction", "compact_threshold": THRESHOLD}]
 
 

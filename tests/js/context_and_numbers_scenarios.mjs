@@ -1,8 +1,8 @@
-// Issue 30's JavaScript clients against the app: server-side compaction through the Agents JS
+// JavaScript clients against the app: server-side compaction through the Agents JS
 // SDK's `contextManagement` and the openai JS SDK's `context_management`, and I-JSON numbers
 // through zod (the AI SDK's generateObject, the openai SDK's responses.parse).
 //
-//   node tests/js/issue30_scenarios.mjs <scenario> <app base URL>
+//   node tests/js/context_and_numbers_scenarios.mjs <scenario> <app base URL>
 //
 // Prints one JSON object on stdout: what the SDK returned, and every request it sent with the
 // app's HTTP status (a custom `fetch` records them). Exits 0 when the scenario ran to the end,
@@ -22,27 +22,16 @@ import { generateObject } from 'ai';
 import OpenAI from 'openai';
 import { zodTextFormat } from 'openai/helpers/zod';
 import { z } from 'zod';
+import { recordingFetch, requests } from './recording_fetch.mjs';
 
 const MODEL = 'gpt-oss-120b';
 const THRESHOLD = 1000;
 const [scenario, baseUrl] = process.argv.slice(2);
 if (!scenario || !baseUrl) {
-  console.error('usage: node issue30_scenarios.mjs <scenario> <base URL>');
+  console.error('usage: node context_and_numbers_scenarios.mjs <scenario> <base URL>');
   process.exit(2);
 }
 setTracingDisabled(true);
-
-const requests = [];
-
-async function recordingFetch(url, init) {
-  const entry = { method: init?.method ?? 'GET', path: new URL(url).pathname };
-  if (typeof init?.body === 'string') entry.body = JSON.parse(init.body);
-  requests.push(entry);
-  const response = await fetch(url, init);
-  entry.status = response.status;
-  if (!response.ok) entry.error = await response.clone().text();
-  return response;
-}
 
 const client = new OpenAI({
   baseURL: `${baseUrl}/v1`,
@@ -123,7 +112,7 @@ const scenarios = {
   },
 
   async numbers() {
-    const count = Number(process.env.ISSUE30_ANSWERS ?? 40);
+    const count = Number(process.env.NUMBERS_ANSWERS ?? 40);
     const schema = z.object({
       age: z.number(),
       count: z.number().int(),
