@@ -93,6 +93,18 @@ class Limits(BaseModel):
     # Bytes of messages a WebSocket connection may queue behind the response it is streaming;
     # more closes it (1008), so a client's input held in memory stays bounded in bytes.
     max_websocket_pending_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # Requests a WebSocket connection may queue, all lanes together, behind the responses
+    # running; one more closes a connection that names no lane (1008, as a flood), and is
+    # refused with a 429 error event on a lane (`stream_id`), the connection kept.
+    max_websocket_queued_requests: int = Field(default=16, gt=0)
+    # Lanes (`stream_id`) with a response running or queued on one connection: their
+    # responses run concurrently. A `response.create` opening one more is refused with a 429
+    # error event (`rate_limit_exceeded`, param `stream_id`).
+    max_websocket_lanes: int = Field(default=8, gt=0)
+    # Accepted `response.steer` inputs one response may hold before its successor commits
+    # them; one more is `response.steer.failed` with `too_many_pending_steers`. Their bytes
+    # count against `max_websocket_pending_bytes` too.
+    max_websocket_steers_per_response: int = Field(default=8, gt=0)
 
 
 class StreamingArgs(BaseModel):

@@ -141,19 +141,57 @@ class ResponseStreamTranslator:
         self._writer.start()
         return self._writer.take_events()
 
+    @property
+    def ended(self) -> bool:
+        """Whether the terminal event was made (`finish` or `fail`)."""
+        return self._state is _State.DONE
+
+    @property
+    def at_safe_boundary(self) -> bool:
+        """Between two messages, the last one not a tool call (whose output the client owes):
+        where a response can end without cutting an item (steering's boundary)."""
+        if self._state is not _State.EXPECT_START:
+            return False
+        items = self._writer.output_items
+        return not items or items[-1].type not in ("function_call", "custom_tool_call")
+
+    def take_sequence(self) -> int:
+        """The stream's next sequence number, for an event that joins it (steering's)."""
+        return self._writer.take_sequence()
+
     def feed(
         self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob] | None = None
     ) -> list[ResponseStreamEvent]:
         """Events for the next completion tokens (possibly none). ``logprobs``: one entry per
         token (a `GenerateChunk`'s), when the request asked for them."""
+        return self._feed(token_ids, logprobs, to_boundary=False)[0]
+
+    def feed_to_boundary(
+        self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob] | None = None
+    ) -> tuple[list[ResponseStreamEvent], int]:
+        """As `feed`, stopping at the first safe boundary (`at_safe_boundary`; at once when
+        already at one): the events and how many of ``token_ids`` were read."""
+        return self._feed(token_ids, logprobs, to_boundary=True)
+
+    def _feed(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[TokenLogprob] | None,
+        *,
+        to_boundary: bool,
+    ) -> tuple[list[ResponseStreamEvent], int]:
         if self._state is _State.DONE:
             if token_ids:
                 logger.warning("response %s: tokens after the end ignored", self._response_id)
-            return []
+            return [], 0
         writer = self._writer
         writer.start()
         limit = self._max_tool_calls
+        read = 0
         for index, token in enumerate(token_ids):
+            if to_boundary and self.at_safe_boundary:
+                break
+            read = index + 1
             if logprobs is not None:
                 self._token_logprob = logprobs[index] if index < len(logprobs) else None
             self._completion_tokens += 1
@@ -170,7 +208,7 @@ class ResponseStreamTranslator:
         except Exception:
             logger.exception("response %s: delta not translated", self._response_id)
             self._abandon_message()
-        return writer.take_events()
+        return writer.take_events(), read
 
     def finish(
         self, finish_reason: str, *, prompt_tokens: int, cached_tokens: int
@@ -183,7 +221,8 @@ class ResponseStreamTranslator:
         ``status: "cancelled"`` and has no ``response.cancelled`` stream event, so we send
         ``response.incomplete`` carrying a ``cancelled`` response with null
         ``incomplete_details`` (its reason has no value for cancellation). ``error``: as
-        ``fail()``. Anything else is logged and treated as ``stop``.
+        ``fail()``. ``steered`` (ours, at a safe boundary): ``response.incomplete`` with reason
+        ``steered``. Anything else is logged and treated as ``stop``.
         """
         if self._state is _State.DONE:
             return []
@@ -197,6 +236,8 @@ class ResponseStreamTranslator:
         )
         if finish_reason == "length":
             self._writer.finish("incomplete", usage, incomplete_reason="max_output_tokens")
+        elif finish_reason == "steered":
+            self._writer.finish("incomplete", usage, incomplete_reason="steered")
         elif finish_reason == "abort":
             self._writer.finish("cancelled", usage)
         else:

@@ -372,7 +372,7 @@ class ResponseEventWriter:
         status: FinishStatus,
         usage: ResponseUsage | None,
         *,
-        incomplete_reason: Literal["max_output_tokens", "content_filter"] | None = None,
+        incomplete_reason: Literal["max_output_tokens", "content_filter", "steered"] | None = None,
     ) -> None:
         """The final Response (the finished items, ``usage``) and its terminal event:
         ``response.completed`` when ``completed``, else ``response.incomplete`` (a
@@ -413,6 +413,11 @@ class ResponseEventWriter:
             }
         )
         return terminal_event(self._response, self._sequence - 1)
+
+    def take_sequence(self) -> int:
+        """The stream's next sequence number, for an event that joins this response's stream
+        without being one of its own (a WebSocket steering event)."""
+        return self._seq()
 
     # --- helpers -------------------------------------------------------------------------
 

@@ -22,22 +22,35 @@ HTTP body) and the bytes of messages queued behind a streaming response.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+import time
 from collections import Counter, OrderedDict
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from openai.types.responses.responses_server_event import ResponseWsError, ResponseWsErrorError
 
 from serve_app.config import Limits
-from serve_app.protocol.errors import APIError
+from serve_app.protocol.errors import APIError, InvalidRequest
 from serve_app.protocol.requests import InputItem
 from serve_app.protocol.responses import usage
 from serve_app.protocol.sse import event_json
 from serve_app.serving import metrics
 from serve_app.serving.admission import websocket as rules
 from serve_app.serving.http.auth import ApiKeys
+from serve_app.serving.lanes import (
+    MAX_STREAM_ID_LENGTH,
+    Lane,
+    Lanes,
+    LaneSink,
+    Outbox,
+    PendingInput,
+)
+from serve_app.serving.steering import STEER, SteerDesk, Successor, unsteerable_reason
 from serve_app.serving.turn.service import ResponsesService
 from serve_app.serving.turn.state import Ask, Turn
 
@@ -48,10 +61,11 @@ logger = logging.getLogger(__name__)
 POLICY_VIOLATION = 1008
 NORMAL_CLOSURE = 1000
 TRY_AGAIN_LATER = 1013
-# Messages a client may send ahead of the response being streamed; more closes the connection.
-# Their bytes are bounded too (`Limits.max_websocket_pending_bytes`): the count bounds the
-# per-message overhead of many tiny ones.
-MAX_PENDING_MESSAGES = 16
+# Messages a client may send ahead of the response being streamed (the default of
+# `Limits.max_websocket_queued_requests`); more closes a connection without lanes. Their bytes
+# are bounded too (`Limits.max_websocket_pending_bytes`): the count bounds the per-message
+# overhead of many tiny ones.
+MAX_PENDING_MESSAGES = Limits().max_websocket_queued_requests
 
 
 class ConnectionSlots:
@@ -131,43 +145,40 @@ def websocket_router(service: ResponsesService, api_keys: ApiKeys, limits: Limit
 
 @dataclass
 class _TooLarge:
-    """Stands in the inbox for a message over ``max_body_bytes``, which is not kept."""
+    """Stands in a lane's queue for a message over ``max_body_bytes``, which is not kept."""
 
     size: int
 
 
-class _Inbox:
-    """Messages waiting their turn, bounded in number and in bytes; None: the client left."""
+@dataclass
+class _Message:
+    """A client message as read: its text, and its JSON (None if it is not JSON)."""
 
-    def __init__(self, max_bytes: int) -> None:
-        self._queue: asyncio.Queue[str | _TooLarge | None] = asyncio.Queue()
-        self._max_bytes = max_bytes
-        self.bytes = 0
-
-    def put(self, message: str | _TooLarge) -> str | None:
-        """Queue ``message``; or, when it would pass a bound, why the connection must close."""
-        size = _size(message) if isinstance(message, str) else 0
-        if self._queue.qsize() >= MAX_PENDING_MESSAGES:
-            return f"more than {MAX_PENDING_MESSAGES} messages pending"
-        if self.bytes + size > self._max_bytes:
-            return f"more than {self._max_bytes} bytes of messages pending"
-        self.bytes += size
-        self._queue.put_nowait(message)
-        return None
-
-    def leave(self) -> None:
-        self._queue.put_nowait(None)
-
-    async def get(self) -> str | _TooLarge | None:
-        message = await self._queue.get()
-        if isinstance(message, str):
-            self.bytes -= _size(message)
-        return message
+    text: str
+    body: Any
 
 
 def _size(text: str) -> int:
     # UTF-8 bytes; an ASCII str (the usual JSON) is counted without encoding a copy.
     return len(text) if text.isascii() else len(text.encode())
+
+
+def _read(text: str) -> _Message:
+    """Read for routing (its lane, or a steer); the door parses a create again, in turn."""
+    try:
+        return _Message(text, json.loads(text))
+    except ValueError:
+        return _Message(text, None)
+
+
+def _lane_of(message: _Message) -> str | None:
+    """The lane a message names: its ``stream_id`` when it is a usable one (else the default
+    lane, where a bad one is answered with a 400)."""
+    body = message.body
+    stream_id = body.get("stream_id") if isinstance(body, dict) else None
+    if isinstance(stream_id, str) and 0 < len(stream_id) <= MAX_STREAM_ID_LENGTH:
+        return stream_id
+    return None
 
 
 async def _serve_connection(
@@ -177,54 +188,61 @@ async def _serve_connection(
     recent: RecentResponses,
     limits: Limits,
 ) -> None:
-    """Messages are read while a response streams, so a client that goes away mid-response
-    is noticed at once: the response is cancelled, which aborts its engine request. Messages
-    sent meanwhile wait their turn. With no response streaming, a connection silent for
-    ``websocket_idle_timeout_s`` is closed."""
-    inbox = _Inbox(limits.max_websocket_pending_bytes)
-    serving: asyncio.Task[None] | None = None
+    """Messages are read while responses stream, so a client that goes away mid-response is
+    noticed at once: its responses are cancelled, which aborts their engine requests.
+    ``response.create`` messages queue on their lane (serve_app.serving.lanes);
+    ``response.steer`` is decided as it arrives (serve_app.serving.steering). With no
+    response running or queued, a connection silent for ``websocket_idle_timeout_s`` is
+    closed."""
+    outbox = Outbox(socket)
+    pending = PendingInput(limits.max_websocket_queued_requests, limits.max_websocket_pending_bytes)
+    desk = SteerDesk(outbox, limits, pending)
 
-    async def read() -> None:
-        try:
-            while (text := await _receive_text(socket)) is not None:
-                size = _size(text)
-                # Over the size of a body: answered in turn with a 413, and not kept meanwhile.
-                message = _TooLarge(size) if size > limits.max_body_bytes else text
-                if (overflow := inbox.put(message)) is not None:
-                    logger.warning("websocket: %s, closing", overflow)
-                    await socket.close(POLICY_VIOLATION, overflow)
-                    return
-        finally:
-            inbox.leave()
-            if serving is not None:
-                serving.cancel()
+    async def serve(lane: Lane, message: _Message | _TooLarge) -> None:
+        await _serve_message(
+            lane.sink, message, service, owner, recent, limits.max_body_bytes, desk
+        )
 
-    reader = asyncio.create_task(read())
+    lanes = Lanes(outbox, limits, pending, serve)
+    tasks = [
+        asyncio.create_task(outbox.run(), name="websocket outbox"),
+        asyncio.create_task(_close_when_idle(socket, lanes, limits.websocket_idle_timeout_s)),
+    ]
     try:
-        while True:
-            try:
-                message = await asyncio.wait_for(inbox.get(), limits.websocket_idle_timeout_s)
-            except TimeoutError:
-                logger.info("websocket: idle for %gs, closing", limits.websocket_idle_timeout_s)
-                await socket.close(NORMAL_CLOSURE, "idle timeout")
+        while (text := await _receive_text(socket)) is not None:
+            size = _size(text)
+            # Over the size of a body: answered in turn with a 413, and not kept meanwhile.
+            message = _TooLarge(size) if size > limits.max_body_bytes else _read(text)
+            body = message.body if isinstance(message, _Message) else None
+            if isinstance(body, dict) and body.get("type") == STEER:
+                lanes.last_activity = time.monotonic()
+                desk.steer(body, size)
+                continue
+            stream_id = _lane_of(message) if isinstance(message, _Message) else None
+            refused = lanes.offer(stream_id, message, size if isinstance(message, _Message) else 0)
+            if isinstance(refused, str):
+                logger.warning("websocket: %s, closing", refused)
+                await socket.close(POLICY_VIOLATION, refused)
                 return
-            if message is None:
-                return
-            serving = asyncio.create_task(
-                _serve_message(socket, message, service, owner, recent, limits.max_body_bytes)
-            )
-            try:
-                await serving
-            except asyncio.CancelledError:
-                if not reader.done():
-                    raise  # this handler itself is being cancelled
-                return
-            except WebSocketDisconnect:
-                return
-            finally:
-                serving = None
+            if refused is not None:
+                with contextlib.suppress(WebSocketDisconnect):
+                    await _send_error(lanes.sink(stream_id), refused)
     finally:
-        reader.cancel()
+        await lanes.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _close_when_idle(socket: WebSocket, lanes: Lanes, timeout: float) -> None:
+    """Close the connection once it had no message and no response for ``timeout`` s."""
+    while True:
+        idle_for = time.monotonic() - lanes.last_activity
+        if not lanes.busy and idle_for >= timeout:
+            logger.info("websocket: idle for %gs, closing", timeout)
+            await socket.close(NORMAL_CLOSURE, "idle timeout")
+            return
+        await asyncio.sleep(timeout if lanes.busy else timeout - idle_for)
 
 
 async def _receive_text(socket: WebSocket) -> str | None:
@@ -238,45 +256,89 @@ async def _receive_text(socket: WebSocket) -> str | None:
 
 
 async def _serve_message(
-    socket: WebSocket,
-    message: str | _TooLarge,
+    sink: LaneSink,
+    message: _Message | _TooLarge,
     service: ResponsesService,
     owner: str | None,
     recent: RecentResponses,
     max_bytes: int,
+    desk: SteerDesk,
 ) -> None:
-    """One client message: a response streamed back, or an error event."""
+    """One client message of a lane: its responses streamed back (with any successors that
+    steering makes), or an error event."""
     try:
         if isinstance(message, _TooLarge):
             raise rules.message_too_large(message.size, max_bytes)
-        create = rules.parse_create(message)
+        create = _parse_create(message)
     except APIError as error:
-        await _send_error(socket, error)
+        await _send_error(sink, error)
         return
-    request = create.request
-    try:
-        turn = await service.prepare(Ask(request, owner, recent))
-    except APIError as error:
-        recent.pop(request.previous_response_id or "", None)
-        await _send_error(socket, error)
-        return
-    if not create.generate:
-        await _prewarm(socket, turn, service, recent)
-        return
+    request, steers = desk.take_waiting(create.request, sink.stream_id)
+    unsteerable = unsteerable_reason(request)
+    successor: Successor | None = None
+    while True:
+        try:
+            turn = await service.prepare(Ask(request, owner, recent))
+        except APIError as error:
+            automatic = successor is not None
+            # A client's request that fails forgets what it continued, if its own lane made it
+            # (a fork failing does not take another lane's response away).
+            if not automatic and desk.lane_of(request.previous_response_id) in (
+                sink.stream_id,
+                False,
+            ):
+                recent.pop(request.previous_response_id or "", None)
+            if steers:
+                desk.fail(steers, error.message)
+            if not automatic:  # an automatic successor's refusal is its steers' failure
+                await _send_error(sink, error)
+            return
+        desk.commit(steers)
+        if not create.generate:
+            await _prewarm(sink, turn, service, recent, desk)
+            return
+        successor = await _stream(sink, turn, service, recent, desk, unsteerable)
+        if successor is None:
+            return
+        request, steers = successor.request, successor.steers
+
+
+async def _stream(
+    sink: LaneSink,
+    turn: Turn,
+    service: ResponsesService,
+    recent: RecentResponses,
+    desk: SteerDesk,
+    unsteerable: str | None,
+) -> Successor | None:
+    """One response streamed on its lane; the successor steering asks for, if any."""
     metrics.WEBSOCKET_RESPONSES.inc()
-    async with aclosing(service.events(turn)) as events:
-        # A send to a closed socket raises: leaving the loop closes the events, which aborts
-        # the engine request.
-        async for event in events:
-            await socket.send_text(event_json(event))
+    record = desk.start(turn, sink.stream_id, unsteerable)
+    try:
+        async with aclosing(service.event_batches(turn)) as batches:
+            # A send to a closed socket raises: leaving the loop closes the events, which
+            # aborts the engine request.
+            async for batch in batches:
+                await sink.send_batch([event_json(event) for event in batch])
+    finally:
+        successor = desk.end(record)
+    request = turn.request
     if turn.response.status == "failed":
-        recent.pop(request.previous_response_id or "", None)
+        # A failure forgets what it continued, if its own lane made it (a fork failing does
+        # not take another lane's response away).
+        if desk.lane_of(request.previous_response_id) in (sink.stream_id, False):
+            recent.pop(request.previous_response_id or "", None)
     else:
         recent.remember(turn.response.id, service.continuation(turn))
+    return successor
 
 
 async def _prewarm(
-    socket: WebSocket, turn: Turn, service: ResponsesService, recent: RecentResponses
+    sink: LaneSink,
+    turn: Turn,
+    service: ResponsesService,
+    recent: RecentResponses,
+    desk: SteerDesk,
 ) -> None:
     """A ``generate: false`` turn: validated and rendered like any (so its errors are the same),
     answered at once with an empty completed response; the engine is not called."""
@@ -288,11 +350,22 @@ async def _prewarm(
         logger.info("websocket: prewarm %s answered without generating", turn.response.id)
     else:
         events[-1] = failed
-    for event in events:
-        await socket.send_text(event_json(event))
+    desk.ended_at_once(turn.response, sink.stream_id, sequences=len(events))
+    await sink.send_batch([event_json(event) for event in events])
 
 
-async def _send_error(socket: WebSocket, error: APIError) -> None:
+def _parse_create(read: _Message) -> rules.Create:
+    """A ``response.create`` (the door's `rules.parse_create`), its ``stream_id`` checked."""
+    body = read.body
+    if isinstance(body, dict) and "stream_id" in body and _lane_of(read) is None:
+        raise InvalidRequest(
+            f"`stream_id` must be a string of 1 to {MAX_STREAM_ID_LENGTH} characters.",
+            param="stream_id",
+        )
+    return rules.parse_create(read.text)
+
+
+async def _send_error(socket: LaneSink, error: APIError) -> None:
     metrics.REQUESTS.labels("rejected").inc()
     logger.info(
         "websocket: rejected: %s (param %s, code %s)", error.message, error.param, error.code

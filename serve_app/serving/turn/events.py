@@ -54,28 +54,42 @@ class EventLoop:
                 async with contextlib.aclosing(turn.before_answer(turn)) as before:
                     async for batch in before:
                         yield batch
-            async for chunk in self._engine_chunks(turn):
-                replica = replica or chunk.replica
-                prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
-                cached_tokens = max(cached_tokens, chunk.num_cached_tokens)
-                if chunk.token_ids and not first_token_seen:
-                    first_token_seen = True
-                    turn.first_token_at = time.monotonic()
-                    metrics.TIME_TO_FIRST_TOKEN.observe(turn.first_token_at - turn.arrived_at)
-                if fed := translator.feed(chunk.token_ids, chunk.logprobs):
-                    yield fed
-                if chunk.finish_reason == "error":
-                    # The engine's code says whose fault it was (invalid_prompt: the client's).
-                    code = chunk.error_code or SERVER_ERROR
-                    terminal = translator.fail(chunk.error or "The engine failed.", code)
-                elif chunk.finish_reason is not None:
-                    terminal = translator.finish(
-                        chunk.finish_reason,
-                        prompt_tokens=prompt_tokens,
-                        cached_tokens=cached_tokens,
-                    )
-                if terminal:
-                    break
+            # Closed on leaving (a steered end breaks out early): that aborts the engine request.
+            async with contextlib.aclosing(self._engine_chunks(turn)) as chunks:
+                async for chunk in chunks:
+                    replica = replica or chunk.replica
+                    prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
+                    cached_tokens = max(cached_tokens, chunk.num_cached_tokens)
+                    if chunk.token_ids and not first_token_seen:
+                        first_token_seen = True
+                        turn.first_token_at = time.monotonic()
+                        metrics.TIME_TO_FIRST_TOKEN.observe(turn.first_token_at - turn.arrived_at)
+                    if turn.end_at_boundary is not None and turn.end_at_boundary():
+                        fed, read = translator.feed_to_boundary(chunk.token_ids, chunk.logprobs)
+                        if fed:
+                            yield fed
+                        # At a boundary with the completion not over: end here. (Its last token
+                        # read and the engine done: it ended on its own, as below.)
+                        over = read == len(chunk.token_ids) and chunk.finish_reason is not None
+                        if translator.at_safe_boundary and not over:
+                            terminal = translator.finish(
+                                "steered", prompt_tokens=prompt_tokens, cached_tokens=cached_tokens
+                            )
+                            break
+                    elif fed := translator.feed(chunk.token_ids, chunk.logprobs):
+                        yield fed
+                    if chunk.finish_reason == "error":
+                        # The engine's code says whose fault it was (invalid_prompt: the client's).
+                        code = chunk.error_code or SERVER_ERROR
+                        terminal = translator.fail(chunk.error or "The engine failed.", code)
+                    elif chunk.finish_reason is not None:
+                        terminal = translator.finish(
+                            chunk.finish_reason,
+                            prompt_tokens=prompt_tokens,
+                            cached_tokens=cached_tokens,
+                        )
+                    if terminal:
+                        break
             if not terminal:
                 terminal = translator.fail("The engine stream ended early.", "server_error")
         except RateLimited as busy:

@@ -53,6 +53,10 @@ class Turn:
     owner: str | None = None
     arrived_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+    # Whether the response should end at its next safe boundary (`ResponseStreamTranslator.
+    # at_safe_boundary`) as ``incomplete`` with reason ``steered``: a WebSocket steer waits
+    # for it (serve_app.serving.steering). None: never.
+    end_at_boundary: Callable[[], bool] | None = None
     # What runs after ``response.created`` and before the engine is asked for the answer
     # (a compaction, serve_app.serving.turn.context_management): its event batches; it may point
     # ``generate`` elsewhere. An `APIError` from it ends the turn failed.
