@@ -38,6 +38,7 @@ from websockets.asyncio.client import connect
 
 from serve_app.app import build_app
 from serve_app.config import AppArgs, EngineConfig
+from serve_app.engines.base import GenerateChunk
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
@@ -96,6 +97,8 @@ async def through_handle(handle, prompt: str) -> Sample:
     first = last = 0.0
     tokens = 0
     async for chunk in handle.options(session_id=generate.session_id).generate.remote(generate):
+        if not isinstance(chunk, GenerateChunk):  # a heartbeat, or the marker of a channel
+            continue
         now = time.perf_counter()
         first = first or now
         last = now

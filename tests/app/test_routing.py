@@ -8,7 +8,7 @@ import uuid
 from openai import OpenAI
 from openai.types.responses import Response
 
-from serve_app.engines.base import GenerateRequest, SamplingSettings
+from serve_app.engines.base import GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.routing import metrics
@@ -106,7 +106,8 @@ def test_a_router_that_placed_nothing_sends_the_next_turn_where_the_conversation
             session_id=key,
         )
         stream = engine_handle.options(session_id=key, stream=True).generate.remote(generate)
-        chunks = list(stream)
+        # The replica's stream carries heartbeats (Heartbeat) beside the chunks.
+        chunks = [chunk for chunk in stream if isinstance(chunk, GenerateChunk)]
         cached = chunks[0].num_cached_tokens
         assert cached >= first.usage.input_tokens - 16, (index, cached, first.usage.input_tokens)
     # Sent at once, most of these turns beat the next report (one a second) and waited for it;
