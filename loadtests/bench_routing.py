@@ -72,6 +72,7 @@ from serve_app.protocol.requests import ResponsesRequest
 from serve_app.routing.affinity import DEFAULT_NEW_LOAD_FACTOR, DEFAULT_SPILL_FACTOR
 from serve_app.routing.keys import routing_key
 from serve_app.routing.ring import DEFAULT_LOAD_FACTOR, DEFAULT_MIN_BOUND
+from serve_app.routing.ttft import DEFAULT_TTFT_SLACK_S
 from serve_app.serving.engine_client import HandleEngineClient
 from serve_app.serving.engine_deployment import EngineDeployment
 from serve_app.serving.responses_service import engine_request
@@ -468,6 +469,14 @@ def add_placer_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spill-factor", type=float, default=DEFAULT_SPILL_FACTOR, help="ours")
     parser.add_argument(
         "--min-bound", type=int, nargs="+", default=[DEFAULT_MIN_BOUND], help="ours, each"
+    )
+    parser.add_argument(
+        "--ttft-slack-s",
+        type=float,
+        nargs="+",
+        default=[-1.0, DEFAULT_TTFT_SLACK_S],
+        help="ours, each: placement by predicted TTFT with this slack; -1 is today's placer "
+        "(by the ring and the load bounds only)",
     )
 
 

@@ -87,6 +87,7 @@ from serve_app.engines.base import (
     GenerateRequest,
     TokenLogprob,
 )
+from serve_app.engines.kv_events import KVEvent, KVEventSink
 from serve_app.engines.prefix_cache import PrefixCacheStats, PrefixKVCache
 from serve_app.harmony import tools
 from serve_app.harmony.encoding import (
@@ -514,7 +515,11 @@ class SimulatedEngine(Engine):
 
     def __init__(self, config: SimulatedEngineConfig | None = None) -> None:
         self.config = config or SimulatedEngineConfig()
-        self.cache = PrefixKVCache(self.config.block_size, self.config.kv_cache_tokens)
+        # Its KV-cache events go to whoever subscribed (the engine deployment's summary).
+        self._kv_sinks: list[KVEventSink] = []
+        self.cache = PrefixKVCache(
+            self.config.block_size, self.config.kv_cache_tokens, on_events=self._publish
+        )
         self.script = load_script(self.config.script)
         self._plans: dict[int, list[_Step]] = {}
         # Scripted turns already checked against a constraint: None if the turn obeys it, else
@@ -543,6 +548,14 @@ class SimulatedEngine(Engine):
 
     def num_ongoing_requests(self) -> int:
         return len(self._running)
+
+    def subscribe_kv_events(self, sink: KVEventSink) -> bool:
+        self._kv_sinks.append(sink)
+        return True
+
+    def _publish(self, events: Sequence[KVEvent]) -> None:
+        for sink in self._kv_sinks:
+            sink(events)
 
     async def abort(self, request_id: str) -> None:
         running = self._running.get(request_id)
@@ -582,7 +595,9 @@ class SimulatedEngine(Engine):
                     yield chunk
         finally:
             if running.prompt_keys is not None:  # aborted before prefill: nothing to cache
-                self.cache.insert([*prompt, *running.output], running.prompt_keys)
+                self.cache.insert(
+                    [*prompt, *running.output], running.prompt_keys, request.session_id
+                )
             if running.decoding:
                 self._num_decoding -= 1
             del self._running[request.request_id]
@@ -622,14 +637,15 @@ class SimulatedEngine(Engine):
             while queue[0] is not running:
                 await self._sleep(running, None)  # woken when the request ahead leaves
             prompt = running.request.prompt_token_ids
-            hit_keys = self.cache.lookup_blocks(prompt)
+            session = running.request.session_id
+            hit_keys = self.cache.lookup_blocks(prompt, session)
             cached = len(hit_keys) * self.cache.block_size
             uncached_s = (len(prompt) - cached) / self.config.prefill_tokens_per_s
             running.prefilled_at = max(running.arrived, self._prefill_free_at) + uncached_s
             self._prefill_free_at = running.prefilled_at
             await self._sleep(running, running.prefilled_at - time.monotonic())
             # vLLM caches a prompt's full blocks once computed, before the request ends.
-            running.prompt_keys = self.cache.insert(prompt, hit_keys)
+            running.prompt_keys = self.cache.insert(prompt, hit_keys, session)
             return cached
         finally:
             was_first = queue[0] is running

@@ -30,6 +30,8 @@ from serve_app.engines.base import (
     SamplingSettings,
     TokenLogprob,
 )
+from serve_app.engines.kv_events import KVEventSink
+from serve_app.engines.vllm_kv_events import KVEventSubscriber, kv_events_config, new_endpoint
 from serve_app.harmony.encoding import get_encoding
 
 if TYPE_CHECKING:
@@ -53,7 +55,7 @@ _CONFIG_TASK_GPUS = 0.001
 # tokens), applied from the completion's first token, analysis included (docs/vllm.md).
 _STRUCTURED_OUTPUTS: dict[str, Any] = {"backend": "guidance", "enable_in_reasoning": True}
 # A reasoning parser may be set (enable_in_reasoning makes it irrelevant to our grammars).
-_OWNED_ENGINE_ARGS = frozenset({"structured_outputs_config"})
+_OWNED_ENGINE_ARGS = frozenset({"structured_outputs_config", "kv_events_config"})
 
 
 class VLLMEngineConfig(BaseModel):
@@ -79,6 +81,9 @@ class VLLMEngineConfig(BaseModel):
     # None: "ray" when tensor_parallel_size > 1 (workers on the replica's placement group, see
     # engines/placement.py), else vLLM's in-process executor on the replica's own GPU.
     distributed_executor_backend: Literal["ray", "mp", "uni"] | None = None
+    # vLLM publishes its KV-cache events and the replica reads them, to tell the routers what
+    # its prefix cache holds per conversation (serve_app.engines.vllm_kv_events).
+    kv_cache_events: bool = True
     # Any other AsyncEngineArgs field, passed as is (e.g. async_scheduling, kv_cache_dtype).
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -124,6 +129,13 @@ class VLLMEngineConfig(BaseModel):
         args.update(self.engine_kwargs)
         return args
 
+    def engine_args_with_events(self, endpoint: str | None) -> dict[str, Any]:
+        """`engine_args`, with vLLM's KV-event publisher on ``endpoint`` if given."""
+        args = self.engine_args()
+        if endpoint is not None:
+            args["kv_events_config"] = kv_events_config(endpoint)
+        return args
+
 
 class VLLMEngine(Engine):
     """One vLLM ``AsyncLLM`` per engine replica."""
@@ -132,6 +144,8 @@ class VLLMEngine(Engine):
         self._config = config
         self._engine: AsyncLLM | None = None
         self._in_flight: set[str] = set()
+        self._kv_sinks: list[KVEventSink] = []
+        self._kv_events: KVEventSubscriber | None = None
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -139,7 +153,11 @@ class VLLMEngine(Engine):
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = self._config.engine_args()
+        endpoint = new_endpoint() if self._config.kv_cache_events else None
+        args = self._config.engine_args_with_events(endpoint)
+        if endpoint is not None:
+            self._kv_events = KVEventSubscriber(endpoint, self._kv_sinks)
+            self._kv_events.start()
         vllm_config = await _engine_config(args)
         disable_log_stats = bool(args.get("disable_log_stats", False))
         self._engine = AsyncLLM.from_vllm_config(
@@ -157,6 +175,10 @@ class VLLMEngine(Engine):
         )
         if self._config.constrains:
             await self._warm_up_constraints()
+
+    def subscribe_kv_events(self, sink: KVEventSink) -> bool:
+        self._kv_sinks.append(sink)
+        return self._config.kv_cache_events
 
     async def _warm_up_constraints(self) -> None:
         """One constrained token before Serve routes traffic here: the first request with
@@ -194,7 +216,10 @@ class VLLMEngine(Engine):
         try:
             # aclosing: if we are closed at a yield, vLLM's generator is closed (and aborts) now,
             # not whenever it is garbage-collected.
-            async with contextlib.aclosing(engine.generate(prompt, params, request_id)) as stream:
+            # session_id: vLLM names it in the KV events of the blocks this request stores or
+            # finds cached, which is how the KV summary knows them per conversation.
+            outputs = engine.generate(prompt, params, request_id, session_id=request.session_id)
+            async with contextlib.aclosing(outputs) as stream:
                 async for output in stream:
                     chunk = _to_chunk(
                         output, num_prompt_tokens, guard, request.sampling.logprobs or 0
@@ -262,6 +287,8 @@ class VLLMEngine(Engine):
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
+        if self._kv_events is not None:
+            await self._kv_events.stop()
 
     def _running_engine(self) -> AsyncLLM:
         if self._engine is None:
@@ -496,6 +523,11 @@ def _build_vllm_config(args: dict[str, Any]) -> VllmConfig:
     structured = args.get("structured_outputs_config")
     if isinstance(structured, dict):  # a plain dict until here: it crosses Ray pickled
         args["structured_outputs_config"] = StructuredOutputsConfig(**structured)
+    events = args.get("kv_events_config")
+    if isinstance(events, dict):
+        from vllm.config import KVEventsConfig
+
+        args["kv_events_config"] = KVEventsConfig(**events)
     return AsyncEngineArgs(**args).create_engine_config(
         usage_context=UsageContext.OPENAI_API_SERVER
     )
