@@ -152,11 +152,7 @@ def test_a_reference_to_nothing_is_a_400_naming_it(client: OpenAI) -> None:
     assert counted.value.body == expected
 
 
-
-
 # --- ownership: in-process, with two API keys --------------------------------------------------
-
-
 
 
 async def test_another_keys_items_are_not_found(two_keys_api) -> None:
