@@ -38,9 +38,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from serve_app.constraints import matcher as matchers  # noqa: E402
+from serve_app.constraints.build import from_request  # noqa: E402
 from serve_app.constraints.grammar import to_lark  # noqa: E402
 from serve_app.constraints.sampling import MaskedSampler  # noqa: E402
-from serve_app.constraints.spec import CompletionConstraint, from_request  # noqa: E402
+from serve_app.constraints.spec import CompletionConstraint  # noqa: E402
 from serve_app.constraints.vocab import harmony_tokenizer  # noqa: E402
 from serve_app.engines.base import GenerateRequest, SamplingSettings  # noqa: E402
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig  # noqa: E402

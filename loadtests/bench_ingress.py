@@ -41,7 +41,7 @@ from serve_app.config import AppArgs, EngineConfig
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
-from serve_app.serving.responses_service import engine_request
+from serve_app.serving.turn.engine_request import engine_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import MODEL, free_port, percentile

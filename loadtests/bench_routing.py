@@ -73,9 +73,9 @@ from serve_app.routing.affinity import DEFAULT_NEW_LOAD_FACTOR, DEFAULT_SPILL_FA
 from serve_app.routing.keys import routing_key
 from serve_app.routing.ring import DEFAULT_LOAD_FACTOR, DEFAULT_MIN_BOUND
 from serve_app.routing.ttft import DEFAULT_TTFT_SLACK_S
-from serve_app.serving.engine_client import HandleEngineClient
-from serve_app.serving.engine_deployment import EngineDeployment
-from serve_app.serving.responses_service import engine_request
+from serve_app.serving.engine.client import HandleEngineClient
+from serve_app.serving.engine.deployment import EngineDeployment
+from serve_app.serving.turn.engine_request import engine_request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import itertools

@@ -72,7 +72,7 @@ REPLICAS = 2  # of the ingress and of the engine
 STARTUP_TIMEOUT_S = 300
 ITEMS_PER_CONVERSATION = 20  # appends per conversation (so conversations see concurrent appends)
 # What the app logs when it could not store a response or extend a conversation, once each
-# (serving/responses_service.py).
+# (serving/turn/service.py).
 STORE_FAILURES = re.compile(r"could not be stored|conversation not extended")
 
 

@@ -32,7 +32,7 @@ import pytest
 import yaml
 from fastapi import FastAPI
 
-from serve_app.serving.auth import ApiKeys
+from serve_app.serving.http.auth import ApiKeys
 from tests import postgres
 from tests.helpers import REPO, in_process_api
 
@@ -80,7 +80,7 @@ def _test_config(tmp: Path, port: int, store_url: str) -> Path:
         deployment["num_replicas"] = REPLICAS
         if deployment["name"] == "EngineDeployment":  # small, so overload is reachable
             # ENGINE_MAX_ONGOING generations, plus each ingress replica's channel (as the
-            # configs count them: serve_app/serving/engine_channel.py).
+            # configs count them: serve_app/serving/engine/channel.py).
             deployment["max_ongoing_requests"] = ENGINE_MAX_ONGOING + REPLICAS
             # ENGINE_MAX_QUEUED requests, plus a channel being opened to each engine replica
             # (it waits in the same queue for a moment).

@@ -2,7 +2,7 @@
 
 Unit level, no Ray cluster: the engine deployment's class with the simulated engine reports
 its custom autoscaling metric while channels are open, and the policy
-(``serve_app.serving.autoscaling``) decides through Ray's own wrapper (delays, factors,
+(``serve_app.serving.engine.autoscaling``) decides through Ray's own wrapper (delays, factors,
 bounds), on an `AutoscalingContext` as Ray's controller builds it. A serve-tier test would wait
 out Ray's metrics push and look-back windows and a replica start (minutes on this machine) to
 show the same decision.
@@ -27,8 +27,8 @@ from ray.serve.request_router import ReplicaID
 
 from serve_app.engines.base import GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
-from serve_app.serving.autoscaling import GENERATING_REQUESTS, generating_requests_policy
-from serve_app.serving.engine_deployment import EngineDeployment
+from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS, generating_requests_policy
+from serve_app.serving.engine.deployment import EngineDeployment
 from tests.helpers import REPO
 
 DEPLOYMENT = DeploymentID(name="EngineDeployment", app_name="serve_app")
@@ -156,4 +156,4 @@ def test_the_gpu_config_scales_the_engine_on_generating_requests() -> None:
     app = yaml.safe_load((REPO / "configs" / "gpt-oss.yaml").read_text())["applications"][0]
     (engine,) = [d for d in app["deployments"] if d["name"] == "EngineDeployment"]
     policy = engine["autoscaling_config"]["policy"]["policy_function"]
-    assert policy == "serve_app.serving.autoscaling:generating_requests_policy"
+    assert policy == "serve_app.serving.engine.autoscaling:generating_requests_policy"

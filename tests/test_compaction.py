@@ -14,7 +14,7 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import render_request
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
-from serve_app.serving import validation
+from serve_app.serving.admission import responses as validation
 from tests.helpers import decode, in_process_api, sdk_client
 
 MODEL = "gpt-oss-120b"

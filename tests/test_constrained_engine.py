@@ -28,7 +28,7 @@ from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id
-from serve_app.serving.responses_service import _constraint
+from serve_app.serving.turn.engine_request import _constraint
 from tests.client_schemas import MODELS, SCHEMAS, Priority, Route, Ticket
 from tests.helpers import in_process_api, sdk_client
 
@@ -278,7 +278,7 @@ async def test_the_vocabulary_loads_off_the_event_loop(
     engine: SimulatedEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Building the llguidance vocabulary takes about a second: never in the event loop."""
-    from serve_app.engines import simulated
+    from serve_app.engines.simulated import constrained as simulated
 
     threads: list[threading.Thread] = []
     monkeypatch.setattr(simulated, "_VOCABULARY_LOADED", False)

@@ -24,13 +24,13 @@ import jsonschema
 import pytest
 from openai import BadRequestError
 
-from serve_app.constraints import spec
+from serve_app.constraints import build, spec
 from serve_app.constraints.grammar import to_lark
 from serve_app.constraints.matcher import compile_grammar, new_matcher
 from serve_app.constraints.sampling import MaskedSampler, TokenMask
 from serve_app.constraints.vocab import harmony_tokenizer
 from serve_app.engines.base import EngineError
-from serve_app.engines.simulated import _Sample
+from serve_app.engines.simulated.steps import Sample as _Sample
 from serve_app.engines.vllm_engine import VLLMEngine, VLLMEngineConfig, _ConstraintCheck
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.render import render_request
@@ -77,15 +77,15 @@ def _text(tokens: list[int]) -> str:
 
 
 def test_strict_omitted_enforces_a_schema_already_strict() -> None:
-    constraint = spec.from_request(_request(tools=[_tool("trip", STRICT_SCHEMA)]))
+    constraint = build.from_request(_request(tools=[_tool("trip", STRICT_SCHEMA)]))
     assert constraint is not None
     assert [call.body for call in constraint.tool_calls] == [spec.Body.json_schema(STRICT_SCHEMA)]
 
 
 def test_strict_omitted_is_best_effort_for_other_schemas() -> None:
-    assert spec.from_request(_request(tools=[_tool("trip", LOOSE_SCHEMA)])) is None
+    assert build.from_request(_request(tools=[_tool("trip", LOOSE_SCHEMA)])) is None
     # strict: false is never enforced, whatever the schema.
-    assert spec.from_request(_request(tools=[_tool("trip", STRICT_SCHEMA, strict=False)])) is None
+    assert build.from_request(_request(tools=[_tool("trip", STRICT_SCHEMA, strict=False)])) is None
 
 
 async def test_strict_omitted_calls_validate_and_loose_schemas_are_no_400(tmp_path: Path) -> None:
@@ -116,14 +116,14 @@ async def test_strict_omitted_calls_validate_and_loose_schemas_are_no_400(tmp_pa
 def test_allowed_tools_limit_the_calls_and_keep_every_tool_rendered() -> None:
     tools = [_tool("a", STRICT_SCHEMA), _tool("b", LOOSE_SCHEMA), _tool("c", LOOSE_SCHEMA)]
     required = _request(tools=tools, tool_choice=_allowed("required", "a", "b"))
-    constraint = spec.from_request(required)
+    constraint = build.from_request(required)
     assert constraint is not None and constraint.final is None
     assert [call.recipient for call in constraint.tool_calls] == ["functions.a", "functions.b"]
     prompt = render_request(required)
     assert [tool.name for tool in prompt.tools.tools] == ["a", "b", "c"]
     assert "You may call only these tools: `a`, `b`." in _text(prompt.token_ids)
     # auto: an answer or a call to `b`, even though no tool is strict.
-    auto = spec.from_request(_request(tools=tools[1:], tool_choice=_allowed("auto", "b")))
+    auto = build.from_request(_request(tools=tools[1:], tool_choice=_allowed("auto", "b")))
     assert auto is not None and auto.final == spec.FREE
     assert [call.recipient for call in auto.tool_calls] == ["functions.b"]
 
@@ -177,7 +177,7 @@ def test_no_call_from_the_analysis_channel() -> None:
     """The stream translator would read a recipient on analysis as a call; the grammar never
     lets one be written there: calls go on commentary, as gpt-oss writes function calls."""
     request = _request(tools=[_tool("a", STRICT_SCHEMA, strict=True)], tool_choice="required")
-    constraint = spec.from_request(request)
+    constraint = build.from_request(request)
     assert constraint is not None
     matcher = new_matcher(constraint)
     header = ENCODING.encode("<|channel|>analysis", allowed_special="all")
@@ -285,7 +285,7 @@ async def test_a_vllm_engine_without_a_tokenizer_refuses_a_constraint() -> None:
 
 
 def test_a_token_the_grammar_forbids_fails_the_request() -> None:
-    constraint = spec.from_request(_request(text={"format": {"type": "json_object"}}))
+    constraint = build.from_request(_request(text={"format": {"type": "json_object"}}))
     assert constraint is not None
     check = _ConstraintCheck(compile_grammar(to_lark(constraint)))
     check.follow(ENCODING.encode("<|channel|>final<|message|>{", allowed_special="all"))
@@ -295,7 +295,7 @@ def test_a_token_the_grammar_forbids_fails_the_request() -> None:
 
 
 def test_max_free_tokens_ends_each_free_message() -> None:
-    constraint = spec.from_request(_request(text={"format": {"type": "json_object"}}))
+    constraint = build.from_request(_request(text={"format": {"type": "json_object"}}))
     assert constraint is not None
     matcher = new_matcher(constraint, max_free_tokens=4)
     for token in ENCODING.encode("<|channel|>analysis<|message|>", allowed_special="all"):

@@ -17,7 +17,7 @@ import pytest
 from openai_harmony import Role
 from pydantic import BaseModel, ConfigDict
 
-from serve_app.constraints import spec
+from serve_app.constraints import build, spec
 from serve_app.constraints.grammar import to_lark
 from serve_app.constraints.matcher import (
     ConstraintError,
@@ -125,7 +125,7 @@ def _json_format(name: str) -> dict[str, Any]:
 
 
 def _draw(request: ResponsesRequest, seed: int) -> list[int]:
-    constraint = spec.from_request(request)
+    constraint = build.from_request(request)
     assert constraint is not None
     sampler = MaskedSampler(new_matcher(constraint), seed)
     tokens = sampler.sample(MAX_TOKENS)
@@ -176,14 +176,14 @@ def test_tokenizer_matches_harmony_encoding() -> None:
 
 
 def test_nothing_to_enforce_gives_no_constraint() -> None:
-    assert spec.from_request(_request()) is None
-    assert spec.from_request(_request(tools=[_tools()[2]])) is None
+    assert build.from_request(_request()) is None
+    assert build.from_request(_request(tools=[_tools()[2]])) is None
     loose = {"format": {"type": "json_schema", "name": "p", "schema": SCHEMAS["person"]}}
-    assert spec.from_request(_request(text=loose)) is None
+    assert build.from_request(_request(text=loose)) is None
 
 
 def test_constraint_from_request() -> None:
-    auto = spec.from_request(_request(tools=_tools(), text=_json_format("person")))
+    auto = build.from_request(_request(tools=_tools(), text=_json_format("person")))
     assert auto is not None and auto.final is not None and auto.final.kind == "json"
     recipients = [(call.recipient, call.body.kind) for call in auto.tool_calls]
     assert recipients == [
@@ -191,15 +191,15 @@ def test_constraint_from_request() -> None:
         ("people.add_person", "json"),
         ("functions.note", "text"),
     ]
-    required = spec.from_request(_request(tools=_tools(), tool_choice="required"))
+    required = build.from_request(_request(tools=_tools(), tool_choice="required"))
     assert required is not None and required.final is None and len(required.tool_calls) == 3
-    named = spec.from_request(
+    named = build.from_request(
         _request(tools=_tools(), tool_choice={"type": "function", "name": "note"})
     )
     assert named is not None and [call.recipient for call in named.tool_calls] == ["functions.note"]
-    none = spec.from_request(_request(tools=_tools(), tool_choice="none"))
+    none = build.from_request(_request(tools=_tools(), tool_choice="none"))
     assert none == spec.CompletionConstraint(final=spec.FREE, tool_calls=())
-    json_object = spec.from_request(_request(text={"format": {"type": "json_object"}}))
+    json_object = build.from_request(_request(text={"format": {"type": "json_object"}}))
     assert json_object is not None and json_object.final == spec.Body.json_schema(
         {"type": "object"}
     )
@@ -207,7 +207,7 @@ def test_constraint_from_request() -> None:
 
 def test_grammar_is_deterministic_and_cached() -> None:
     request = _request(tools=_tools(), text=_json_format("math"))
-    first, second = spec.from_request(request), spec.from_request(request)
+    first, second = build.from_request(request), build.from_request(request)
     assert first == second and first is not None
     assert to_lark(first) == to_lark(second)
     new_matcher(first)
@@ -300,7 +300,7 @@ def test_codex_apply_patch_grammar() -> None:
     # The lark package refuses the zero-width /(.*)/ (llguidance takes it): an equivalent.
     parser = lark.Lark(definition.replace("/(.*)/", "/(.+)/?"))
     request = _request(tools=[tool], tool_choice="required")
-    constraint = spec.from_request(request)
+    constraint = build.from_request(request)
     assert constraint is not None
     parsed = 0
     for seed in range(30):

@@ -26,8 +26,8 @@ from openai import AsyncOpenAI
 from ray import serve
 
 from serve_app.config import AppArgs
-from serve_app.serving.engine_deployment import EngineDeployment
-from serve_app.serving.ingress import ResponsesIngress
+from serve_app.serving.engine.deployment import EngineDeployment
+from serve_app.serving.http.ingress import ResponsesIngress
 from tests.helpers import REPO
 
 APP = "drain"

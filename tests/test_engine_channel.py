@@ -1,4 +1,4 @@
-"""The channel between an engine replica and an ingress replica (serve_app.serving.engine_channel),
+"""The channel between an engine replica and an ingress replica (serve_app.serving.engine.channel),
 both ends for real (`HandleEngineClient`, the engine deployment's class, the simulated engine),
 joined by a stand-in for Ray's streamed handle calls that behaves as Ray's do: the replica's
 generator runs on as a task of its own, its items are serialized and queue for the caller (an item
@@ -25,10 +25,10 @@ from ray.serve.exceptions import RequestCancelledError
 
 from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
-from serve_app.serving import engine_deployment
-from serve_app.serving.engine_channel import CHANNEL_IDLE_S, ChannelClosed, Outbox
-from serve_app.serving.engine_client import HandleEngineClient
-from serve_app.serving.engine_deployment import EngineDeployment
+from serve_app.serving.engine import deployment as engine_deployment
+from serve_app.serving.engine.channel import CHANNEL_IDLE_S, ChannelClosed, Outbox
+from serve_app.serving.engine.client import HandleEngineClient
+from serve_app.serving.engine.deployment import EngineDeployment
 from tests.helpers import scrape_metrics
 
 CALLER = "ingress-1"

@@ -13,9 +13,9 @@ import pytest
 
 from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
-from serve_app.serving.engine_channel import Outbox
-from serve_app.serving.engine_client import InProcessEngineClient
-from serve_app.serving.engine_deployment import _END, EngineDeployment, _Route
+from serve_app.serving.engine.channel import Outbox
+from serve_app.serving.engine.client import InProcessEngineClient
+from serve_app.serving.engine.deployment import _END, EngineDeployment, _Route
 
 Replica = EngineDeployment.func_or_class  # the plain class behind the Serve deployment
 

@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from serve_app.config import BackgroundArgs
-from serve_app.serving.engine_deployment import CALLER_CHECK_PERIOD_S
+from serve_app.serving.engine.deployment import CALLER_CHECK_PERIOD_S
 from tests.replicas import (
     engine_ongoing,
     engine_replica_actors,

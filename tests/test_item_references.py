@@ -16,7 +16,7 @@ from openai import OpenAI
 
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ItemReference, MessageItem, ResponsesRequest
-from serve_app.serving import validation
+from serve_app.serving.admission import responses as validation
 from tests.helpers import WEATHER_TOOL, sdk_client
 
 MODEL = "gpt-oss-120b"

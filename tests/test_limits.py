@@ -28,9 +28,9 @@ from websockets.exceptions import ConnectionClosed
 from serve_app.config import AppArgs, Limits
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.serving.auth import ApiKeys
-from serve_app.serving.engine_client import InProcessEngineClient
-from serve_app.serving.ingress import create_api
+from serve_app.serving.engine.client import InProcessEngineClient
+from serve_app.serving.http.auth import ApiKeys
+from serve_app.serving.http.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
 from tests.conftest import ENGINE_SCRIPT
 from tests.helpers import on_uvicorn

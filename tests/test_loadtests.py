@@ -11,7 +11,7 @@ import httpx
 
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
-from serve_app.serving import validation
+from serve_app.serving.admission import responses as validation
 from tests.helpers import REPO, run_locust
 
 sys.path.insert(0, str(REPO / "loadtests"))

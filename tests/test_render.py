@@ -9,9 +9,10 @@ from pydantic import ValidationError
 
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import render_request
-from serve_app.protocol.errors import InvalidRequest, from_validation_errors
+from serve_app.protocol.body_errors import from_validation_errors
+from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
-from serve_app.serving import validation
+from serve_app.serving.admission import responses as validation
 from tests.helpers import CAPTURES, capture_body, decode
 
 NOW = datetime(2026, 11, 22, tzinfo=UTC)

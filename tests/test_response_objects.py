@@ -27,8 +27,8 @@ from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.truncation import truncate_to_fit
 from serve_app.protocol.requests import ResponsesRequest
-from serve_app.serving.engine_client import InProcessEngineClient
-from serve_app.serving.ingress import create_api
+from serve_app.serving.engine.client import InProcessEngineClient
+from serve_app.serving.http.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
 from tests import open_responses
 from tests.conftest import ENGINE_SCRIPT

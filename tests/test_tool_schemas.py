@@ -24,13 +24,13 @@ from openai_harmony import (
 )
 from pydantic import BaseModel, Field
 
-from serve_app.harmony import schemas
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.render import render_request
 from serve_app.harmony.typescript import NamespaceText, ToolText, schema_text, tools_section
+from serve_app.protocol import json_schema as schemas
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
-from serve_app.serving import validation
+from serve_app.serving.admission import responses as validation
 from tests.helpers import (
     CAPTURES,
     capture_body,

@@ -13,8 +13,9 @@ import functools
 
 import llguidance
 
+from serve_app.constraints.build import call_rule, final_body
 from serve_app.constraints.grammar import to_lark
-from serve_app.constraints.spec import Body, CompletionConstraint, call_rule, final_body
+from serve_app.constraints.spec import Body, CompletionConstraint
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import (

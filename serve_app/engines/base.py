@@ -16,6 +16,10 @@ from typing import Literal
 from serve_app.constraints.spec import CompletionConstraint
 from serve_app.engines.kv_events import KVEventSink
 
+# Part of the contract (sampling defaults, chunk logprobs), defined where the protocol and
+# harmony layers can use them too.
+from serve_app.values import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, TokenLogprob
+
 logger = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -23,11 +27,6 @@ SERVER_ERROR = "server_error"
 # Codes of an `EngineError` that is the client's fault (vLLM rejecting the prompt or the
 # request): a 400 `invalid_request_error` with that code, not a 500 `server_error`.
 CLIENT_ERROR_CODES = frozenset({"invalid_prompt", "invalid_request"})
-
-
-# What an engine samples with when the request sets nothing; the Response echoes them.
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_TOP_P = 1.0
 
 
 @dataclass(frozen=True)
@@ -40,11 +39,6 @@ class SamplingSettings:
     # Alternatives wanted per sampled token (0: the sampled token's logprob only); None: no
     # logprobs at all, and chunks carry none.
     logprobs: int | None = None
-
-
-# One sampled token's logprob and its top alternatives as (token id, logprob), best first. Ids
-# only: the ingress decodes token text with harmony, so an engine needs no tokenizer.
-TokenLogprob = tuple[float, tuple[tuple[int, float], ...]]
 
 
 @dataclass(frozen=True)

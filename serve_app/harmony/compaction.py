@@ -30,5 +30,5 @@ def seal_summary(vault: ReasoningVault, summary: str, owner: str | None = None) 
 
 def open_summary(vault: ReasoningVault | None, blob: str, owner: str | None = None) -> str | None:
     """The summary a compaction item holds; None if this server did not seal it for ``owner``
-    (serve_app.serving.validation turns that into a 400)."""
+    (serve_app.serving.admission.responses turns that into a 400)."""
     return vault.open(blob, PURPOSE, owner=owner) if vault is not None else None

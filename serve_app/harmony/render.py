@@ -1,5 +1,5 @@
 """Render a checked Responses request into harmony prompt token ids, and nothing else: every
-rejection was decided before (serve_app.serving.validation, which also turns an
+rejection was decided before (serve_app.serving.admission.responses, which also turns an
 `UnrenderableRequest` into the client's 400).
 
 Layout of the prompt (gpt-oss's harmony format):
@@ -35,11 +35,12 @@ from openai_harmony import (
     SystemContent,
 )
 
-from serve_app.harmony import compaction, schemas
+from serve_app.harmony import compaction
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec, recipient
 from serve_app.harmony.typescript import NamespaceText, ToolText, tools_section
+from serve_app.protocol import json_schema
 from serve_app.protocol.requests import (
     CompactionItem,
     CustomToolCallItem,
@@ -87,7 +88,7 @@ def render_request(
     """Prompt token ids for ``history`` (earlier stored items, if any) + the request's input.
     ``owner``: the caller's key digest (None when the API is open); sealed reasoning and
     compaction items open only for the owner they were sealed for. ``tools``: the request's,
-    when the caller built them already (`ResponsesService.admit` does); else built here."""
+    when the caller built them already (the turn's door, `Door.admit`, does); else built here."""
     items = [*history, *request.input_items]
     if tools is None:
         tools = ToolRegistry.from_request(request)
@@ -189,7 +190,7 @@ def _response_format(request: ResponsesRequest) -> str | None:
     text_format = request.text.format if request.text else None
     if text_format is None or text_format.type != "json_schema":
         return None
-    schema = schemas.resolve(text_format.schema_ or {})
+    schema = json_schema.resolve(text_format.schema_ or {})
     lines = ["# Response Formats", "", f"## {text_format.name or 'response'}", ""]
     lines += [f"// {line}" for line in (text_format.description or "").splitlines()]
     lines.append(json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
@@ -205,7 +206,7 @@ def _namespace_description(request: ResponsesRequest, namespace: str) -> str | N
 
 def _tool_text(spec: ToolSpec) -> ToolText:
     if spec.kind == "function":
-        return ToolText(spec.name, spec.description, schemas.resolve(spec.parameters))
+        return ToolText(spec.name, spec.description, json_schema.resolve(spec.parameters))
     # Harmony has no freeform tool type: a tool without parameters whose message body is the
     # raw input, and a description saying so.
     note = "This is a FREEFORM tool: send the raw input text as the message, not JSON."

@@ -64,7 +64,6 @@ from openai.types.responses.response_output_text import Logprob as TextLogprob
 from openai.types.responses.response_output_text import LogprobTopLogprob as TextTopLogprob
 from openai_harmony import HarmonyEncoding, Message, Role, StreamableParser
 
-from serve_app.engines.base import TokenLogprob
 from serve_app.harmony.encoding import CALL_TOKEN, END_TOKEN, RETURN_TOKEN, get_encoding
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol import responses as builders
@@ -74,6 +73,7 @@ from serve_app.protocol.stream_events import (
     OpenItem,
     ResponseEventWriter,
 )
+from serve_app.values import TokenLogprob
 
 logger = logging.getLogger(__name__)
 

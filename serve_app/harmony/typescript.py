@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from serve_app.harmony.schemas import lookup, ref_name
+from serve_app.protocol.json_schema import lookup, ref_name
 
 _INDENT = "    "
 _PRIMITIVES = {

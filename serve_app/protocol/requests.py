@@ -50,8 +50,8 @@ class _Lenient(BaseModel):
 class Opaque:
     """Marks a field the model never reads as text (``Annotated[str, OPAQUE]``): a sealed blob,
     which the server opens with its key or treats as one it cannot open. It is never tokenized,
-    so the rule for text the tokenizer reads (serve_app.serving.validation.check_text) passes
-    over it."""
+    so the rule for text the tokenizer reads (serve_app.serving.admission.responses.check_text)
+    passes over it."""
 
     def __repr__(self) -> str:
         return "OPAQUE"

@@ -25,8 +25,6 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from openai.types.shared import Reasoning
 from pydantic import TypeAdapter, ValidationError
 
-# The sampling defaults the engine uses when the request leaves them out: echoed like OpenAI does.
-from serve_app.engines.base import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from serve_app.protocol.requests import (
     CustomTool,
     FunctionTool,
@@ -35,6 +33,9 @@ from serve_app.protocol.requests import (
     OtherToolChoice,
     ResponsesRequest,
 )
+
+# The sampling defaults the engine uses when the request leaves them out: echoed like OpenAI does.
+from serve_app.values import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 
 logger = logging.getLogger(__name__)
 

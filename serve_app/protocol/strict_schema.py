@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from serve_app.harmony import schemas
+from serve_app.protocol import json_schema as schemas
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import FunctionTool, NamespaceTool, ResponsesRequest
 

@@ -95,7 +95,7 @@ class PrefixAffinityRouter(RequestRouter):
         by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
         pinned = _pinned_replica(pending_request)
         if pinned is not None:
-            # A channel call (serve_app.serving.engine_channel) goes to the replica it names;
+            # A channel call (serve_app.serving.engine.channel) goes to the replica it names;
             # if that one is gone, anywhere: the replica there ends it at once.
             return [[by_id.get(pinned) or candidate_replicas[0]]]
         key = pending_request.metadata.session_id if pending_request is not None else None

@@ -32,13 +32,9 @@ from openai.types.responses import ResponseStreamEvent
 from serve_app.config import BackgroundArgs
 from serve_app.protocol import sse
 from serve_app.protocol.sse import event_json
-from serve_app.serving.responses_service import (
-    NOT_STORED_MESSAGE,
-    NotStored,
-    ResponsesService,
-    Turn,
-    stored_or_fail,
-)
+from serve_app.serving.turn.persistence import NOT_STORED_MESSAGE, NotStored, stored_or_fail
+from serve_app.serving.turn.service import ResponsesService
+from serve_app.serving.turn.state import Turn
 from serve_app.store.base import ResponseStore, RunEnding
 
 logger = logging.getLogger(__name__)

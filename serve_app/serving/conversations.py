@@ -11,10 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from serve_app.protocol.errors import NotFound
 from serve_app.protocol.requests import STRICT_TYPES, InputItem
 from serve_app.protocol.responses import new_conversation_id
-from serve_app.serving.auth import Owner
-from serve_app.serving.pagination import listing, unknown_after
-from serve_app.serving.responses_service import stored_item, stored_or_fail
-from serve_app.serving.validation import check_text
+from serve_app.serving.admission.responses import check_text
+from serve_app.serving.http.auth import Owner
+from serve_app.serving.http.pagination import listing, unknown_after
+from serve_app.serving.turn.persistence import stored_item, stored_or_fail
 from serve_app.store.base import ResponseStore, StoredConversation
 
 MAX_ITEMS_PER_CALL = 20  # OpenAI's limit for items added in one call

@@ -34,13 +34,15 @@ from openai.types.responses.responses_server_event import ResponseWsError, Respo
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from serve_app.config import Limits
-from serve_app.protocol.errors import APIError, InvalidRequest, from_validation_errors
+from serve_app.protocol.body_errors import from_validation_errors
+from serve_app.protocol.errors import APIError, InvalidRequest
 from serve_app.protocol.requests import STRICT_TYPES, InputItem, ResponsesRequest
 from serve_app.protocol.sse import event_json
 from serve_app.protocol.stream_events import terminal_event
 from serve_app.serving import metrics
-from serve_app.serving.auth import ApiKeys
-from serve_app.serving.responses_service import ResponsesService, Turn
+from serve_app.serving.http.auth import ApiKeys
+from serve_app.serving.turn.service import ResponsesService
+from serve_app.serving.turn.state import Ask, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +276,7 @@ async def _serve_message(
         return
     request = create.request
     try:
-        turn = await service.prepare(request, owner, recent)
+        turn = await service.prepare(Ask(request, owner, recent))
     except APIError as error:
         recent.pop(request.previous_response_id or "", None)
         await _send_error(socket, error)

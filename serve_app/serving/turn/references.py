@@ -25,7 +25,8 @@ async def find_referenced(
 ) -> dict[str, InputItem | None]:
     """The stored items of ``owner``'s that the references among ``items`` name, by id (one
     store lookup for all): None for one stored yet not an item a request may send; an id that
-    names nothing is absent. Loading only: serve_app.serving.validation decides what is a 400."""
+    names nothing is absent. Loading only: serve_app.serving.admission.responses decides what is a
+    400."""
     ids = {item.id for item in items if isinstance(item, ItemReference)}
     if not ids:
         return {}

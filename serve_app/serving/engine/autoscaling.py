@@ -2,7 +2,7 @@
 
 Ray Serve's default policy scales on ongoing requests per replica, as the deployment handles
 count them: every handle call in flight. Among those are the engine channels
-(``serve_app.serving.engine_channel``): one streamed call per (engine replica, ingress
+(``serve_app.serving.engine.channel``): one streamed call per (engine replica, ingress
 replica) that carries its requests' tokens and stays open until 2 s idle. They generate
 nothing, yet with 4 ingress replicas each engine replica counts up to 4 more: at
 ``target_ongoing_requests`` 24, one replica generating 21 counted 25 and was scaled up.
@@ -17,7 +17,7 @@ deployment on those plus the requests queued at the handles, against the same
     autoscaling_config:
       target_ongoing_requests: 24
       policy:
-        policy_function: serve_app.serving.autoscaling:generating_requests_policy
+        policy_function: serve_app.serving.engine.autoscaling:generating_requests_policy
 
 Ray pickles this module by value into the controller: it imports nothing of serve_app's.
 """

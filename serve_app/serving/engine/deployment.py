@@ -15,7 +15,7 @@ token) and aborts the requests of those no longer alive, and closes their channe
 
 A request's chunks go back on its own stream, or, once its caller has a channel open here
 (`channel`), on that channel with the chunks of the caller's other requests
-(``serve_app.serving.engine_channel``).
+(``serve_app.serving.engine.channel``).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from serve_app.engines.base import (
 )
 from serve_app.engines.factory import make_engine
 from serve_app.routing.replica_report import ReplicaReporter
-from serve_app.serving.autoscaling import GENERATING_REQUESTS
-from serve_app.serving.engine_channel import (
+from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS
+from serve_app.serving.engine.channel import (
     CHANNEL_IDLE_S,
     Batch,
     ChannelClosed,
@@ -226,7 +226,9 @@ class EngineDeployment:
         # What the routers are told (record_routing_stats): conversations served, the prefix
         # cache per conversation from the engine's own KV-cache events, queued prefill.
         self._reporter = ReplicaReporter(replica_id)
-        if not engine.subscribe_kv_events(self._reporter.held):
+        # (Test engines that are not `Engine`s may lack the hook: they publish nothing.)
+        subscribe = getattr(engine, "subscribe_kv_events", None)
+        if subscribe is None or not subscribe(self._reporter.held):
             logger.info("the engine publishes no KV-cache events; routers get none from here")
         self._producers: dict[str, asyncio.Task] = {}
         self._outboxes: dict[str, Outbox] = {}  # caller -> its open channel (engine_channel)
@@ -238,7 +240,7 @@ class EngineDeployment:
         self, request: GenerateRequest, caller: str | None = None
     ) -> AsyncIterator[GenerateChunk | OnChannel]:
         """Stream the engine's chunks until ``caller`` has a channel open here; from then on
-        send them on it, after an `OnChannel` marker (``serve_app.serving.engine_channel``).
+        send them on it, after an `OnChannel` marker (``serve_app.serving.engine.channel``).
         A request that starts with the channel open streams only the marker.
 
         On its own stream, the engine runs ahead into a queue and every yield sends all that is
@@ -415,7 +417,7 @@ class EngineDeployment:
 
     async def record_autoscaling_stats(self) -> dict[str, int]:
         """Ray Serve's custom autoscaling metric: the requests the engine holds, which the
-        engine deployment's policy scales on (``serve_app.serving.autoscaling``). Serve's own
+        engine deployment's policy scales on (``serve_app.serving.engine.autoscaling``). Serve's own
         ongoing count also holds the open channels, which generate nothing."""
         return {GENERATING_REQUESTS: self._engine.num_ongoing_requests()}
 

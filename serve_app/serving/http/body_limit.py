@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.protocol.errors import error_body
-from serve_app.serving import content_encoding
+from serve_app.serving.http import content_encoding
 
 
 class BodyTooLarge(HTTPException):

@@ -14,7 +14,7 @@ from ray.serve.exceptions import BackPressureError
 
 from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest, error_chunk
 from serve_app.protocol.errors import RateLimited
-from serve_app.serving.engine_channel import ChannelClosed, Inboxes, OnChannel
+from serve_app.serving.engine.channel import ChannelClosed, Inboxes, OnChannel
 from serve_app.serving.metrics import ENGINE_CHANNELS, ENGINE_STREAMS_ON_CHANNEL, ENGINE_STREAMS_OWN
 
 logger = logging.getLogger(__name__)
@@ -37,9 +37,9 @@ class HandleEngineClient:
     ``session_id`` carries the routing key, so the engine deployment's request router can keep
     a conversation on the replica that holds its prefix in KV cache. ``caller``: the name of
     this (ingress) replica's actor, so an engine replica aborts the requests of a caller that
-    died (see serve_app.serving.engine_deployment), and so it can open a channel to each
+    died (see serve_app.serving.engine.deployment), and so it can open a channel to each
     engine replica it uses: their requests' chunks then come over it, one batch per send, not
-    one stream item per chunk (``serve_app.serving.engine_channel``). ``channels=False``
+    one stream item per chunk (``serve_app.serving.engine.channel``). ``channels=False``
     keeps every request on its own stream.
     """
 

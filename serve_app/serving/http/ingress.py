@@ -21,26 +21,29 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.config import AppArgs
 from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.protocol.body_errors import from_validation_errors
 from serve_app.protocol.errors import (
     APIError,
     InvalidRequest,
     NotFound,
     error_body,
-    from_validation_errors,
     model_not_found,
 )
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import dump_response
 from serve_app.protocol.sse import encode_event
 from serve_app.serving import metrics
-from serve_app.serving.auth import ApiKeys, Owner, RequireKey, caller
+from serve_app.serving.admission.responses import failed_response_error
 from serve_app.serving.background import BackgroundRunner
-from serve_app.serving.body_limit import BodyLimits
+from serve_app.serving.compaction import compact
 from serve_app.serving.conversations import conversations_router
-from serve_app.serving.engine_channel import CHANNELS_ENABLED
-from serve_app.serving.engine_client import EngineClient, HandleEngineClient
-from serve_app.serving.pagination import page as _page
-from serve_app.serving.responses_service import ResponsesService, failed_response_error
+from serve_app.serving.engine.channel import CHANNELS_ENABLED
+from serve_app.serving.engine.client import EngineClient, HandleEngineClient
+from serve_app.serving.http.auth import ApiKeys, Owner, RequireKey, caller
+from serve_app.serving.http.body_limit import BodyLimits
+from serve_app.serving.http.pagination import page as _page
+from serve_app.serving.turn.service import ResponsesService
+from serve_app.serving.turn.state import Ask
 from serve_app.serving.websocket import websocket_router
 from serve_app.store.base import ResponseStore, StoredResponse
 from serve_app.store.shared import alive_nodes, printable, require_shared_store
@@ -81,7 +84,7 @@ def create_api(
 
     @api.post("/v1/responses", response_model=None)
     async def create_response(body: ResponsesRequest, owner: Owner) -> Response:
-        turn = await service.prepare(body, owner)
+        turn = await service.prepare(Ask(body, owner))
         if body.background:
             await background.start(turn)
             if body.stream:
@@ -96,12 +99,12 @@ def create_api(
 
     @api.post("/v1/responses/input_tokens")
     async def count_input_tokens(body: ResponsesRequest, owner: Owner) -> dict:
-        prompt = await service.render(body, owner)
+        prompt = await service.render(Ask(body, owner))
         return {"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)}
 
     @api.post("/v1/responses/compact")
     async def compact_response(body: ResponsesRequest, owner: Owner) -> dict:
-        return await service.compact(body, owner)
+        return await compact(service, Ask(body, owner))
 
     @api.get("/v1/responses/{response_id}", response_model=None)
     async def retrieve_response(

@@ -1,6 +1,8 @@
-"""The one door for rejections of ``POST /v1/responses``: the rules every 4xx is decided by.
+"""The rules of ``POST /v1/responses`` (and ``/input_tokens``, ``/compact``): every 4xx a
+turn can earn.
 
-`ResponsesService.admit` applies them in this order, before anything is rendered: the request
+The turn's door (`Door` in serve_app.serving.turn.admit) applies them in this order, before
+anything is rendered: the request
 on its own (`check_request`), the items it continues once loaded (`history_not_found`,
 `check_references`), then request and items together (`check_strict_schemas`, `check_items`,
 `check_generation`). Rendering only renders and loading only loads; neither rejects. Two
@@ -18,13 +20,23 @@ from pydantic import BaseModel
 
 from serve_app.config import AppArgs
 from serve_app.constraints import validate as constraints
-from serve_app.harmony import compaction, schemas
+from serve_app.engines.base import CLIENT_ERROR_CODES
+from serve_app.harmony import compaction
 from serve_app.harmony.pieces import MAX_PIECE_CHARS, long_piece
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import UnrenderableRequest
 from serve_app.harmony.tools import ToolRegistry
+from serve_app.protocol import json_schema as schemas
 from serve_app.protocol import strict_schema
-from serve_app.protocol.errors import InvalidRequest, NotFound, model_not_found
+from serve_app.protocol.errors import (
+    RATE_LIMITED,
+    APIError,
+    InvalidRequest,
+    NotFound,
+    RateLimited,
+    ServerError,
+    model_not_found,
+)
 from serve_app.protocol.requests import (
     OPAQUE,
     CompactionItem,
@@ -186,7 +198,7 @@ def check_items(
 
 
 def _check_resolved(items: Sequence[InputItem], first_input: int) -> None:
-    """Defensive: `ResponsesService.admit` replaces references with stored items first; one
+    """Defensive: the door (`Door.admit`) replaces references with stored items first; one
     left here names nothing that can be rendered."""
     for index, item in enumerate(items):
         if isinstance(item, ItemReference):
@@ -273,3 +285,24 @@ def output_budget(args: AppArgs, request: ResponsesRequest, prompt_tokens: int) 
         )
     wanted = request.max_output_tokens or args.default_max_output_tokens
     return min(wanted, room)
+
+
+def failed_response_error(message: str, code: str) -> APIError:
+    """A failed response's error as the HTTP error a non-streaming client can act on (a stream
+    ends in ``response.failed`` with the same message and code instead): 429 for
+    ``rate_limit_exceeded``, 400 for the codes of a request the engine rejected
+    (``CLIENT_ERROR_CODES``: retrying cannot help), else 500."""
+    if code == RATE_LIMITED:
+        return RateLimited(message)
+    if code in CLIENT_ERROR_CODES:
+        return InvalidRequest(message, code=code)
+    return ServerError(message, code=code)
+
+
+def no_room_for_summary() -> InvalidRequest:
+    """``/v1/responses/compact``: the summary ended before it began (the context was full)."""
+    return InvalidRequest(
+        "The history leaves no room in the model's context to write its summary.",
+        param="input",
+        code="context_length_exceeded",
+    )

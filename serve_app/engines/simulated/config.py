@@ -1,0 +1,33 @@
+"""The simulated engine's settings (``engine.options`` of a config with ``kind: simulated``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SimulatedEngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Prefix cache model: block size and capacity (KV tokens the replica can keep cached).
+    block_size: int = Field(default=16, gt=0)
+    kv_cache_tokens: int = Field(default=262_144, gt=0)
+    # Prefill speed for uncached prompt tokens; one prefill runs at a time, in arrival order.
+    prefill_tokens_per_s: float = Field(default=20_000, gt=0)
+    # Decode speed of one request decoding alone.
+    decode_tokens_per_s: float = Field(default=200, gt=0)
+    # Each other request decoding at the same time slows a decode step by this fraction.
+    batch_slowdown: float = Field(default=0.02, ge=0)
+    # Length in tokens of the default answer (it is never shorter than its fixed sentences).
+    default_output_tokens: int = Field(default=64, ge=1)
+    # A script file (YAML/JSON) or the script itself; None falls back to $SERVE_APP_SIM_SCRIPT.
+    script: str | dict[str, Any] | None = None
+    # Seeds the default answer's filler words (mixed with the prompt).
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _cache_holds_a_block(self) -> SimulatedEngineConfig:
+        if self.kv_cache_tokens < self.block_size:
+            raise ValueError("kv_cache_tokens must be at least block_size")
+        return self

@@ -1,0 +1,64 @@
+"""What the engine is asked for a turn (`engine_request`): the prompt's token ids, the
+request's sampling, harmony's stop tokens, and what the completion must obey."""
+
+from __future__ import annotations
+
+from serve_app.constraints import build as constraint_build
+from serve_app.constraints.spec import CompletionConstraint
+from serve_app.engines.base import (
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    GenerateRequest,
+    SamplingSettings,
+)
+from serve_app.harmony.encoding import STOP_TOKENS
+from serve_app.harmony.render import RenderedPrompt
+from serve_app.harmony.tools import ToolRegistry
+from serve_app.protocol.requests import ResponsesRequest
+
+OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
+
+
+def engine_request(
+    request: ResponsesRequest,
+    prompt: RenderedPrompt,
+    *,
+    request_id: str,
+    max_tokens: int,
+    session_id: str | None,
+) -> GenerateRequest:
+    """What the engine is asked for a turn: the prompt's token ids and the request's sampling
+    (the engine's defaults where it sets none), stopping at harmony's ``<|return|>`` or
+    ``<|call|>``, and what the completion must obey. ``session_id``: the routing key."""
+    return GenerateRequest(
+        request_id=request_id,
+        prompt_token_ids=prompt.token_ids,
+        sampling=SamplingSettings(
+            max_tokens=max_tokens,
+            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+            top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+            stop_token_ids=STOP_TOKENS,
+            logprobs=_logprobs_wanted(request),
+        ),
+        session_id=session_id,
+        constraint=_constraint(request, prompt.tools),
+    )
+
+
+def _logprobs_wanted(request: ResponsesRequest) -> int | None:
+    """Alternatives per token to ask the engine for: only when the client includes the output
+    text's logprobs (then ``top_logprobs``, 0 meaning the sampled token's own only)."""
+    if OUTPUT_TEXT_LOGPROBS not in request.include:
+        return None
+    return request.top_logprobs or 0
+
+
+def _constraint(request: ResponsesRequest, tools: ToolRegistry) -> CompletionConstraint | None:
+    """What the engine must enforce, or None where there is nothing to enforce: plain text,
+    a non-strict ``text.format``, ``tool_choice`` auto over tools that are all non-strict
+    functions or grammar-less custom tools (Codex's usual request), and ``tool_choice`` none
+    with no tools to forbid. Only those get None: a constraint costs a grammar compile (cached
+    per distinct grammar) and a mask per token in the engine."""
+    if request.tool_choice == "none" and not request.tools:
+        return None
+    return constraint_build.from_request(request, tools)

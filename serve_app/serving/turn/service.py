@@ -1,0 +1,147 @@
+"""One Responses turn, end to end: the door (`admit`), rendering, the engine request, the
+event loop and persistence, each a module of this package; `ResponsesService` composes them.
+
+Plain Python (no Ray, no FastAPI): the ingress deployment calls it, and it reaches the engines
+through an `EngineClient`, whose errors are ours (`RateLimited`), so the whole protocol path
+runs in tests without a cluster. Its 4xx rules live in serve_app.serving.admission.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator
+
+from openai.types.responses import Response, ResponseStreamEvent
+
+from serve_app.config import AppArgs
+from serve_app.engines.base import SERVER_ERROR
+from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.harmony.render import RenderedPrompt
+from serve_app.harmony.stream import ResponseStreamTranslator
+from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.protocol.responses import initial_response, new_response_id
+from serve_app.routing.keys import key_digest, routing_key
+from serve_app.serving import metrics
+from serve_app.serving.admission import responses as rules
+from serve_app.serving.engine.client import EngineClient
+from serve_app.serving.turn import history
+from serve_app.serving.turn.admit import Door
+from serve_app.serving.turn.engine_request import engine_request
+from serve_app.serving.turn.events import EventLoop
+from serve_app.serving.turn.persistence import NOT_STORED_MESSAGE, NotStored, Persistence
+from serve_app.serving.turn.rendering import Renderer
+from serve_app.serving.turn.state import Ask, Context, Turn
+from serve_app.store.base import ResponseStore
+
+logger = logging.getLogger(__name__)
+
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+
+
+class ResponsesService:
+    def __init__(
+        self, args: AppArgs, engine: EngineClient, vault: ReasoningVault, store: ResponseStore
+    ) -> None:
+        self._args = args
+        self._vault = vault
+        self._door = Door(args, store, vault)
+        self._renderer = Renderer(args, vault)
+        self._persistence = Persistence(store)
+        self._loop = EventLoop(engine, self._persistence)
+
+    @property
+    def vault(self) -> ReasoningVault:
+        return self._vault
+
+    async def prepare(self, ask: Ask) -> Turn:
+        """The request through the door, rendered, and the engine request built: everything
+        that can reject it happens before any event is sent."""
+        context = await self._door.admit(ask, generating=True)
+        request, owner = context.request, ask.owner
+        prompt = self._renderer.render(context, owner, truncate=True)
+        max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
+        response = initial_response(request, response_id=new_response_id(), model=request.model)
+        key = routing_key(request.prompt_cache_key, prompt.token_ids)
+        metrics.ROUTING_KEYS.labels(
+            "prompt_cache_key" if request.prompt_cache_key else "derived"
+        ).inc()
+        # Sealed for this caller's key only: another key's requests cannot open it.
+        seal = (
+            functools.partial(self._vault.seal, owner=owner)
+            if ENCRYPTED_REASONING in request.include
+            else None
+        )
+        generate = engine_request(
+            request, prompt, request_id=response.id, max_tokens=max_tokens, session_id=key
+        )
+        translator = ResponseStreamTranslator(
+            response,
+            prompt.tools,
+            seal_reasoning=seal,
+            summarize_reasoning=self._summarize_reasoning(request),
+            max_tool_calls=request.max_tool_calls,
+        )
+        logger.info(
+            "response %s: %d prompt tokens, max %d output tokens, conversation %s",
+            response.id,
+            len(prompt.token_ids),
+            max_tokens,
+            key_digest(key),
+            extra={"response_id": response.id, "conversation": key_digest(key)},
+        )
+        return Turn(
+            request=request,
+            generate=generate,
+            translator=translator,
+            owner=owner,
+            history=context.history,
+        )
+
+    async def render(self, ask: Ask) -> RenderedPrompt:
+        """The prompt for a request (``/v1/responses/input_tokens``): its stored history (if it
+        continues one) and its input, as is (no truncation)."""
+        context = await self._door.admit(ask)
+        return self._renderer.render(context, ask.owner, truncate=False)
+
+    async def context(self, ask: Ask) -> Context:
+        """The door's first half (the request alone, its history loaded and references
+        resolved): what compaction summarizes."""
+        return await self._door.context(ask)
+
+    def _summarize_reasoning(self, request: ResponsesRequest) -> bool:
+        """A summary was asked for, and the operator lets the chain of thought fill it."""
+        asked = request.reasoning is not None and request.reasoning.summary is not None
+        return asked and self._args.reasoning_summary == "chain_of_thought"
+
+    def events(self, turn: Turn) -> AsyncIterator[ResponseStreamEvent]:
+        """The turn's events, from ``response.created`` to exactly one terminal event."""
+        return self._loop.events(turn)
+
+    def event_batches(self, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]:
+        """``events``, as one non-empty list per engine chunk (`EventLoop.event_batches`)."""
+        return self._loop.event_batches(turn)
+
+    async def run(self, turn: Turn) -> Response:
+        """The non-streaming form: the same Response the stream's terminal event carries."""
+        return await self._loop.run(turn)
+
+    @staticmethod
+    def continuation(turn: Turn) -> list[InputItem]:
+        """The items a request continuing this turn's response starts from."""
+        return history.continuation(turn)
+
+    async def save(self, turn: Turn) -> None:
+        """Store the turn's response as it is now (a background one in progress); `NotStored`
+        if it could not be."""
+        await self._persistence.save(turn)
+
+    async def keep(self, turn: Turn) -> bool:
+        """`Persistence.keep`, for a caller that sends the terminal event itself (a WebSocket
+        prewarm): False, and the response now ``failed``, if it could not be stored."""
+        try:
+            await self._persistence.keep(turn)
+        except NotStored:
+            turn.translator.fail_ended(NOT_STORED_MESSAGE, SERVER_ERROR)
+            return False
+        return True

@@ -1,0 +1,59 @@
+"""What a turn carries from the door to its stored end: the ask as it arrives (`Ask`), the
+request with its history once admitted (`Context`), and the turn being generated (`Turn`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from openai.types.responses import Response
+
+from serve_app.engines.base import GenerateRequest
+from serve_app.harmony.stream import ResponseStreamTranslator
+from serve_app.harmony.tools import ToolRegistry
+from serve_app.protocol.requests import InputItem, ResponsesRequest
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A request at the door, with who sent it and how it is judged: what admitting,
+    rendering and preparing a turn all take."""
+
+    request: ResponsesRequest
+    # Who made the request (a digest of their API key; None when the API is open).
+    owner: str | None = None
+    # Contexts of responses not in the store (a WebSocket connection's), by id.
+    recent: Mapping[str, list[InputItem]] | None = None
+    # False: the server built the request (compaction's), so its item count is not the
+    # client's to keep within ``max_input_items``.
+    check_limits: bool = True
+
+
+@dataclass(frozen=True)
+class Context:
+    """A request with its item references resolved, and the stored items it continues; once
+    admitted, its tools as rendering sees them too (built once per request)."""
+
+    request: ResponsesRequest
+    history: list[InputItem]
+    tools: ToolRegistry | None = None
+
+
+@dataclass
+class Turn:
+    """A validated, rendered request, ready to generate."""
+
+    request: ResponsesRequest
+    generate: GenerateRequest
+    translator: ResponseStreamTranslator
+    # The items before the request's input: a stored chain or conversation, or none.
+    history: list[InputItem] = field(default_factory=list)
+    # Who made the request (a digest of their API key; None when the API is open).
+    owner: str | None = None
+    arrived_at: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+
+    @property
+    def response(self) -> Response:
+        return self.translator.response
