@@ -334,6 +334,8 @@ class EngineDeployment:
         if caller:
             self._callers.discard(caller, request_id)
             self._producers.pop(request_id, None)
+        # The producer says so too, unless it was cancelled before it ever ran.
+        self._reporter.ended(request_id)
         if not finished:
             # Cancelled by the caller (client disconnect), or the caller died (the watch
             # stopped the producer): stop generating and free KV.
