@@ -92,3 +92,15 @@ def test_equal_predictions_go_by_affinity_and_without_a_prompt_nothing_is_predic
     today = ConversationPlacer(clock=clock, ttft_slack_s=None)
     today.set_members(["r1", "r2"])
     assert today.choose("new", {"r1": 0, "r2": 0}, 500).replica == owner
+
+
+def test_a_replica_listed_without_its_report_keeps_what_it_reported_last() -> None:
+    """Serve lists replicas whose stats it has not passed on (yet): what a home holds is not
+    forgotten then, or its conversations would leave their prefix."""
+    clock = Clock()
+    predictor = TTFTPredictor(clock=clock)
+    predictor.update({"home": _report(clock, "home", queued=0, held={"c": 4800})})
+    predictor.update({"home": {}, "other": _report(clock, "other", queued=0, held={})})
+    assert predictor.predict("home", "c", 5000) == pytest.approx(200 / RATE)
+    predictor.update({"other": _report(clock, "other", queued=0, held={})})  # home is gone
+    assert predictor.uncached("home", "c", 5000) == 5000

@@ -68,17 +68,29 @@ class TTFTPredictor:
     _held: dict[str, Mapping[int, int]] = field(default_factory=dict)
     _reported_at: dict[str, float] = field(default_factory=dict)
     _sent: list[_Sent] = field(default_factory=list)  # since the replica's latest report
+    _reports: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # the latest each
 
     def update(self, reports: Mapping[str, Mapping[str, Any]]) -> None:
-        """The replicas' latest routing-stats reports (a replica without them is unknown)."""
-        self._backlogs.clear()
-        self._rates.clear()
-        self._held.clear()
-        self._reported_at.clear()
+        """The replicas' latest routing-stats reports. A replica listed without one (Serve
+        lists a replica before its first report, and may pass a replica's stats on late)
+        keeps the latest this predictor had: forgetting what its home holds would send a
+        conversation away from its prefix. A replica no longer listed is forgotten."""
+        latest = {
+            replica: self._reports[replica] for replica in reports if replica in self._reports
+        }
         for replica, stats in reports.items():
             reported_at = stats.get(REPORTED_AT_KEY)
             if reported_at is None or QUEUED_KEY not in stats:
                 continue
+            if reported_at >= latest.get(replica, {}).get(REPORTED_AT_KEY, float("-inf")):
+                latest[replica] = stats
+        self._reports = latest
+        self._backlogs.clear()
+        self._rates.clear()
+        self._held.clear()
+        self._reported_at.clear()
+        for replica, stats in latest.items():
+            reported_at = stats[REPORTED_AT_KEY]
             self._reported_at[replica] = reported_at
             self._backlogs[replica] = _Backlog(float(stats[QUEUED_KEY]), reported_at)
             if stats.get(RATE_KEY):
