@@ -48,7 +48,7 @@ from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig  
 from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN  # noqa: E402
 from serve_app.harmony.render import render_request  # noqa: E402
 from serve_app.protocol.requests import ResponsesRequest  # noqa: E402
-from tests.client_schemas import SCHEMAS  # noqa: E402
+from tests.support.client_schemas import SCHEMAS  # noqa: E402
 
 MODEL = "gpt-oss-120b"
 MAX_TOKENS = 1500

@@ -1,11 +1,11 @@
 """Benchmark: the CPU each process spends per streamed token, at the engine's pace, on Ray.
 
-Deploys ``configs/local.yaml`` as ``serve run`` does (its own local Ray cluster, in a temporary
-folder of its own, stopped at the end) with one ingress replica and one engine replica, the
-simulated engine decoding at ``--decode-tokens-per-s`` (100) per stream with no batch slowdown
-and ``--output-tokens`` (300) per answer. Then, for each stream count (32 and 128) and each
-transport (HTTP SSE, WebSocket as Codex uses it), it runs that many concurrent streams and
-prints:
+Deploys ``configs/local.yaml`` with ``serve run`` (its own local Ray cluster, stopped at the
+end: tests/support/serve_run.py, as the tests start the app) with one ingress replica and one
+engine replica, the simulated engine decoding at ``--decode-tokens-per-s`` (100) per stream
+with no batch slowdown and ``--output-tokens`` (300) per answer. Then, for each stream count (32
+and 128) and each transport (HTTP SSE, WebSocket as Codex uses it), it runs that many
+concurrent streams and prints:
 
 - per process (the HTTP proxy, each ingress replica, each engine replica, and Ray's
   controller, GCS and raylet): CPU ms per 1,000 streamed tokens (user + system time from
@@ -44,7 +44,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import MODEL, free_port, percentile
 
 from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
+from tests.support import serve_run  # the repository's root on PYTHONPATH, as the usage says
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "local.yaml"
@@ -84,41 +84,6 @@ def bench_config(source: Path, port: int, tokens_per_s: float, output_tokens: in
     return config
 
 
-def start_app(config: dict, temp_dir: str) -> None:
-    """What ``serve run config.yaml`` does, on a new local cluster of our own."""
-    import ray
-    from ray.serve._private import api as serve_api
-    from ray.serve._private.constants import SERVE_NAMESPACE
-    from ray.serve.schema import ServeDeploySchema
-
-    ray.init(
-        address="local",
-        namespace=SERVE_NAMESPACE,
-        include_dashboard=False,
-        logging_level="ERROR",
-        log_to_driver=False,  # the replicas' access logs would bury the numbers
-        _temp_dir=temp_dir,
-    )
-    schema = ServeDeploySchema.model_validate(config)
-    client = serve_api.serve_start(
-        http_options=schema.http_options.model_dump(), proxy_location=schema.proxy_location
-    )
-    client.deploy_apps(schema, _blocking=False)
-
-
-def wait_ready(url: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"the app at {url} did not answer /health in {timeout_s}s")
-
-
 # --- processes and their CPU time -------------------------------------------------------------
 
 
@@ -127,15 +92,6 @@ def _read(path: str) -> str:
         return Path(path).read_text()
     except OSError:
         return ""
-
-
-def _cmdline(pid: int) -> str:
-    return _read(f"/proc/{pid}/cmdline").replace("\0", " ").strip()
-
-
-def _parent(pid: int) -> int:
-    stat = _read(f"/proc/{pid}/stat")
-    return int(stat.rsplit(")", 1)[1].split()[1]) if stat else 0
 
 
 def cpu_seconds(pid: int) -> float:
@@ -147,23 +103,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def cluster_processes(temp_dir: str) -> dict[str, int]:
-    """Our cluster's processes by role: the raylet started with ``temp_dir`` and its workers
-    (the proxy, the controller and each replica, by their process titles)."""
-    pids = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
-    raylets = [pid for pid in pids if "raylet" in _cmdline(pid) and temp_dir in _cmdline(pid)]
-    if not raylets:
-        raise RuntimeError(f"no raylet of {temp_dir} found")
-    raylet = raylets[0]
+def cluster_processes(run: serve_run.ServeRun) -> dict[str, int]:
+    """Our cluster's processes by role: the raylet and the GCS that this ``serve run`` started,
+    and the raylet's workers (the proxy, the controller and each replica, by their process
+    titles)."""
+    raylet, _ = serve_run.raylet(run)
     found = {"raylet": raylet}
-    gcs = [pid for pid in pids if "gcs_server" in _cmdline(pid) and temp_dir in _cmdline(pid)]
-    if gcs:
-        found["gcs"] = gcs[0]
+    for pid, argv in serve_run.children(run.process.pid):
+        if argv and argv[0].endswith(b"gcs_server"):
+            found["gcs"] = pid
     counts: dict[str, int] = {}
-    for pid in pids:
-        if _parent(pid) != raylet:
-            continue
-        title = _cmdline(pid)
+    for pid, argv in serve_run.children(raylet):
+        title = b" ".join(argv).decode(errors="replace")
         for marker, role in (
             ("ProxyActor", "proxy"),
             ("ServeController", "controller"),
@@ -194,13 +145,13 @@ def listening_ports(pid: int) -> set[int]:
     return ports
 
 
-def direct_ingress_port(temp_dir: str, timeout_s: float = 120) -> int:
+def direct_ingress_port(run: serve_run.ServeRun, timeout_s: float = 120) -> int:
     """With RAY_SERVE_ENABLE_DIRECT_INGRESS=1 the ingress replica serves HTTP itself, on a port
     the controller hands it (30000-31000 by default): found among the replica's sockets."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(RuntimeError, KeyError):
-            pid = cluster_processes(temp_dir)["ingress-1"]
+            pid = cluster_processes(run)["ingress-1"]
             ports = [port for port in listening_ports(pid) if 30000 <= port < 31000]
             if ports:
                 return min(ports)
@@ -552,17 +503,16 @@ def main() -> None:
     port = free_port()
     config = bench_config(args.config, port, args.decode_tokens_per_s, args.output_tokens)
     alone = {count: engine_alone(config, count) for count in args.streams}
-    temp_dir = tempfile.mkdtemp(prefix="ray_bs_", dir="/tmp")
-    url = f"http://127.0.0.1:{port}"
-    print(f"starting the app on Ray ({temp_dir}, port {port}) ...", flush=True)
-    start_app(config, temp_dir)
+    folder = Path(tempfile.mkdtemp(prefix="bench_stream_", dir="/tmp"))
+    print(f"starting the app with serve run ({folder}, port {port}) ...", flush=True)
+    run = serve_run.start(config, folder)
     try:
         if os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "1":
-            port = direct_ingress_port(temp_dir)  # no proxy in the way: the replica's own port
-            url = f"http://127.0.0.1:{port}"
-            print(f"direct ingress: the ingress replica serves {url}", flush=True)
-        wait_ready(url)
-        processes = cluster_processes(temp_dir)
+            port = direct_ingress_port(run)  # no proxy in the way: the replica's own port
+            run = serve_run.ServeRun(run.process, f"http://127.0.0.1:{port}", run.log)
+            print(f"direct ingress: the ingress replica serves {run.url}", flush=True)
+        serve_run.wait_healthy(run, timeout_s=300)
+        processes = cluster_processes(run)
         print("processes:", ", ".join(f"{name} {pid}" for name, pid in processes.items()))
         for transport in args.transports:  # warm-up: imports and first-request costs
             asyncio.run(run_streams(transport, port, 4))
@@ -578,12 +528,8 @@ def main() -> None:
                     for spy in spies:
                         spy.wait()
     finally:
-        import ray
-        from ray import serve
-
-        serve.shutdown()
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        serve_run.stop(run)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Starts the app as users run it (``serve run`` on configs/local.yaml, on a Ray cluster of its
 own, stopped at the end) with a free port, TWO ingress replicas sharing one store and two engine
 replicas, once per store: SQLite (a file in a temporary folder, the default kind) and
-PostgreSQL (a throwaway server, as tests/postgres.py starts it). Then one of:
+PostgreSQL (a throwaway server, as tests/support/postgres.py starts it). Then one of:
 
 ``writes``: ``--writers`` (64) concurrent writers create ``--responses`` (5,000) stored
 responses (streamed over SSE, not streamed, and a share over WebSocket; each a Codex session's
@@ -16,7 +16,7 @@ fetched (``GET /v1/responses/{id}``; each conversation's items listed).
 loadtests/traces.py) at twice the engine's capacity (``--users``, default 2 x engine replicas x
 ``--engine-slots``) for ``--duration`` (600 s), half of its sessions stored and chained by
 ``previous_response_id``, while an engine replica is killed every ``--kill-every`` (120 s) and
-an ingress replica once, halfway (``ray.kill`` on the replica actor, as tests/test_faults.py
+an ingress replica once, halfway (``ray.kill`` on the replica actor, as tests/app/test_faults.py
 does). Then every acknowledged stored response is fetched.
 
 Each prints, per store: acknowledged, lost (acknowledged but not retrievable), refused with a
@@ -65,7 +65,8 @@ from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests import postgres  # noqa: E402  (the throwaway server the store tests use)
+# The throwaway PostgreSQL server the store tests use; `serve run` as the tests start it.
+from tests.support import postgres, serve_run  # noqa: E402
 
 CONFIG = ROOT / "configs" / "local.yaml"
 REPLICAS = 2  # of the ingress and of the engine
@@ -96,13 +97,6 @@ def soak_config(port: int, store_url: str, engine_slots: int | None) -> dict:
     return config
 
 
-@dataclass
-class App:
-    url: str
-    process: subprocess.Popen
-    log: Path
-
-
 @contextlib.contextmanager
 def store_url(kind: str, folder: Path) -> Iterator[str]:
     if kind == "sqlite":
@@ -116,61 +110,16 @@ def store_url(kind: str, folder: Path) -> Iterator[str]:
         shutil.rmtree(data, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def running_app(config: dict, folder: Path) -> Iterator[App]:
-    """``serve run`` on ``config``, in a session of its own; Ctrl-C (how users stop it) at
-    the end, which shuts the app and its local Ray cluster down."""
-    path = folder / "serve_config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    log = folder / "serve.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_DEDUP_LOGS": "0",  # every failed store write on a line of its own, to count
-    }
-    serve = Path(sys.executable).parent / "serve"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(serve), "run", str(path)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    app = App(f"http://127.0.0.1:{config['http_options']['port']}", process, log)
-    try:
-        wait_healthy(app)
-        yield app
-    finally:
-        stop(process)
+# `serve run`'s environment: the repository importable (serve_app, as the app's config names
+# it), every failed store write on a line of its own (to count).
+SERVE_ENV = {
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DEDUP_LOGS": "0",
+}
 
 
-def wait_healthy(app: App) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if app.process.poll() is not None:
-            raise RuntimeError(f"serve run exited:\n{app.log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{app.url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(1)
-    raise TimeoutError(f"the app did not answer /health in {STARTUP_TIMEOUT_S}s")
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGINT)
-    try:
-        process.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-def store_failures_logged(app: App) -> int:
+def store_failures_logged(app: serve_run.ServeRun) -> int:
     """Lines of the app's log (replicas log to `serve run`'s output) saying a write failed."""
     return sum(1 for line in app.log.open(errors="replace") if STORE_FAILURES.search(line))
 
@@ -468,31 +417,6 @@ def report(
 # --- the locust replay with faults -----------------------------------------------------------
 
 
-def join_cluster(serve_pid: int) -> None:
-    """This process joins the Ray cluster that this ``serve run`` started (its raylet, a
-    child process, names the cluster's GCS address), not any other on the machine."""
-    # `serve run` started its cluster with Ray's token authentication on (the default for a
-    # new local cluster, its token in ~/.ray/auth_token); a driver joining it must use it too.
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
-    import ray
-
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == serve_pid and argv and argv[0].endswith(b"raylet/raylet"):
-            for arg in argv:
-                if arg.startswith(b"--gcs-address="):
-                    address = arg.split(b"=", 1)[1].decode()
-                    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-                    return
-    raise RuntimeError("could not find the Ray cluster started by `serve run`")
-
-
 def kill_schedule(duration: float, every: float) -> list[tuple[float, str]]:
     """When to kill what: an engine replica every ``every`` seconds (a third of the run at
     most, so a short run sees two), an ingress replica once, halfway between two of them."""
@@ -509,7 +433,7 @@ def killer(
 ) -> None:
     import ray
 
-    from tests.replicas import replica_actor, replica_actors
+    from tests.support.replicas import replica_actor, replica_actors
 
     for at, deployment in schedule:
         if stop.wait(max(0.0, started + at - time.monotonic())):
@@ -525,7 +449,9 @@ def killer(
         print(f"   {log[-1]}", flush=True)
 
 
-def run_replay(app: App, folder: Path, args: argparse.Namespace, users: int) -> list[Outcome]:
+def run_replay(
+    app: serve_run.ServeRun, folder: Path, args: argparse.Namespace, users: int
+) -> list[Outcome]:
     traces = folder / "traces.jsonl"
     sessions = generate(args.sessions, 2.0, seed=27)
     traces.write_text("".join(session.to_json() + "\n" for session in sessions))
@@ -543,7 +469,7 @@ def run_replay(app: App, folder: Path, args: argparse.Namespace, users: int) -> 
         "OUTCOMES_FILE": str(outcomes_file),
         "TURN_TIMEOUT_S": str(args.stream_bound),
     }
-    join_cluster(app.process.pid)
+    serve_run.join(app, log_to_driver=False)
     schedule = kill_schedule(args.duration, args.kill_every)
     stop_kills, kills = threading.Event(), []
     with (folder / "locust.log").open("wb") as log:
@@ -596,7 +522,9 @@ def soak(store: str, args: argparse.Namespace) -> str:
         with store_url(store, folder) as url:
             config = soak_config(port, url, args.engine_slots if faults else None)
             print(f"starting the app on {store} ({folder}, port {port}) ...", flush=True)
-            with running_app(config, folder) as app:
+            with serve_run.running(
+                config, folder, SERVE_ENV, STARTUP_TIMEOUT_S, stop_timeout_s=90
+            ) as app:
                 if faults:
                     users = args.users or 2 * REPLICAS * args.engine_slots
                     print(f"   replaying Codex sessions: {users} users, {args.duration} s")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the serve_app image from docker/Dockerfile and tags it with pyproject.toml's version:
-# the image k8s/rayservice.yaml names (tests/test_image.py checks they agree).
+# the image k8s/rayservice.yaml names (tests/deploy/test_image.py checks they agree).
 #   scripts/build_image.sh              build ghcr.io/serve-app/serve-app:VERSION
 #   scripts/build_image.sh --push       build, then push it
 #   scripts/build_image.sh --print-tag  print the image reference only (no Docker needed)

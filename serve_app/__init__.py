@@ -1,10 +1,20 @@
 """serve_app: the OpenAI Responses API for gpt-oss, served by Ray Serve.
 
-Layers, each a subpackage with one job:
+Layers, bottom to top; a module imports from its own layer and the layers below it, never above,
+and no imports go round in a cycle (``lint-imports`` checks it: pyproject.toml's
+``[tool.importlinter]``):
 
-- ``protocol``: request and response models, errors, SSE framing (no harmony, no Ray).
+- ``values`` and ``config``: values several layers share (sampling defaults, token logprobs) and
+  the typed application arguments (``AppArgs``).
+- ``protocol``: request and response models, errors, stream events, SSE framing, JSON-schema
+  resolving (no harmony, no Ray).
 - ``harmony``: Responses items <-> harmony token ids (rendering, stream translation).
-- ``engines``: token ids in, token ids out (vLLM, and a simulated CPU stand-in).
-- ``routing``: which engine replica serves a request.
-- ``serving``: the Ray Serve deployments and app builder.
+- ``constraints``: what a completion must obey, as a grammar; the data an engine gets
+  (``spec``) apart from its construction from a request (``build``).
+- ``engines``: token ids in, token ids out (vLLM, and a simulated CPU stand-in); the engine
+  contract (``engines.base``) knows nothing of the Responses API or harmony.
+- ``routing`` and ``store`` (neither imports the other): which engine replica serves a
+  request; the stored responses and conversations.
+- ``serving``: the Ray Serve deployments, HTTP and WebSocket routes, the turn.
+- ``app``: ``build_app``, what ``serve run`` imports.
 """

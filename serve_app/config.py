@@ -95,6 +95,79 @@ class Limits(BaseModel):
     max_websocket_pending_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
 
 
+class StreamingArgs(BaseModel):
+    """How the tokens of a turn travel from its engine replica to its ingress replica
+    (serve_app/serving/engine/). Each field's environment variable, when set, overrides it:
+    read where it is used (`resolved`, in each replica), so from that node's environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # After a chunk is sent, the next is sent no sooner than this: tokens arriving meanwhile
+    # ride together (each chunk through a handle, then each ASGI message through the HTTP proxy,
+    # costs ~0.1-0.3 ms of CPU whatever it carries). The first token is never held back, so
+    # time to first token is unchanged, and a token waits at most this long. 0: no window.
+    # $SERVE_APP_STREAM_WINDOW_S overrides it.
+    window_s: float = Field(default=0.02, ge=0)
+    # Each ingress replica takes its requests' chunks from each engine replica over one channel
+    # (a streaming call carrying all of them) once it is open; false keeps every request on its
+    # own stream (to compare, or as a way out). $SERVE_APP_ENGINE_CHANNELS=0 turns it off.
+    channels: bool = True
+    # A channel with no request for this long closes (the next request opens it again).
+    # $SERVE_APP_CHANNEL_IDLE_S overrides it.
+    channel_idle_s: float = Field(default=2.0, gt=0)
+
+    def resolved(self) -> StreamingArgs:
+        """These settings with the environment's overrides applied."""
+        env = os.environ
+        update: dict[str, Any] = {}
+        if (window := env.get(STREAM_WINDOW_ENV)) is not None:
+            update["window_s"] = float(window)
+        if (channels := env.get(CHANNELS_ENV)) is not None:
+            update["channels"] = channels != "0"
+        if (idle := env.get(CHANNEL_IDLE_ENV)) is not None:
+            update["channel_idle_s"] = float(idle)
+        return self.model_copy(update=update)
+
+
+STREAM_WINDOW_ENV = "SERVE_APP_STREAM_WINDOW_S"
+CHANNELS_ENV = "SERVE_APP_ENGINE_CHANNELS"
+CHANNEL_IDLE_ENV = "SERVE_APP_CHANNEL_IDLE_S"
+API_KEYS_ENV = "SERVE_APP_API_KEYS"
+API_KEYS_FILE_ENV = "SERVE_APP_API_KEYS_FILE"
+REASONING_KEY_ENV = "SERVE_APP_REASONING_KEY"
+
+
+class SecretArgs(BaseModel):
+    """The ingress's secrets: API keys (serve_app/serving/http/auth.py) and the key that seals
+    reasoning and compaction blobs (serve_app/harmony/reasoning_vault.py). Secrets belong in
+    the environment (k8s/rayservice.template.yaml sets them from the serve-app Secret), not in
+    a config file: each environment variable, when set, overrides its field, read where it is
+    used (`resolved`, in the ingress replica)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Bearer keys any of which opens the API; none (and no file): the API is open.
+    # $SERVE_APP_API_KEYS (comma-separated) overrides it.
+    api_keys: list[str] = Field(default_factory=list)
+    # A file of more keys, one a line (``#`` comments). $SERVE_APP_API_KEYS_FILE overrides it.
+    api_keys_file: str | None = None
+    # Shared by every ingress replica, or a blob sealed on one opens on no other; unset: a
+    # random key per replica. $SERVE_APP_REASONING_KEY overrides it.
+    reasoning_key: str | None = None
+
+    def resolved(self) -> SecretArgs:
+        """These settings with the environment's overrides applied."""
+        env = os.environ
+        update: dict[str, Any] = {}
+        if (keys := env.get(API_KEYS_ENV)) is not None:
+            update["api_keys"] = [key.strip() for key in keys.split(",") if key.strip()]
+        if keys_file := env.get(API_KEYS_FILE_ENV):
+            update["api_keys_file"] = keys_file
+        if reasoning_key := env.get(REASONING_KEY_ENV):
+            update["reasoning_key"] = reasoning_key
+        return self.model_copy(update=update)
+
+
 class AppArgs(BaseModel):
     """What ``serve_app.app:build_app`` takes (validated by Ray Serve from the YAML ``args``)."""
 
@@ -107,6 +180,8 @@ class AppArgs(BaseModel):
     store: StoreConfig = Field(default_factory=StoreConfig)
     limits: Limits = Field(default_factory=Limits)
     background: BackgroundArgs = Field(default_factory=BackgroundArgs)
+    streaming: StreamingArgs = Field(default_factory=StreamingArgs)
+    secrets: SecretArgs = Field(default_factory=SecretArgs)
     # Context window of the model: prompt + output tokens.
     max_context_tokens: int = Field(default=131072, gt=0)
     # Used when a request sets no max_output_tokens (bounded by what the context leaves).

@@ -3,12 +3,15 @@
 `serve run` is given configs/local.yaml with five changes only: a free port, the scripted
 engine turns in tests/fixtures/engine_script.yaml, two replicas of each deployment (so
 routing and the shared store are tested), small engine limits (so overload is reachable) and
-a response store in the session's temp folder. One Ray start-up serves every app test.
+a response store in the session's temp folder. One Ray start-up serves every app test (started,
+awaited, joined and stopped by tests/support/serve_run.py).
 
-Two tiers: every test that uses the app's fixtures (``APP_FIXTURES`` below) is marked ``serve``
-at collection, so ``pytest -m "not serve"`` runs the rest without starting Ray, and plain
-``pytest`` runs all. With ``SERVE_APP_TEST_URL`` set, the ``app_url`` tests run against an app
-already running there (``python -m tests.local_app``) without Ray too.
+Two tiers, chosen by folder: every test under ``tests/app/`` and ``tests/clients/``
+(``SERVE_FOLDERS`` below) is marked ``serve`` at collection, so ``pytest -m "not serve"`` runs the
+rest without starting Ray, and plain ``pytest`` runs all. A test elsewhere that asks for the
+running app (``APP_FIXTURES``) is a collection error, unless it is marked ``serve`` itself
+(tests/vllm_cpu, a stage of its own). With ``SERVE_APP_TEST_URL`` set, the ``app_url`` tests run
+against an app already running there (``python -m tests.local_app``) without Ray too.
 
 With ``SERVE_APP_TEST_ENGINE=vllm`` (the vLLM stage of scripts/test.sh, in its own environment
 with vllm-cpu) the engine is the real vLLM engine instead, on a tiny random gpt-oss checkpoint
@@ -19,25 +22,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 from fastapi import FastAPI
+from openai import OpenAI
 
 from serve_app.serving.http.auth import ApiKeys
-from tests import postgres
-from tests.helpers import REPO, in_process_api
+from tests.support import ENGINE_SCRIPT, REPO, postgres, serve_run
+from tests.support.helpers import in_process_api
 
-ENGINE_SCRIPT = REPO / "tests" / "fixtures" / "engine_script.yaml"
-STARTUP_TIMEOUT_S = 180
 REPLICAS = 2  # of the ingress and of the engine
 ENGINE_MAX_ONGOING = 8
 ENGINE_MAX_QUEUED = 4  # per ingress replica (each holds its own handle)
@@ -48,10 +46,10 @@ STORE_BACKEND = os.environ.get("SERVE_APP_TEST_STORE", "sqlite")
 ENGINE = os.environ.get("SERVE_APP_TEST_ENGINE", "simulated")
 
 
-# How many examples the property tests draw (tests/test_fuzz.py takes its volume from here):
-# `thorough`, what scripts/test.sh (and so CI) runs, sends the fuzz tests over 10,000 requests;
-# the default keeps the fast tier (`pytest -m "not serve"`) fast with 50 per test. Pick one
-# with pytest's `--hypothesis-profile`.
+# How many examples the property tests draw (tests/unit/serving/test_ingress_fuzz.py takes its
+# volume from here): `thorough`, what scripts/test.sh (and so CI) runs, sends the fuzz tests
+# over 10,000 requests; the default keeps the fast tier (`pytest -m "not serve"`) fast with 50
+# per test. Pick one with pytest's `--hypothesis-profile`.
 # (The vLLM stage's environment has no Hypothesis, nor a test that uses it.)
 with contextlib.suppress(ImportError):
     from hypothesis import settings
@@ -61,13 +59,7 @@ with contextlib.suppress(ImportError):
     settings.load_profile("quick")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _test_config(tmp: Path, port: int, store_url: str) -> Path:
+def _test_config(tmp: Path, port: int, store_url: str) -> dict:
     config = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
     app = config["applications"][0]
@@ -87,9 +79,7 @@ def _test_config(tmp: Path, port: int, store_url: str) -> Path:
             deployment["max_queued_requests"] = ENGINE_MAX_QUEUED + REPLICAS
             if ENGINE == "vllm":  # one model in memory, both cores for it
                 deployment["num_replicas"] = 1
-    path = tmp / "serve_config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return config
 
 
 def _vllm_engine(tmp: Path) -> dict:
@@ -112,9 +102,8 @@ def _vllm_engine(tmp: Path) -> dict:
 
 
 @pytest.fixture(scope="session")
-def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen]:
+def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[serve_run.ServeRun]:
     tmp = tmp_path_factory.mktemp("serve")
-    port = _free_port()
     postgres_data = None
     if STORE_BACKEND == "postgresql":
         try:
@@ -123,31 +112,18 @@ def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.
             pytest.skip(f"PostgreSQL not available, app tests on it skipped: {error}")
     else:
         store_url = f"sqlite+aiosqlite:///{tmp / 'responses.db'}"
-    config = _test_config(tmp, port, store_url)
-    log_path = tmp / "serve.log"
     env = {
-        **os.environ,
         "SERVE_APP_REASONING_KEY": "test-reasoning-key",
         "RAY_USAGE_STATS_ENABLED": "0",
         # vllm-cpu: KV cache size in GiB (CPU memory), no pinning of its threads to cores.
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     }
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "serve"), "run", str(config)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    process.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
     try:
-        _wait_healthy(process.url, process, log_path)  # type: ignore[attr-defined]
-        yield process
+        config = _test_config(tmp, serve_run.free_port(), store_url)
+        with serve_run.running(config, tmp, env) as run:
+            yield run
     finally:
-        _stop(process)
         if postgres_data is not None:
             postgres.stop(postgres_data)
 
@@ -169,39 +145,21 @@ def app_url(request: pytest.FixtureRequest) -> str:
     return request.getfixturevalue("_serve_run").url
 
 
-def _gcs_address(serve_run_pid: int) -> str:
-    """The address of the Ray cluster that this `serve run` started (not any other on the box).
-
-    Its raylet is a child process whose command line names the cluster's GCS address.
-    """
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == serve_run_pid and args and args[0].endswith(b"raylet/raylet"):
-            for arg in args:
-                if arg.startswith(b"--gcs-address="):
-                    return arg.split(b"=", 1)[1].decode()
-    raise RuntimeError("could not find the Ray cluster started by `serve run`")
-
-
 @pytest.fixture(scope="session")
-def app_cluster(app_url: str, _serve_run: subprocess.Popen) -> Iterator[None]:
-    """This test process joined to the app's Ray cluster, to look inside or break replicas."""
+def app_cluster(app_url: str, _serve_run: serve_run.ServeRun) -> Iterator[None]:
+    """This test process joined to the app's Ray cluster, to look inside or break replicas: by
+    its address, not ``"auto"`` (the newest cluster on the machine, maybe another's)."""
     import ray
 
-    # "auto" is the newest cluster on this machine: make sure it is the app's.
-    ray.init(address="auto", logging_level="ERROR")
-    expected = _gcs_address(_serve_run.pid)
-    if ray.get_runtime_context().gcs_address != expected:
-        ray.shutdown()
-        pytest.fail(f"another Ray cluster was started after the test app's ({expected})")
+    serve_run.join(_serve_run)
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def client(app_url: str) -> OpenAI:
+    """The openai SDK on the running app; no retries, so a 429 or a 5xx is seen, not hidden."""
+    return OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="session")
@@ -211,43 +169,29 @@ def engine_handle(app_cluster: None):
     return serve.get_deployment_handle("EngineDeployment", app_name="serve_app")
 
 
-def _wait_healthy(url: str, process: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"serve run exited:\n{log_path.read_text()[-5000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    _stop(process)
-    raise RuntimeError(f"the app did not become healthy:\n{log_path.read_text()[-5000:]}")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    # Ctrl-C is how users stop `serve run`: it shuts the app and its local Ray down.
-    os.killpg(process.pid, signal.SIGINT)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-# The fixtures that reach the running app; a test using any of them (directly or through a
-# fixture of its own) is in the `serve` tier.
+# The folders (under tests/) whose tests run against the running app: the `serve` tier.
+SERVE_FOLDERS = frozenset({"app", "clients"})
+# The fixtures that reach the running app (directly or through a fixture of their own).
 APP_FIXTURES = frozenset({"app_url", "app_cluster", "engine_handle", "_serve_run"})
+TESTS = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks every test that uses the app as ``serve``, so ``pytest -m "not serve"`` is the
-    tier that never starts Ray. Fault tests kill replicas of the shared app: run them last."""
+    """Marks every test in a serve folder as ``serve``, so ``pytest -m "not serve"`` is the tier
+    that never starts Ray; a test elsewhere that needs the app is misplaced: it would start Ray
+    in the fast tier. Fault tests kill replicas of the shared app: run them last."""
+    misplaced = []
     for item in items:
-        # The fixture closure, so a fixture built on `app_url` counts too.
-        if APP_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
+        if folder in SERVE_FOLDERS:
             item.add_marker(pytest.mark.serve)
+        elif item.get_closest_marker("serve") is None and APP_FIXTURES.intersection(
+            getattr(item, "fixturenames", ())  # the fixture closure: fixtures built on app_url too
+        ):
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError(
+            "these tests use the running app: move them to tests/app/ or tests/clients/ "
+            f"(or mark them serve): {', '.join(misplaced)}"
+        )
     items.sort(key=lambda item: item.get_closest_marker("faults") is not None)

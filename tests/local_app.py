@@ -1,7 +1,7 @@
 """The ingress's FastAPI app on uvicorn, without Ray: a fast loop for the app tests.
 
     python -m tests.local_app --port 8123 &
-    SERVE_APP_TEST_URL=http://127.0.0.1:8123 python -m pytest tests/test_openai_sdk.py
+    SERVE_APP_TEST_URL=http://127.0.0.1:8123 python -m pytest tests/clients/test_openai_sdk.py
 
 Same API, the same scripted simulated engine (tests/fixtures/engine_script.yaml) and reasoning
 key as the session app of tests/conftest.py, one process, a store in a temporary folder. Tests
@@ -24,7 +24,7 @@ from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.http.auth import ApiKeys
 from serve_app.serving.http.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
-from tests.conftest import ENGINE_SCRIPT
+from tests.support import ENGINE_SCRIPT
 
 REASONING_KEY = "test-reasoning-key"
 

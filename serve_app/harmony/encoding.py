@@ -28,16 +28,23 @@ VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d
 # `get_encoding` checks each id against the encoding's own as it loads.
 SPECIAL_TOKENS = {
     "<|start|>": 200006,  # opens a message's header
+    "<|channel|>": 200005,  # names the message's channel, in its header
+    "<|message|>": 200008,  # ends the header: the content follows
     "<|end|>": 200007,  # end of a message that neither answers nor calls
     "<|return|>": 200002,  # end of a final answer
     "<|call|>": 200012,  # end of a tool call
 }
 START_TOKEN = SPECIAL_TOKENS["<|start|>"]
+CHANNEL_TOKEN = SPECIAL_TOKENS["<|channel|>"]
+MESSAGE_TOKEN = SPECIAL_TOKENS["<|message|>"]
 END_TOKEN = SPECIAL_TOKENS["<|end|>"]
 RETURN_TOKEN = SPECIAL_TOKENS["<|return|>"]
 CALL_TOKEN = SPECIAL_TOKENS["<|call|>"]
 # Sampling stops after either: the completion is a final answer or a tool call.
 STOP_TOKENS = (RETURN_TOKEN, CALL_TOKEN)
+# o200k's ordinary tokens are 0..199997; harmony's special and reserved ids follow (199998 to
+# 201088). `get_encoding` checks it against harmony's own list.
+FIRST_SPECIAL_TOKEN = 199998
 
 
 def _cache_dir() -> Path:
@@ -80,4 +87,18 @@ def get_encoding() -> HarmonyEncoding:
     for name, token in SPECIAL_TOKENS.items():
         if encoding.encode(name, allowed_special="all") != [token]:
             raise RuntimeError(f"harmony's {name} is not token {token} in this encoding")
+    if min(_special_token_ids(encoding).values()) != FIRST_SPECIAL_TOKEN:
+        raise RuntimeError(f"harmony's special tokens do not start at {FIRST_SPECIAL_TOKEN}")
     return encoding
+
+
+def special_token_ids() -> dict[str, int]:
+    """All of harmony's special tokens by text, with the ids the encoding gives them."""
+    return _special_token_ids(get_encoding())
+
+
+def _special_token_ids(encoding: HarmonyEncoding) -> dict[str, int]:
+    return {
+        text: encoding.encode(text, allowed_special="all")[0]
+        for text in encoding.special_tokens_set
+    }

@@ -39,13 +39,16 @@ class ReasoningVault:
         self._aead = AESGCM(_derive_key(secret))
 
     @classmethod
-    def from_env(cls, variable: str = "SERVE_APP_REASONING_KEY") -> ReasoningVault:
-        """The key from the environment; a random one if unset.
+    def from_env(
+        cls, variable: str = "SERVE_APP_REASONING_KEY", secret: str | None = None
+    ) -> ReasoningVault:
+        """The key from the environment's ``variable``, else ``secret`` (the app's setting);
+        a random one if neither is set.
 
         Every ingress replica must share the key for blobs to open on any replica: a random
         key only suits a single replica (blobs from before a restart are then ignored).
         """
-        secret = os.environ.get(variable)
+        secret = os.environ.get(variable) or secret
         if not secret:
             logger.warning(
                 "%s is not set: using a random key; encrypted reasoning will not survive a "

@@ -20,51 +20,28 @@ harmony and tells it what each message opens, streams and closes.
 translated (``tool_calls_exhausted`` tells the caller to stop the engine) and the response ends
 with the calls made so far.
 
-A harmony ``StreamableParser`` (``strict=True``) decodes each message; this module drives it
-one message at a time and owns recovery, because models emit malformed harmony and the parser
-raises on it. The parser's ``strict=False`` mode only changes one case (a stop token inside a
-header): it then joins the header words with single spaces and drops the recipient. Our own
-salvage of such headers keeps the text as written and still recovers tool calls, so we parse
-strictly and handle these cases here:
-
-- text with no header (``Hello`` right after ``<|start|>assistant``): a final message;
-- a header cut short by a stop token, by ``<|start|>``, or by the end of generation;
-- a header the parser rejects (duplicated ``to=``, empty channel, undecodable tokens): the
-  channel and first recipient are read leniently and the content goes on streaming;
-- tokens after ``<|call|>``/``<|end|>`` without ``<|start|>assistant`` (how parallel tool
-  calls often arrive): read as if ``<|start|>assistant`` were there;
-- ``<|start|>`` or ``<|channel|>`` inside content: the model skipped ``<|end|>``, so the
-  message ends there and a new one begins;
-- token ids outside the vocabulary: dropped (harmony would otherwise hold them back as an
-  incomplete UTF-8 sequence and swallow the rest of the message).
-
-A parser is made per message (never shared across responses) so a failure cannot leak into
-the next message.
-
-Logprobs (when the engine's chunks carry them, i.e. the request included
-``message.output_text.logprobs``): only the content tokens of ``message`` items (the
-``output_text``) get entries; header, stop and reasoning or tool-call tokens get none. A token's
-entry is held until a delta first carries its text (a token that ends inside a UTF-8
-character waits for the next one) and given to the writer with that delta. Token text and
-bytes are decoded per token with harmony's encoding, bytes exactly: a token that splits a
-character keeps its bytes, and its ``token`` shows U+FFFD.
+A harmony ``StreamableParser`` decodes each message; this module drives it one message at a time
+and recovers from malformed harmony (``recovery.py`` lists the cases). Logprobs: ``token_text.py``.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 import logging
-import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from openai.types.responses import Response, ResponseOutputItem, ResponseStreamEvent
 from openai.types.responses.response_output_text import Logprob as TextLogprob
-from openai.types.responses.response_output_text import LogprobTopLogprob as TextTopLogprob
 from openai_harmony import HarmonyEncoding, Message, Role, StreamableParser
 
-from serve_app.harmony.encoding import CALL_TOKEN, END_TOKEN, RETURN_TOKEN, get_encoding
+from serve_app.harmony.encoding import CALL_TOKEN, FIRST_SPECIAL_TOKEN, get_encoding
+from serve_app.harmony.recovery import (
+    ROLE_RECIPIENTS,
+    LooseHeader,
+    bare_name,
+    parse_loose_header,
+)
+from serve_app.harmony.token_text import structural_tokens, text_logprob, valid_token
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol import responses as builders
 from serve_app.protocol.stream_events import (
@@ -80,84 +57,6 @@ logger = logging.getLogger(__name__)
 # A real header is a dozen tokens (`<|channel|>commentary to=functions.exec_command
 # <|constrain|>json`); past this many, the model is writing text without a header.
 MAX_HEADER_TOKENS = 64
-# o200k's ordinary tokens are 0..199997; special and reserved ids follow.
-_FIRST_SPECIAL_ID = 199998
-
-# Read a header the parser rejected: `<|channel|>NAME`, `to=RECIPIENT`, `<|constrain|>TYPE`
-# in any order, each optionally preceded by whitespace. What follows is content.
-_HEADER_FIELD = re.compile(
-    r"\s*(?:<\|channel\|>(?P<channel>[^\s<]*)|to=(?P<to>[^\s<]+)|<\|constrain\|>[\w.\-]*)"
-)
-# After `<|start|>` the header begins with the author's role.
-_ROLE_WORD = re.compile(r"\s*(?:assistant|user|system|developer)\b")
-_RECIPIENT_TAIL = re.compile(r"[\s<]")
-# Recipients that name a conversation role, not a tool (a hallucinated tool result is
-# addressed `to=assistant`).
-_ROLE_RECIPIENTS = {"assistant", "user", "system", "developer"}
-
-
-@dataclass(frozen=True)
-class _Tokens:
-    start: int
-    channel: int
-    message: int
-    stops: frozenset[int]
-    # `<|channel|>final<|message|>`: puts a fresh parser into content state.
-    content_header: tuple[int, ...]
-
-
-@functools.cache
-def _tokens() -> _Tokens:
-    encoding = get_encoding()
-
-    def special(text: str) -> list[int]:
-        return encoding.encode(text, allowed_special="all")
-
-    return _Tokens(
-        start=special("<|start|>")[0],
-        channel=special("<|channel|>")[0],
-        message=special("<|message|>")[0],
-        stops=frozenset((END_TOKEN, RETURN_TOKEN, CALL_TOKEN)),
-        content_header=tuple(special("<|channel|>final<|message|>")),
-    )
-
-
-@functools.lru_cache(maxsize=4096)
-def _decodable(token: int) -> bool:
-    try:
-        get_encoding().decode([token])
-    except Exception:
-        return False
-    return True
-
-
-@functools.lru_cache(maxsize=65536)
-def _token_text(token: int) -> tuple[str, tuple[int, ...]]:
-    """A token's text and exact bytes (a piece of a UTF-8 character shows as U+FFFD)."""
-    try:
-        # surrogateescape round-trips undecodable bytes: harmony's public decode, exact bytes.
-        data = (
-            get_encoding()
-            .decode([token], errors="surrogateescape")
-            .encode("utf-8", errors="surrogateescape")
-        )
-    except Exception:
-        return "", ()
-    return data.decode("utf-8", errors="replace"), tuple(data)
-
-
-def _text_logprob(token: int, entry: TokenLogprob) -> TextLogprob:
-    logprob, alternatives = entry
-    text, data = _token_text(token)
-    top = []
-    for alternative, value in alternatives:
-        alt_text, alt_data = _token_text(alternative)
-        top.append(TextTopLogprob(token=alt_text, bytes=list(alt_data), logprob=value))
-    return TextLogprob(token=text, bytes=list(data), logprob=logprob, top_logprobs=top)
-
-
-def _valid_token(token: int) -> bool:
-    return 0 <= token < _FIRST_SPECIAL_ID or (token >= 0 and _decodable(token))
 
 
 class _State(enum.Enum):
@@ -165,35 +64,6 @@ class _State(enum.Enum):
     HEADER = "header"  # reading a message header
     CONTENT = "content"  # streaming a message's content into an open item
     DONE = "done"  # a terminal event was emitted
-
-
-@dataclass(frozen=True)
-class _LooseHeader:
-    channel: str | None
-    recipient: str | None
-    # Text after the header fields (content, when the header never reached `<|message|>`).
-    rest: str
-    # Whether any header field was recognised (else the "header" was plain text).
-    had_fields: bool
-
-
-def _parse_loose_header(text: str, *, leading_role: bool) -> _LooseHeader:
-    pos = 0
-    if leading_role and (role := _ROLE_WORD.match(text)):
-        pos = role.end()
-    channel: str | None = None
-    recipient: str | None = None
-    had_fields = False
-    while (field := _HEADER_FIELD.match(text, pos)) and field.end() > pos:
-        pos = field.end()
-        had_fields = True
-        # The first value wins: a duplicated `to=` is usually the model repeating itself.
-        if field["channel"] and channel is None:
-            channel = field["channel"]
-        if field["to"] and recipient is None:
-            recipient = field["to"]
-    rest = text[pos:]
-    return _LooseHeader(channel, recipient, rest.lstrip() if had_fields else rest, had_fields)
 
 
 def _message_text(message: Message) -> str:
@@ -217,7 +87,7 @@ class ResponseStreamTranslator:
         max_tool_calls: int | None = None,
     ) -> None:
         self._encoding: HarmonyEncoding = get_encoding()
-        self._tok = _tokens()
+        self._tok = structural_tokens()
         self._response_id = response.id
         self._writer = ResponseEventWriter(
             response, seal_reasoning=seal_reasoning, summarize_reasoning=summarize_reasoning
@@ -249,6 +119,11 @@ class ResponseStreamTranslator:
     def response(self) -> Response:
         """The in-progress template until a terminal event, then the final Response."""
         return self._writer.response
+
+    @property
+    def writer(self) -> ResponseEventWriter:
+        """The response's event writer (a turn answered without generating uses it alone)."""
+        return self._writer
 
     @property
     def output_items(self) -> list[ResponseOutputItem]:
@@ -346,7 +221,7 @@ class ResponseStreamTranslator:
     # --- token state machine -------------------------------------------------------------
 
     def _step(self, token: int) -> None:
-        if not _valid_token(token):
+        if not valid_token(token):
             logger.info("response %s: dropped invalid token id %d", self._response_id, token)
             return
         if self._state is _State.EXPECT_START:
@@ -414,7 +289,7 @@ class ResponseStreamTranslator:
         """Whether the header so far is ordinary text, not a header (checked once)."""
         if self._header_checked or self._header_after_start:
             return False
-        if any(token >= _FIRST_SPECIAL_ID for token in self._header):
+        if any(token >= FIRST_SPECIAL_TOKEN for token in self._header):
             self._header_checked = True
             return False
         text = self._encoding.decode(self._header).lstrip()
@@ -447,12 +322,12 @@ class ResponseStreamTranslator:
         if item is not None and item.kind is ItemKind.REASONING:
             self._reasoning_tokens += 1
         elif self._token_logprob is not None and item is not None and item.kind is ItemKind.MESSAGE:
-            self._pending.append(_text_logprob(token, self._token_logprob))
+            self._pending.append(text_logprob(token, self._token_logprob))
 
     # --- recovery ------------------------------------------------------------------------
 
-    def _loose_header(self) -> _LooseHeader:
-        return _parse_loose_header(
+    def _loose_header(self) -> LooseHeader:
+        return parse_loose_header(
             self._encoding.decode(self._header), leading_role=self._header_after_start
         )
 
@@ -483,7 +358,7 @@ class ResponseStreamTranslator:
         plain_text = not header_complete and not header.had_fields
         if plain_text and item is not None and item.kind is ItemKind.MESSAGE:
             # The "header" tokens are the message's first text.
-            self._pending.extend(_text_logprob(t, e) for t, e in self._header_logprobs)
+            self._pending.extend(text_logprob(t, e) for t, e in self._header_logprobs)
 
     def _salvage_header(self, status: ItemStatus, *, allow_empty_call: bool = False) -> None:
         """End a header that never reached `<|message|>`: an item if it says anything."""
@@ -534,10 +409,10 @@ class ResponseStreamTranslator:
             # `<|channel|>final <|constrain|>json<|message|>`: harmony's parser reports the
             # content type as the recipient. A recipient is a name (`to=NAME`), never a token.
             target = ""
-        if target and target not in _ROLE_RECIPIENTS:
+        if target and target not in ROLE_RECIPIENTS:
             spec = self._tools.resolve(target)
             if spec is None:
-                item = writer.open_function_call(_bare_name(target))
+                item = writer.open_function_call(bare_name(target))
             elif spec.kind == "custom":
                 item = writer.open_custom_tool_call(spec.name, spec.namespace)
             else:
@@ -618,9 +493,3 @@ class ResponseStreamTranslator:
         if self._parser is None:
             raise RuntimeError("no harmony parser for the current message")
         return self._parser
-
-
-def _bare_name(recipient: str) -> str:
-    """`functions.foo` / `ns.foo<|constrain|>json` -> `foo`, for recipients no tool matches."""
-    cleaned = _RECIPIENT_TAIL.split(recipient.strip(), maxsplit=1)[0]
-    return cleaned.rsplit(".", 1)[-1] or cleaned or recipient

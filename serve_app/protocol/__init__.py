@@ -1,2 +1,2 @@
 """The Responses API surface: request models, errors, Response builders, stream events, SSE
-framing. No harmony, no Ray."""
+framing, JSON-schema resolving. No harmony, no Ray (``lint-imports`` checks both)."""

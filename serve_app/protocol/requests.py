@@ -29,8 +29,6 @@ from pydantic import (
 from pydantic import Discriminator as PydanticDiscriminator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from serve_app.protocol.errors import InvalidRequest
-
 logger = logging.getLogger(__name__)
 
 
@@ -465,35 +463,6 @@ class ResponsesRequest(_Lenient):
         return [tool.type for tool in self.tools if isinstance(tool, HostedTool)]
 
 
-def check_tool_call_pairs(items: list[InputItem], first_input: int = 0) -> None:
-    """Every tool call needs its output and every output its call, as OpenAI requires.
-    ``items[first_input:]`` are the request's own input; earlier ones, the history it continues.
-    Errors name the request's own item (``input[i]``), or ``input`` for a call in the history
-    that the input leaves without its output."""
-
-    def param(index: int) -> str:
-        return f"input[{index - first_input}].call_id" if index >= first_input else "input"
-
-    calls: dict[str, int] = {}
-    outputs: dict[str, int] = {}
-    for index, item in enumerate(items):
-        if isinstance(item, FunctionCallItem | CustomToolCallItem):
-            calls.setdefault(item.call_id, index)
-        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
-            if item.call_id not in calls:
-                raise InvalidRequest(
-                    f"No tool call found for function call output with call_id {item.call_id}.",
-                    param=param(index),
-                )
-            outputs.setdefault(item.call_id, index)
-    for call_id, index in calls.items():
-        if call_id not in outputs:
-            raise InvalidRequest(
-                f"No tool output found for function call {call_id}.",
-                param=param(index),
-            )
-
-
 @dataclass(frozen=True)
 class AllowedTools:
     """``tool_choice: {"type": "allowed_tools", "mode": ..., "tools": [...]}``: the model may
@@ -505,55 +474,18 @@ class AllowedTools:
 
 
 def allowed_tools(choice: ToolChoice) -> AllowedTools | None:
-    """The ``allowed_tools`` choice (400 naming the field if malformed), else None."""
+    """The ``allowed_tools`` choice, else None. Parsing only: a malformed one is a 400 at the
+    door (serve_app.serving.admission.tools) before anything reads it; its malformed entries
+    are skipped here."""
     if not isinstance(choice, OtherToolChoice) or choice.type != "allowed_tools":
         return None
     extra = choice.model_extra or {}
-    mode = extra.get("mode")
-    if mode not in ("auto", "required"):
-        raise InvalidRequest(
-            "tool_choice.mode must be 'auto' or 'required'.", param="tool_choice.mode"
-        )
     tools = extra.get("tools")
-    if not isinstance(tools, list):
-        raise InvalidRequest("tool_choice.tools must be an array.", param="tool_choice.tools")
-    names: set[str] = set()
-    for index, tool in enumerate(tools):
-        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
-            raise InvalidRequest(
-                "Each allowed tool is an object with a `type`.",
-                param=f"tool_choice.tools[{index}]",
-            )
-        if tool["type"] in ("function", "custom"):
-            if not isinstance(tool.get("name"), str):
-                raise InvalidRequest(
-                    f"An allowed {tool['type']} tool needs a string `name`.",
-                    param=f"tool_choice.tools[{index}].name",
-                )
-            names.add(tool["name"])
-    return AllowedTools(frozenset(names), required=mode == "required")
-
-
-def _choice_name(choice: ToolChoice) -> str:
-    return choice.name if isinstance(choice, NamedToolChoice) else ""
-
-
-def check_tool_choice(request: ResponsesRequest) -> None:
-    """A named tool_choice (or each tool an ``allowed_tools`` choice names) must be a tool the
-    request defines."""
-    choice = request.tool_choice
-    allowed = allowed_tools(choice)
-    if not isinstance(choice, NamedToolChoice) and allowed is None:
-        return
-    names = set()
-    for tool in request.tools:
-        if isinstance(tool, FunctionTool | CustomTool):
-            names.add(tool.name)
-        elif isinstance(tool, NamespaceTool):
-            names.update(inner.name for inner in tool.tools)
-    wanted = sorted(allowed.names) if allowed is not None else [_choice_name(choice)]
-    for name in wanted:
-        if name not in names:
-            raise InvalidRequest(
-                f"Tool choice '{name}' not found in 'tools' parameter.", param="tool_choice"
-            )
+    names = {
+        tool["name"]
+        for tool in (tools if isinstance(tools, list) else [])
+        if isinstance(tool, dict)
+        and tool.get("type") in ("function", "custom")
+        and isinstance(tool.get("name"), str)
+    }
+    return AllowedTools(frozenset(names), required=extra.get("mode") == "required")

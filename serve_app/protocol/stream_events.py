@@ -24,42 +24,28 @@ Every model is built fresh: an event keeps its own copy of an item, never mutate
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from openai.types.responses import (
     Response,
-    ResponseCompletedEvent,
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
     ResponseCreatedEvent,
-    ResponseCustomToolCall,
-    ResponseCustomToolCallInputDeltaEvent,
     ResponseCustomToolCallInputDoneEvent,
-    ResponseFailedEvent,
-    ResponseFunctionCallArgumentsDeltaEvent,
     ResponseFunctionCallArgumentsDoneEvent,
-    ResponseFunctionToolCall,
-    ResponseIncompleteEvent,
     ResponseInProgressEvent,
     ResponseOutputItem,
     ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
-    ResponseOutputMessage,
-    ResponseOutputText,
-    ResponseReasoningItem,
     ResponseReasoningSummaryPartAddedEvent,
     ResponseReasoningSummaryPartDoneEvent,
     ResponseReasoningSummaryTextDeltaEvent,
     ResponseReasoningSummaryTextDoneEvent,
-    ResponseReasoningTextDeltaEvent,
     ResponseReasoningTextDoneEvent,
     ResponseStreamEvent,
-    ResponseTextDeltaEvent,
     ResponseTextDoneEvent,
     ResponseUsage,
 )
@@ -70,56 +56,33 @@ from openai.types.responses.response_content_part_added_event import (
 from openai.types.responses.response_content_part_done_event import (
     PartReasoningText as DoneReasoningPart,
 )
-from openai.types.responses.response_error import ResponseError
 from openai.types.responses.response_output_text import Logprob as TextLogprob
-from openai.types.responses.response_reasoning_item import Content as ReasoningContent
-from openai.types.responses.response_reasoning_item import Summary as ReasoningSummary
 from openai.types.responses.response_reasoning_summary_part_added_event import (
     Part as AddedSummaryPart,
 )
 from openai.types.responses.response_reasoning_summary_part_done_event import (
     Part as DoneSummaryPart,
 )
-from openai.types.responses.response_text_delta_event import Logprob as DeltaLogprob
-from openai.types.responses.response_text_delta_event import (
-    LogprobTopLogprob as DeltaTopLogprob,
-)
-from openai.types.responses.response_text_done_event import Logprob as DoneLogprob
-from openai.types.responses.response_text_done_event import LogprobTopLogprob as DoneTopLogprob
-from pydantic import ValidationError
 
 from serve_app.protocol import responses as builders
+from serve_app.protocol.stream_items import (
+    FinishStatus,
+    ItemKind,
+    ItemStatus,
+    OpenItem,
+    Phase,
+    call_arguments,
+    delta_event,
+    done_item,
+    done_logprob,
+    in_progress_item,
+    output_text,
+    reasoning_item,
+    response_error,
+    terminal_event,
+)
 
 logger = logging.getLogger(__name__)
-
-ItemStatus = Literal["completed", "incomplete"]
-Phase = Literal["commentary", "final_answer"]
-# How a response ends: `finish`'s status (`fail` is the other way).
-FinishStatus = Literal["completed", "incomplete", "cancelled"]
-
-
-class ItemKind(enum.Enum):
-    REASONING = "reasoning"
-    MESSAGE = "message"
-    FUNCTION_CALL = "function_call"
-    CUSTOM_TOOL_CALL = "custom_tool_call"
-
-
-@dataclass
-class OpenItem:
-    """An output item being streamed (``output_item.added`` sent, ``output_item.done`` not)."""
-
-    kind: ItemKind
-    item_id: str
-    output_index: int
-    phase: Phase | None = None
-    name: str = ""
-    call_id: str = ""
-    namespace: str | None = None
-    # Content sent in deltas so far.
-    text: str = ""
-    # Logprobs of the output_text sent so far (messages only).
-    logprobs: list[TextLogprob] = field(default_factory=list)
 
 
 class ResponseEventWriter:
@@ -159,6 +122,21 @@ class ResponseEventWriter:
         """How many function and custom tool calls are done."""
         return self._tool_calls
 
+    @classmethod
+    def resumed(
+        cls, response: Response, items: Sequence[ResponseOutputItem], next_sequence: int
+    ) -> ResponseEventWriter:
+        """A writer taking over a stream another writer began and can no longer end (a
+        background response whose runner is gone): ``response`` as stored, ``items`` the
+        ones it finished, its next event numbered ``next_sequence``. Only `finish` or `fail`
+        is left to write."""
+        writer = cls(response)
+        writer._started = True
+        writer._items = list(items)
+        writer._next_output_index = len(items)
+        writer._sequence = next_sequence
+        return writer
+
     def take_events(self) -> list[ResponseStreamEvent]:
         """The events written since the last call, in order."""
         events = self._events
@@ -180,6 +158,18 @@ class ResponseEventWriter:
                 sequence_number=self._seq(),
             ),
         )
+
+    def answer_at_once(self, usage: ResponseUsage) -> list[ResponseStreamEvent]:
+        """A response answered without generating (a WebSocket prewarm): ``response.created``,
+        then ``response.completed`` with no output; instead of `start`, once."""
+        if self._started:
+            return []
+        self._started = True
+        created = ResponseCreatedEvent(
+            type="response.created", response=self._template, sequence_number=self._seq()
+        )
+        self.finish("completed", usage)
+        return [created, *self.take_events()]
 
     # --- items ---------------------------------------------------------------------------
 
@@ -337,14 +327,17 @@ class ResponseEventWriter:
     def finish(
         self,
         status: FinishStatus,
-        usage: ResponseUsage,
+        usage: ResponseUsage | None,
         *,
         incomplete_reason: Literal["max_output_tokens", "content_filter"] | None = None,
     ) -> None:
         """The final Response (the finished items, ``usage``) and its terminal event:
         ``response.completed`` when ``completed``, else ``response.incomplete`` (a
-        ``cancelled`` response too: OpenAI has no ``response.cancelled`` event)."""
-        fields: dict[str, Any] = {"output": list(self._items), "usage": usage, "status": status}
+        ``cancelled`` response too: OpenAI has no ``response.cancelled`` event). ``usage``
+        None: the response's own is kept (a resumed writer's)."""
+        fields: dict[str, Any] = {"output": list(self._items), "status": status}
+        if usage is not None:
+            fields["usage"] = usage
         if incomplete_reason is not None:
             fields["incomplete_details"] = IncompleteDetails(reason=incomplete_reason)
         if status == "completed":
@@ -450,156 +443,3 @@ class ResponseEventWriter:
         number = self._sequence
         self._sequence += 1
         return number
-
-
-# --- single events and items -----------------------------------------------------------------
-
-
-def delta_event(
-    item: OpenItem, delta: str, sequence_number: int, logprobs: Sequence[TextLogprob] = ()
-) -> ResponseStreamEvent:
-    """The item's content delta: ``output_text`` (with ``logprobs``), ``reasoning_text``,
-    function call arguments or custom tool call input."""
-    common: dict[str, Any] = {
-        "item_id": item.item_id,
-        "output_index": item.output_index,
-        "delta": delta,
-        "sequence_number": sequence_number,
-    }
-    if item.kind is ItemKind.MESSAGE:
-        return ResponseTextDeltaEvent(
-            type="response.output_text.delta",
-            content_index=0,
-            logprobs=[delta_logprob(entry) for entry in logprobs],
-            **common,
-        )
-    if item.kind is ItemKind.REASONING:
-        return ResponseReasoningTextDeltaEvent(
-            type="response.reasoning_text.delta", content_index=0, **common
-        )
-    if item.kind is ItemKind.FUNCTION_CALL:
-        return ResponseFunctionCallArgumentsDeltaEvent(
-            type="response.function_call_arguments.delta", **common
-        )
-    return ResponseCustomToolCallInputDeltaEvent(
-        type="response.custom_tool_call_input.delta", **common
-    )
-
-
-def terminal_event(response: Response, sequence_number: int) -> ResponseStreamEvent:
-    """The event that ends a stream with ``response``: completed, failed, else incomplete."""
-    if response.status == "completed":
-        return ResponseCompletedEvent(
-            type="response.completed", response=response, sequence_number=sequence_number
-        )
-    if response.status == "failed":
-        return ResponseFailedEvent(
-            type="response.failed", response=response, sequence_number=sequence_number
-        )
-    return ResponseIncompleteEvent(
-        type="response.incomplete", response=response, sequence_number=sequence_number
-    )
-
-
-def in_progress_item(item: OpenItem) -> ResponseOutputItem:
-    """The item as ``output_item.added`` announces it: no content yet, ``in_progress``."""
-    if item.kind is ItemKind.REASONING:
-        return ResponseReasoningItem(id=item.item_id, type="reasoning", summary=[], content=[])
-    return _item(item, "", "in_progress", done=False)
-
-
-def done_item(item: OpenItem, text: str, status: str) -> ResponseOutputItem:
-    """A finished message or tool call (reasoning: `reasoning_item`)."""
-    return _item(item, text, status, done=True)
-
-
-def _item(item: OpenItem, text: str, status: str, *, done: bool) -> ResponseOutputItem:
-    if item.kind is ItemKind.MESSAGE:
-        return ResponseOutputMessage(
-            id=item.item_id,
-            type="message",
-            role="assistant",
-            status=status,
-            content=[output_text(text, item.logprobs)] if done else [],
-            phase=item.phase,
-        )
-    extra: dict[str, Any] = {"namespace": item.namespace} if item.namespace else {}
-    if item.kind is ItemKind.FUNCTION_CALL:
-        return ResponseFunctionToolCall(
-            id=item.item_id,
-            type="function_call",
-            call_id=item.call_id,
-            name=item.name,
-            arguments=call_arguments(text) if done else "",
-            status=status,
-            **extra,
-        )
-    if item.kind is ItemKind.CUSTOM_TOOL_CALL:
-        # The SDK's custom_tool_call has no `status`; Codex accepts it and it marks a call cut
-        # short, so it is sent like the other items' (kept as an extra field).
-        return ResponseCustomToolCall(
-            id=item.item_id,
-            type="custom_tool_call",
-            call_id=item.call_id,
-            name=item.name,
-            input=text if done else "",
-            status=status,
-            **extra,
-        )
-    raise ValueError(f"not a message or tool call: {item.kind}")
-
-
-def reasoning_item(
-    item_id: str,
-    text: str,
-    status: str,
-    *,
-    summarize: bool,
-    encrypted_content: str | None = None,
-) -> ResponseReasoningItem:
-    """A finished reasoning item: ``text`` as its content (and summary, with ``summarize``)."""
-    summary = [ReasoningSummary(type="summary_text", text=text)] if summarize else []
-    fields: dict[str, Any] = {
-        "id": item_id,
-        "type": "reasoning",
-        "summary": summary,
-        "content": [ReasoningContent(type="reasoning_text", text=text)],
-    }
-    if encrypted_content is not None:
-        # Only when sealed: the specification does not let `encrypted_content` be null.
-        fields["encrypted_content"] = encrypted_content
-    if status == "incomplete":
-        # Reasoning items carry no status when complete (as OpenAI sends them).
-        fields["status"] = "incomplete"
-    return ResponseReasoningItem(**fields)
-
-
-def output_text(text: str, logprobs: Sequence[TextLogprob] = ()) -> ResponseOutputText:
-    return ResponseOutputText(
-        type="output_text", text=text, annotations=[], logprobs=list(logprobs)
-    )
-
-
-def call_arguments(text: str) -> str:
-    # A call without arguments (`to=functions.list<|call|>`, or `<|message|>` straight to
-    # `<|call|>`) is sent as "{}": clients parse arguments as JSON, and "" is not JSON.
-    return text if text.strip() else "{}"
-
-
-def delta_logprob(entry: TextLogprob) -> DeltaLogprob:
-    top = [DeltaTopLogprob(token=alt.token, logprob=alt.logprob) for alt in entry.top_logprobs]
-    return DeltaLogprob(token=entry.token, logprob=entry.logprob, top_logprobs=top)
-
-
-def done_logprob(entry: TextLogprob) -> DoneLogprob:
-    top = [DoneTopLogprob(token=alt.token, logprob=alt.logprob) for alt in entry.top_logprobs]
-    return DoneLogprob(token=entry.token, logprob=entry.logprob, top_logprobs=top)
-
-
-def response_error(code: str, message: str) -> ResponseError:
-    try:
-        return ResponseError(code=code, message=message)  # type: ignore[arg-type]
-    except ValidationError:
-        # The SDK's Literal lacks codes clients act on (`context_length_exceeded` and
-        # `insufficient_quota` are fatal for Codex, others are retried): send the code as given.
-        return ResponseError.model_construct(code=code, message=message)

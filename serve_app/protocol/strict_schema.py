@@ -5,6 +5,8 @@ A function tool with ``strict: true`` promises arguments that validate against i
 validates against its ``schema``. OpenAI keeps that promise only for a subset of JSON Schema
 and answers 400 for a schema outside it; so do we, before rendering, so a client learns here
 what OpenAI would tell it (and the constrained decoder only ever sees schemas it can enforce).
+This module finds what breaks a rule (`StrictSchemaError`); the door
+(serve_app.serving.admission.tools) turns it into the 400.
 
 The subset (OpenAI's "Supported schemas"): the root is an object (not an ``anyOf``); every
 object sets ``additionalProperties: false`` and lists every property in ``required`` (an
@@ -24,8 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from serve_app.protocol import json_schema as schemas
-from serve_app.protocol.errors import InvalidRequest
-from serve_app.protocol.requests import FunctionTool, NamespaceTool, ResponsesRequest
 
 MAX_PROPERTIES = 5000
 MAX_NESTING = 10
@@ -71,44 +71,6 @@ def check_schema(schema: Any) -> None:
     walk.schema(schema, ())
     walk.check_totals()
     _check_nesting(schemas.resolve(schema))
-
-
-def check_request(request: ResponsesRequest) -> None:
-    """400 for the first strict function tool or strict ``json_schema`` format whose schema
-    breaks a rule, naming its param (``tools[2].parameters``, ``text.format.schema``)."""
-    for index, tool in enumerate(request.tools):
-        if isinstance(tool, FunctionTool):
-            _check_tool(tool, f"tools[{index}]")
-        elif isinstance(tool, NamespaceTool):
-            for inner_index, inner in enumerate(tool.tools):
-                if isinstance(inner, FunctionTool):
-                    _check_tool(inner, f"tools[{index}].tools[{inner_index}]")
-    text_format = request.text.format if request.text else None
-    if (
-        text_format is not None
-        and text_format.type == "json_schema"
-        and text_format.strict is True
-        and text_format.schema_ is not None
-    ):
-        name = text_format.name or "response_format"
-        _raise_for(text_format.schema_, f"response_format '{name}'", "text.format.schema")
-
-
-def _check_tool(tool: FunctionTool, prefix: str) -> None:
-    if tool.strict is not True or tool.parameters is None:
-        return
-    prefix = f"{prefix}.function" if tool.chat_form else prefix
-    _raise_for(tool.parameters, f"function '{tool.name}'", f"{prefix}.parameters")
-
-
-def _raise_for(schema: dict[str, Any], owner: str, param: str) -> None:
-    try:
-        check_schema(schema)
-    except StrictSchemaError as error:
-        code = "invalid_json_schema" if param.startswith("text.") else "invalid_function_parameters"
-        raise InvalidRequest(
-            f"Invalid schema for {owner}: {error}", param=param, code=code
-        ) from None
 
 
 @dataclass

@@ -20,18 +20,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from openai.types.responses import ResponseStreamEvent
+from openai.types.responses import Response, ResponseOutputItemDoneEvent, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from serve_app.config import BackgroundArgs
 from serve_app.protocol import sse
+from serve_app.protocol.responses import dump_response
 from serve_app.protocol.sse import event_json
+from serve_app.protocol.stream_events import ResponseEventWriter
 from serve_app.serving.turn.persistence import NOT_STORED_MESSAGE, NotStored, stored_or_fail
 from serve_app.serving.turn.service import ResponsesService
 from serve_app.serving.turn.state import Turn
@@ -317,31 +319,35 @@ class _EventWriter:
             raise
 
 
-def _ending(status: str, error: dict[str, Any] | None, event_type: str) -> RunEnding:
-    """A `RunEnding`: the response with the items its runner finished, and its terminal event."""
+def _ending(end: Callable[[ResponseEventWriter, Response], None]) -> RunEnding:
+    """A `RunEnding`: the response with the items its runner finished, and its terminal event,
+    written by a `ResponseEventWriter` resumed after the stored events (``end`` ends it)."""
 
     def build(
         response: dict[str, Any], done_events: list[str], last: int
     ) -> tuple[dict[str, Any], list[tuple[int, str]]]:
-        finished = [json.loads(data) for data in done_events]
-        output = [event["item"] for event in sorted(finished, key=lambda e: e["output_index"])]
-        final = {**response, "status": status, "output": output, "error": error}
-        number = last + 1
-        event = {"type": event_type, "response": final, "sequence_number": number}
-        return final, [(number, json.dumps(event, ensure_ascii=False, separators=(",", ":")))]
+        finished = sorted(
+            (_OUTPUT_ITEM_DONE.validate_json(data) for data in done_events),
+            key=lambda event: event.output_index,
+        )
+        # As stored, not judged again: the runner's own snapshot of it.
+        stored = Response.model_construct(**response)
+        writer = ResponseEventWriter.resumed(stored, [e.item for e in finished], last + 1)
+        end(writer, stored)
+        (event,) = writer.take_events()
+        return dump_response(writer.response), [(event.sequence_number, event_json(event))]
 
     return build
 
 
-_interrupted = _ending(
-    "failed", {"code": INTERRUPTED_CODE, "message": INTERRUPTED_MESSAGE}, "response.failed"
-)
+_OUTPUT_ITEM_DONE = TypeAdapter(ResponseOutputItemDoneEvent)
+
+_interrupted = _ending(lambda writer, _: writer.fail(INTERRUPTED_CODE, INTERRUPTED_MESSAGE))
 # A run whose final snapshot could not be stored.
-_unstored = _ending(
-    "failed", {"code": "server_error", "message": NOT_STORED_MESSAGE}, "response.failed"
-)
-# As the running replica ends a cancelled response (see ResponseStreamTranslator.finish).
-_cancelled = _ending("cancelled", None, "response.incomplete")
+_unstored = _ending(lambda writer, _: writer.fail("server_error", NOT_STORED_MESSAGE))
+# As the running replica ends a cancelled response (see ResponseStreamTranslator.finish),
+# with the usage stored so far.
+_cancelled = _ending(lambda writer, stored: writer.finish("cancelled", stored.usage))
 
 
 def _event_type(data: str) -> str:

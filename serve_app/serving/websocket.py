@@ -29,7 +29,6 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from openai.types.responses import ResponseCreatedEvent
 from openai.types.responses.responses_server_event import ResponseWsError, ResponseWsErrorError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -37,8 +36,8 @@ from serve_app.config import Limits
 from serve_app.protocol.body_errors import from_validation_errors
 from serve_app.protocol.errors import APIError, InvalidRequest
 from serve_app.protocol.requests import STRICT_TYPES, InputItem, ResponsesRequest
+from serve_app.protocol.responses import usage
 from serve_app.protocol.sse import event_json
-from serve_app.protocol.stream_events import terminal_event
 from serve_app.serving import metrics
 from serve_app.serving.http.auth import ApiKeys
 from serve_app.serving.turn.service import ResponsesService
@@ -301,18 +300,15 @@ async def _prewarm(
 ) -> None:
     """A ``generate: false`` turn: validated and rendered like any (so its errors are the same),
     answered at once with an empty completed response; the engine is not called."""
-    created = turn.response
-    # No tokens: the translator's completed response has no output and zero usage.
-    turn.translator.finish("stop", prompt_tokens=0, cached_tokens=0)
+    # No tokens: a completed response with no output and zero usage.
+    events = turn.translator.writer.answer_at_once(usage(0, 0, 0, 0))
     # Stored (so HTTP and other sockets can continue it too) before it is answered completed.
-    if await service.keep(turn):
+    if (failed := await service.keep(turn)) is None:
         recent.remember(turn.response.id, service.continuation(turn))
         logger.info("websocket: prewarm %s answered without generating", turn.response.id)
-    terminal = terminal_event(turn.response, sequence_number=1)
-    for event in (
-        ResponseCreatedEvent(type="response.created", response=created, sequence_number=0),
-        terminal,
-    ):
+    else:
+        events[-1] = failed
+    for event in events:
         await socket.send_text(event_json(event))
 
 

@@ -4,7 +4,7 @@ SQLite runs in WAL mode so readers never block the writer and a crash loses no c
 response; PostgreSQL lets many ingress replicas share one store. Each response is one row
 written in one transaction, together with the index of its items (``items``), which item
 references are resolved through. Every write is one transaction that sees what it reads
-(on SQLite: see `_sqlite_begin`).
+(on SQLite: `sqlite.sqlite_begin`).
 
 Every write goes through `SqlResponseStore._transact`: a transaction that fails for a transient
 reason (SQLite busy or locked, a PostgreSQL serialization failure or deadlock, a dropped
@@ -22,32 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
-import os
-import random
-import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy import (
-    BigInteger,
-    Boolean,
-    Float,
-    Index,
-    Integer,
-    Select,
-    String,
-    Text,
     delete,
     event,
-    exists,
     func,
     select,
-    text,
     update,
 )
 from sqlalchemy.engine import make_url
@@ -58,7 +44,6 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, aliased, mapped_column
 
 from serve_app.store.base import (
     BackgroundRun,
@@ -69,179 +54,26 @@ from serve_app.store.base import (
     StoredResponse,
     cut_page,
 )
+from serve_app.store.retry import WRITE_ATTEMPTS, backoff_s, transient
+from serve_app.store.sqlite import WRITES, private_sqlite_file, sqlite_begin, sqlite_pragmas
+from serve_app.store.tables import (
+    Base,
+    ConversationItemRow,
+    ConversationRow,
+    EventRow,
+    ItemRow,
+    ResponseRow,
+    RunRow,
+    item_key,
+    item_rows,
+    migrate,
+    page_query,
+)
+from serve_app.store.writes import append_items_at_end, persisted_ending_inputs, put_response
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# A write that fails for a transient reason is tried this many times in all, pausing between
-# tries for a random time up to a bound that doubles from the first to the last (full jitter:
-# writers that collided do not collide again in step). On SQLite each try also waits up to
-# ``busy_timeout`` (5 s) for the write lock, so a write gives up after about half a minute.
-WRITE_ATTEMPTS = 6
-FIRST_BACKOFF_S = 0.05
-MAX_BACKOFF_S = 1.0
-# SQLite's "database is busy" and "a table is locked" (extended codes keep these low bits).
-_SQLITE_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-_SQLITE_BUSY_MESSAGES = ("database is locked", "database is busy", "database table is locked")
-# PostgreSQL: serialization_failure, deadlock_detected; the server going away (class 57P:
-# admin_shutdown, crash_shutdown, cannot_connect_now) and connection exceptions (class 08).
-_PG_TRANSIENT_STATES = ("40001", "40P01", "57P01", "57P02", "57P03")
-
-
-def transient(error: BaseException) -> bool:
-    """Whether a failed transaction may succeed if run again: nothing of it was committed and
-    the cause passes (contention, a connection lost). Constraint violations and bugs are not."""
-    if not isinstance(error, DBAPIError):
-        return False
-    if error.connection_invalidated:
-        return True
-    cause = error.orig
-    if isinstance(cause, sqlite3.OperationalError):
-        code = getattr(cause, "sqlite_errorcode", None)
-        if code is not None and code & 0xFF in _SQLITE_BUSY_CODES:
-            return True
-        return str(cause).lower().startswith(_SQLITE_BUSY_MESSAGES)
-    state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    return isinstance(state, str) and (state in _PG_TRANSIENT_STATES or state.startswith("08"))
-
-
-def backoff_s(attempt: int) -> float:
-    """The pause after the ``attempt``-th failed try (1-based)."""
-    return random.uniform(0, min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (attempt - 1)))
-
-
-class _Base(DeclarativeBase):
-    pass
-
-
-class ResponseRow(_Base):
-    __tablename__ = "responses"
-
-    id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    previous_response_id: Mapped[str | None] = mapped_column(String(64), index=True)
-    created_at: Mapped[int] = mapped_column(BigInteger)
-    response_json: Mapped[str] = mapped_column(Text)
-    input_items_json: Mapped[str] = mapped_column(Text)
-    owner: Mapped[str | None] = mapped_column(String(64))
-    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-
-
-class EventRow(_Base):
-    """One streamed event of a background response, for polling and resuming streams."""
-
-    __tablename__ = "response_events"
-
-    response_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    sequence_number: Mapped[int] = mapped_column(Integer, primary_key=True)
-    event_json: Mapped[str] = mapped_column(Text)
-
-
-class RunRow(_Base):
-    """The lease of a background response's run (see `BackgroundRun`). A table of its own,
-    keyed by the response, so stores made before leases existed gain it with ``create_all``."""
-
-    __tablename__ = "background_runs"
-    __table_args__ = (Index("ix_background_runs_ended_expiry", "ended", "lease_expires_at"),)
-
-    response_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    runner: Mapped[str] = mapped_column(String(128))
-    lease_expires_at: Mapped[float] = mapped_column(Float)
-    ended: Mapped[bool] = mapped_column(Boolean, default=False)
-
-
-class ConversationRow(_Base):
-    __tablename__ = "conversations"
-
-    id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    created_at: Mapped[int] = mapped_column(BigInteger)
-    metadata_json: Mapped[str] = mapped_column(Text)
-    owner: Mapped[str | None] = mapped_column(String(64))
-
-
-class ConversationItemRow(_Base):
-    """A conversation's item at its position: the server's order, which paging follows.
-
-    ``item_id`` is the client's choice for some items: any length up to the API's limit
-    (``MAX_ITEM_ID_LENGTH``, 256 characters, small enough for a PostgreSQL index entry), and
-    not unique. It was VARCHAR(64) before: `_migrate` widens it on PostgreSQL (SQLite never
-    enforced the length, so an old SQLite file is already fine).
-    """
-
-    __tablename__ = "conversation_items"
-
-    conversation_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    position: Mapped[int] = mapped_column(Integer, primary_key=True)
-    item_id: Mapped[str] = mapped_column(Text, index=True)
-    item_json: Mapped[str] = mapped_column(Text)
-
-
-class ItemRow(_Base):
-    """A stored item by its id, for item references: each input and output item of a stored
-    response and each conversation item, with its owner.
-
-    Ids are not unique (clients choose some, and a referenced item is stored again as the
-    input of the response that referenced it) and may be long: rows are keyed by a surrogate,
-    and looked up by a digest of the id with the owner.
-    """
-
-    __tablename__ = "items"
-    __table_args__ = (Index("ix_items_item_key_owner", "item_key", "owner"),)
-
-    # BIGINT on PostgreSQL; SQLite autoincrements only an INTEGER primary key.
-    row_id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
-    item_key: Mapped[str] = mapped_column(String(64))
-    owner: Mapped[str | None] = mapped_column(String(64))
-    # Where the item is stored (one of the two), so deleting that removes it from the index.
-    response_id: Mapped[str | None] = mapped_column(String(64), index=True)
-    conversation_id: Mapped[str | None] = mapped_column(String(64), index=True)
-    item_json: Mapped[str] = mapped_column(Text)
-
-
-def _item_key(item_id: str) -> str:
-    return hashlib.sha256(item_id.encode()).hexdigest()
-
-
-def _item_rows(
-    items: Iterable[dict[str, Any]],
-    owner: str | None,
-    *,
-    response_id: str | None = None,
-    conversation_id: str | None = None,
-) -> list[ItemRow]:
-    # A reference is not an item of its own: indexing it would let it resolve to itself.
-    return [
-        ItemRow(
-            item_key=_item_key(item["id"]),
-            owner=owner,
-            response_id=response_id,
-            conversation_id=conversation_id,
-            item_json=json.dumps(item),
-        )
-        for item in items
-        if isinstance(item.get("id"), str) and item.get("type") != "item_reference"
-    ]
-
-
-def _private_sqlite_file(path: Path) -> None:
-    """The store holds every tenant's prompts and answers: only this user may read it. The
-    directories created for it are 0700, the database file 0600, made so before SQLite opens it
-    (SQLite gives its -wal and -shm files the database file's mode). A store from before this
-    is tightened too; a directory that already existed (``/tmp``, a home) is left as it is."""
-    missing = [parent for parent in (path.parent, *path.parent.parents) if not parent.exists()]
-    for directory in reversed(missing):
-        directory.mkdir(mode=0o700, exist_ok=True)
-        directory.chmod(0o700)  # whatever the umask
-    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        try:
-            if file.exists() and file.stat().st_mode & 0o077:
-                file.chmod(0o600)
-                logger.warning("response store: %s was readable by others, now 0600", file)
-        except OSError as error:
-            logger.warning("response store: could not make %s private: %s", file, error)
 
 
 class SqlResponseStore(ResponseStore):
@@ -256,21 +88,21 @@ class SqlResponseStore(ResponseStore):
     async def start(self) -> None:
         url = make_url(self.url)
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-            _private_sqlite_file(Path(url.database).expanduser())
+            private_sqlite_file(Path(url.database).expanduser())
         # A connection to an SQLite file does not go stale: no ping (a round trip per write).
         self._engine = create_async_engine(url, pool_pre_ping=url.get_backend_name() != "sqlite")
         if url.get_backend_name() == "sqlite":
-            event.listen(self._engine.sync_engine, "connect", _sqlite_pragmas)
-            event.listen(self._engine.sync_engine, "begin", _sqlite_begin)
+            event.listen(self._engine.sync_engine, "connect", sqlite_pragmas)
+            event.listen(self._engine.sync_engine, "begin", sqlite_begin)
             self._write_turns = asyncio.Lock()
-        writer = self._engine.execution_options(**{_WRITES: True})
+        writer = self._engine.execution_options(**{WRITES: True})
         self._sessions = async_sessionmaker(self._engine, expire_on_commit=False)
         self._writes = async_sessionmaker(writer, expire_on_commit=False)
 
         async def create_schema(session: AsyncSession) -> None:
             connection = await session.connection()
-            await connection.run_sync(_Base.metadata.create_all)
-            await _migrate(connection)
+            await connection.run_sync(Base.metadata.create_all)
+            await migrate(connection)
 
         # Two replicas starting on one SQLite file create the schema at the same moment.
         await self._transact(create_schema)
@@ -278,7 +110,7 @@ class SqlResponseStore(ResponseStore):
 
     async def put(self, stored: StoredResponse) -> None:
         async def write(session: AsyncSession) -> None:
-            await _put_response(session, stored)
+            await put_response(session, stored)
 
         await self._transact(write)
 
@@ -290,9 +122,9 @@ class SqlResponseStore(ResponseStore):
     ) -> None:
         async def write(session: AsyncSession) -> None:
             if stored is not None:
-                await _put_response(session, stored)
+                await put_response(session, stored)
             if conversation_id is not None:
-                await _append_items(session, conversation_id, items)
+                await append_items_at_end(session, conversation_id, items)
 
         await self._transact(write)
 
@@ -328,7 +160,7 @@ class SqlResponseStore(ResponseStore):
         query = (
             select(ItemRow.item_json)
             .where(
-                ItemRow.item_key.in_([_item_key(item_id) for item_id in wanted]),
+                ItemRow.item_key.in_([item_key(item_id) for item_id in wanted]),
                 ItemRow.owner.is_not_distinct_from(owner),
             )
             .order_by(ItemRow.row_id)
@@ -442,7 +274,7 @@ class SqlResponseStore(ResponseStore):
             response = json.loads(row.response_json)
             if response.get("status") not in ("queued", "in_progress"):
                 return False  # its runner finished it after all; the run is marked ended
-            done_items, last = await _persisted_ending_inputs(session, response_id)
+            done_items, last = await persisted_ending_inputs(session, response_id)
             final, events = ending(response, done_items, last)
             row.response_json = json.dumps(final)
             session.add_all(
@@ -450,7 +282,7 @@ class SqlResponseStore(ResponseStore):
                 for number, data in events
             )
             output = [item for item in final.get("output") or [] if isinstance(item, dict)]
-            session.add_all(_item_rows(output, row.owner, response_id=response_id))
+            session.add_all(item_rows(output, row.owner, response_id=response_id))
             return True
 
         try:
@@ -490,7 +322,7 @@ class SqlResponseStore(ResponseStore):
             await session.merge(row)
             if items:
                 await session.flush()  # the row is there for the append to find
-                await _append_items(session, conversation.id, items)
+                await append_items_at_end(session, conversation.id, items)
 
         await self._transact(write)
 
@@ -523,7 +355,7 @@ class SqlResponseStore(ResponseStore):
             return
 
         async def write(session: AsyncSession) -> None:
-            await _append_items(session, conversation_id, items)
+            await append_items_at_end(session, conversation_id, items)
 
         await self._transact(write)
 
@@ -547,7 +379,7 @@ class SqlResponseStore(ResponseStore):
             await session.execute(
                 delete(ItemRow).where(
                     ItemRow.conversation_id == conversation_id,
-                    ItemRow.item_key == _item_key(item_id),
+                    ItemRow.item_key == item_key(item_id),
                 )
             )
             return result.rowcount > 0
@@ -578,7 +410,7 @@ class SqlResponseStore(ResponseStore):
             entries: list[tuple[dict[str, Any], bool]] = []
             batch = limit + 1  # one more than the page: whether there is more
             while True:
-                query = _page_query(conversation_id, start, descending, batch)
+                query = page_query(conversation_id, start, descending, batch)
                 rows = (await session.execute(query)).all()
                 entries += [
                     (json.loads(data), bool(resolves_here)) for _, data, resolves_here in rows
@@ -643,143 +475,3 @@ class SqlResponseStore(ResponseStore):
         """This process's turn to write: the asyncio lock on SQLite, nothing on PostgreSQL
         (whose writers lock only the rows they touch)."""
         return self._write_turns if self._write_turns is not None else contextlib.nullcontext()
-
-
-async def _put_response(session: AsyncSession, stored: StoredResponse) -> None:
-    """Insert or replace a response and its items' index, in the session's write transaction."""
-    row = ResponseRow(
-        id=stored.id,
-        previous_response_id=stored.previous_response_id,
-        created_at=int(stored.response.get("created_at") or time.time()),
-        response_json=json.dumps(stored.response),
-        input_items_json=json.dumps(stored.input_items),
-        owner=stored.owner,
-    )
-    existing = await session.get(ResponseRow, stored.id)
-    if existing is not None:  # a background response's later snapshot: keep its flag
-        row.cancel_requested = existing.cancel_requested
-        await session.execute(delete(ItemRow).where(ItemRow.response_id == stored.id))
-    await session.merge(row)
-    session.add_all(
-        _item_rows(
-            [*stored.input_items, *stored.output_items],
-            stored.owner,
-            response_id=stored.id,
-        )
-    )
-
-
-async def _append_items(
-    session: AsyncSession, conversation_id: str, items: list[dict[str, Any]]
-) -> None:
-    """Add items at the end of a conversation, in the session's write transaction."""
-    # Appenders to one conversation take turns, so the last position read here stays
-    # the last until these items are in after it: no two calls get the same positions
-    # (a primary key conflict, once a 500) and each call's items stay together, in
-    # order. PostgreSQL locks the conversation's row until commit (FOR UPDATE); SQLite
-    # has no row locks (it drops FOR UPDATE) but this transaction began IMMEDIATE,
-    # holding the database's write lock. A lock first: appends are short, so a writer
-    # waits its turn (on SQLite up to busy_timeout, 5 s) and only then is retried.
-    conversation = (
-        await session.execute(
-            select(ConversationRow.owner)
-            .where(ConversationRow.id == conversation_id)
-            .with_for_update()
-        )
-    ).first()
-    if conversation is None:
-        return  # deleted meanwhile: there is nothing to extend
-    last = await session.scalar(
-        select(func.max(ConversationItemRow.position)).where(
-            ConversationItemRow.conversation_id == conversation_id
-        )
-    )
-    start = -1 if last is None else last
-    session.add_all(
-        ConversationItemRow(
-            conversation_id=conversation_id,
-            position=start + offset,
-            item_id=item["id"],
-            item_json=json.dumps(item),
-        )
-        for offset, item in enumerate(items, start=1)
-    )
-    session.add_all(_item_rows(items, conversation.owner, conversation_id=conversation_id))
-
-
-async def _persisted_ending_inputs(
-    session: AsyncSession, response_id: str
-) -> tuple[list[str], int]:
-    """What `RunEnding` builds from: the finished items' events, and the last number."""
-    done = (
-        await session.scalars(
-            select(EventRow.event_json)
-            .where(
-                EventRow.response_id == response_id,
-                # event_json puts "type" first (serve_app.protocol.sse).
-                EventRow.event_json.startswith('{"type":"response.output_item.done"'),
-            )
-            .order_by(EventRow.sequence_number)
-        )
-    ).all()
-    last = await session.scalar(
-        select(func.max(EventRow.sequence_number)).where(EventRow.response_id == response_id)
-    )
-    return list(done), -1 if last is None else last
-
-
-def _page_query(conversation_id: str, start: int | None, descending: bool, limit: int) -> Select:
-    """Items after position ``start`` in listing order, each with its position and whether it
-    is the first item with its id in that order (the one an ``after`` naming it resolves to)."""
-    row, other = ConversationItemRow, aliased(ConversationItemRow)
-    earlier = other.position > row.position if descending else other.position < row.position
-    repeated = exists().where(
-        other.conversation_id == row.conversation_id, other.item_id == row.item_id, earlier
-    )
-    query = select(row.position, row.item_json, ~repeated).where(
-        row.conversation_id == conversation_id
-    )
-    if start is not None:
-        query = query.where(row.position < start if descending else row.position > start)
-    return query.order_by(row.position.desc() if descending else row.position).limit(limit)
-
-
-async def _migrate(connection) -> None:
-    """Bring a store made by an older version up to date (``create_all`` makes missing tables
-    only): conversation item ids were VARCHAR(64), too short for clients' ids."""
-    if connection.dialect.name != "postgresql":
-        return
-    column_type = await connection.scalar(
-        text(
-            "SELECT data_type FROM information_schema.columns WHERE table_schema = "
-            "current_schema() AND table_name = 'conversation_items' AND column_name = 'item_id'"
-        )
-    )
-    if column_type == "character varying":
-        await connection.execute(
-            text("ALTER TABLE conversation_items ALTER COLUMN item_id TYPE text")
-        )
-
-
-# An execution option of the engine that write sessions use.
-_WRITES = "serve_app_writes"
-
-
-def _sqlite_pragmas(connection, _record) -> None:
-    cursor = connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")  # durable at each commit in WAL mode
-    cursor.execute("PRAGMA busy_timeout=5000")  # writers from other replicas wait, not fail
-    cursor.close()
-    # SQLAlchemy emits BEGIN (_sqlite_begin), not the driver.
-    connection.isolation_level = None
-
-
-def _sqlite_begin(connection) -> None:
-    """SQLAlchemy, not the sqlite3 module, begins each transaction: the module starts one only
-    at the first INSERT/UPDATE/DELETE, so a read before it was outside the transaction. A
-    writing transaction begins IMMEDIATE: it takes SQLite's one write lock at once, waiting for
-    it (``busy_timeout``) rather than failing later when a read snapshot turns out stale. Reads
-    begin DEFERRED and never wait."""
-    writes = connection.get_execution_options().get(_WRITES, False)
-    connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")

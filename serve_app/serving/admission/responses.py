@@ -2,10 +2,10 @@
 turn can earn.
 
 The turn's door (`Door` in serve_app.serving.turn.admit) applies them in this order, before
-anything is rendered: the request
-on its own (`check_request`), the items it continues once loaded (`history_not_found`,
-`check_references`), then request and items together (`check_strict_schemas`, `check_items`,
-`check_generation`). Rendering only renders and loading only loads; neither rejects. Two
+anything is rendered: the request on its own (`check_request`), the items it continues once
+loaded (`history_not_found`, `check_references`), then request and items together
+(`check_strict_schemas`, `check_items`, `check_generation`; the rules on tools and schemas are
+in `tools`). Rendering only renders and loading only loads; neither rejects. Two
 answers can only be known from the rendered prompt, and are decided here too, right after
 rendering: harmony refusing client content (`unrenderable_is_a_400`) and the context length
 (`output_budget`).
@@ -19,15 +19,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from pydantic import BaseModel
 
 from serve_app.config import AppArgs
-from serve_app.constraints import validate as constraints
 from serve_app.engines.base import CLIENT_ERROR_CODES
 from serve_app.harmony import compaction
 from serve_app.harmony.pieces import MAX_PIECE_CHARS, long_piece
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import UnrenderableRequest
 from serve_app.harmony.tools import ToolRegistry
-from serve_app.protocol import json_schema as schemas
-from serve_app.protocol import strict_schema
 from serve_app.protocol.errors import (
     RATE_LIMITED,
     APIError,
@@ -44,13 +41,8 @@ from serve_app.protocol.requests import (
     InputItem,
     ItemReference,
     ResponsesRequest,
-    check_tool_call_pairs,
-    check_tool_choice,
 )
-
-# Tool parameters nested deeper than this were a 400 when harmony parsed them (its JSON parser's
-# recursion limit); they stay one: the response could not echo much deeper ones back anyway.
-MAX_PARAMETERS_NESTING = 120
+from serve_app.serving.admission import tools as tool_rules
 
 
 def check_request(args: AppArgs, request: ResponsesRequest, *, check_limits: bool = True) -> None:
@@ -173,7 +165,7 @@ def _check_reference(item_id: str, found: Mapping[str, InputItem | None], param:
 
 def check_strict_schemas(request: ResponsesRequest) -> None:
     """A strict schema OpenAI would refuse is a 400 here, not a promise we cannot keep."""
-    strict_schema.check_request(request)
+    tool_rules.check_strict_schemas(request)
 
 
 def check_items(
@@ -189,10 +181,10 @@ def check_items(
     passes them on to `check_generation` and rendering)."""
     items = [*history, *request.input_items]
     _check_resolved(items, first_input=len(history))
-    check_tool_call_pairs(items, first_input=len(history))
-    check_tool_choice(request)
+    tool_rules.check_tool_call_pairs(items, first_input=len(history))
+    tool_rules.check_tool_choice(request)
     tools = ToolRegistry.from_request(request)
-    _check_tool_parameters(tools)
+    tool_rules.check_tool_parameters(tools)
     _check_compaction_items(items, vault, owner, len(history), history_param(request))
     return tools
 
@@ -207,20 +199,6 @@ def _check_resolved(items: Sequence[InputItem], first_input: int) -> None:
                 param=_input_id_param(index - first_input) if index >= first_input else "input",
                 code="item_not_found",
             )
-
-
-def _check_tool_parameters(tools: ToolRegistry) -> None:
-    for specs in tools.namespaces().values():
-        for spec in specs:
-            if spec.kind != "function":
-                continue
-            depth = schemas.nesting_depth(spec.parameters, MAX_PARAMETERS_NESTING)
-            if depth > MAX_PARAMETERS_NESTING:
-                raise InvalidRequest(
-                    f"The parameters of tool '{spec.name}' nest deeper than "
-                    f"{MAX_PARAMETERS_NESTING} levels.",
-                    param="tools",
-                )
 
 
 def _check_compaction_items(
@@ -255,7 +233,7 @@ def check_generation(request: ResponsesRequest, tools: ToolRegistry | None = Non
     the request's, as `check_items` returned them (built here when not given)."""
     if tools is None:
         tools = ToolRegistry.from_request(request)
-    constraints.check_compiles(request, tools)
+    tool_rules.check_enforceable(request, tools)
     if request.background and not request.store:
         raise InvalidRequest(
             "Background responses are stored: they need `store` true.", param="store"

@@ -26,21 +26,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from serve_app.config import StreamingArgs
 from serve_app.engines.base import GenerateChunk
 
 logger = logging.getLogger(__name__)
 
-# SERVE_APP_ENGINE_CHANNELS=0 keeps every request on its own stream (to compare, or as a way out).
-CHANNELS_ENABLED = os.environ.get("SERVE_APP_ENGINE_CHANNELS", "1") != "0"
 # A channel with no request for this long closes; the caller opens it again when it next needs
 # it. Keeps an idle ingress from holding a request slot on each engine replica (and from
-# keeping a replica that Serve stops from draining).
-CHANNEL_IDLE_S = float(os.environ.get("SERVE_APP_CHANNEL_IDLE_S", "2.0"))
+# keeping a replica that Serve stops from draining). The setting is the app's
+# (`StreamingArgs.channel_idle_s`); this is its value for a replica built without app args.
+CHANNEL_IDLE_S = StreamingArgs().resolved().channel_idle_s
 
 # One send on a channel: (request id, the request's chunks since its last send, merged).
 Batch = list[tuple[str, GenerateChunk]]

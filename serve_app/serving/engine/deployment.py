@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from serve_app.config import EngineConfig
+from serve_app.config import EngineConfig, StreamingArgs
 from serve_app.engines.base import (
     SERVER_ERROR,
     Engine,
@@ -56,14 +55,12 @@ logger = logging.getLogger(__name__)
 # CallerWatch keys of channels (request ids never start so): a dead caller's channel closes.
 _CHANNEL = "channel:"
 CALLER_CHECK_PERIOD_S = 2.0
-# After a chunk is sent, the next is sent no sooner than this: tokens arriving meanwhile ride
-# together. Each chunk through a handle, and then each ASGI message through the HTTP proxy,
-# costs the ingress and the proxy ~0.1-0.3 ms of CPU whatever it carries, and at decode rates
-# of 50-200 tokens/s per request the queue-based coalescing alone nearly never finds two
-# tokens queued (bench_stream.py: 1.04-1.15 tokens per chunk). The first token is never held
-# back (the window starts after a send), so time to first token is unchanged, and a token
-# waits at most this long. SERVE_APP_STREAM_WINDOW_S overrides it (0: no window).
-STREAM_WINDOW_S = float(os.environ.get("SERVE_APP_STREAM_WINDOW_S", "0.02"))
+# After a chunk is sent, the next is sent no sooner than the stream window
+# (`StreamingArgs.window_s`): tokens arriving meanwhile ride together. At decode rates of 50-200
+# tokens/s per request the queue-based coalescing alone nearly never finds two tokens queued
+# (bench_stream.py: 1.04-1.15 tokens per chunk). This is its value for a replica built without
+# app args (the tests' bare replicas, which may set it); a deployed replica takes the app's.
+STREAM_WINDOW_S = StreamingArgs().resolved().window_s
 
 
 def _live_actor_names() -> set[str]:
@@ -208,9 +205,14 @@ class _Route:
 
 @serve.deployment(name="EngineDeployment", max_ongoing_requests=64)
 class EngineDeployment:
-    async def __init__(self, engine: EngineConfig) -> None:
+    async def __init__(self, engine: EngineConfig, streaming: StreamingArgs | None = None) -> None:
         # Same id the request router puts on its ring: lets the ingress attribute cache hits.
-        self._serve(make_engine(engine), serve.get_replica_context().replica_id.unique_id)
+        self._serve(
+            make_engine(engine),
+            serve.get_replica_context().replica_id.unique_id,
+            # Resolved here: the environment overrides are this node's.
+            streaming=(streaming or StreamingArgs()).resolved(),
+        )
         await self._engine.start()
 
     def _serve(
@@ -219,8 +221,11 @@ class EngineDeployment:
         replica_id: str,
         live_callers: Callable[[], Awaitable[set[str]]] | None = None,
         caller_check_period_s: float = CALLER_CHECK_PERIOD_S,
+        streaming: StreamingArgs | None = None,
     ) -> None:
-        """The replica's state around ``engine`` (the tests build one without Serve so)."""
+        """The replica's state around ``engine`` (the tests build one without Serve so;
+        ``streaming`` None: the module's `STREAM_WINDOW_S` and `CHANNEL_IDLE_S`)."""
+        self._streaming = streaming
         self._engine = engine
         self._replica_id = replica_id
         # What the routers are told (record_routing_stats): conversations served, the prefix
@@ -236,6 +241,12 @@ class EngineDeployment:
             self._abort_orphan, live_callers or self._live_callers, caller_check_period_s
         )
 
+    def _window_s(self) -> float:
+        return STREAM_WINDOW_S if self._streaming is None else self._streaming.window_s
+
+    def _channel_idle_s(self) -> float:
+        return CHANNEL_IDLE_S if self._streaming is None else self._streaming.channel_idle_s
+
     async def generate(
         self, request: GenerateRequest, caller: str | None = None
     ) -> AsyncIterator[GenerateChunk | OnChannel]:
@@ -245,7 +256,7 @@ class EngineDeployment:
 
         On its own stream, the engine runs ahead into a queue and every yield sends all that is
         queued as one chunk, so a slow reader gets fewer, larger chunks; after each send the
-        next waits out ``STREAM_WINDOW_S`` (see the constant). On a channel, the channel's
+        next waits out the stream window (`_window_s`). On a channel, the channel's
         `Outbox` does that for all the caller's requests at once.
 
         ``caller``: the name of the calling replica's actor, watched while the request runs.
@@ -274,15 +285,15 @@ class EngineDeployment:
                 yield chunk
                 if route.failed:
                     break
-                if not finished and STREAM_WINDOW_S > 0:
+                if not finished and (window_s := self._window_s()) > 0:
                     # Cancelled here like anywhere (a client gone): the finally aborts.
-                    await asyncio.sleep(STREAM_WINDOW_S)
+                    await asyncio.sleep(window_s)
         finally:
             await self._settle(caller, request.request_id, producer, finished)
 
     async def channel(self, caller: str, replica: str) -> AsyncIterator[Batch]:
         """The channel from this replica to ``caller`` (an ingress replica's actor): the chunks
-        of its requests, one batch per send, until idle (``engine_channel.CHANNEL_IDLE_S``).
+        of its requests, one batch per send, until idle (`StreamingArgs.channel_idle_s`).
 
         ``replica``: the engine replica the caller asked for (the request router pins the call
         to it). Elsewhere (it is gone), or with a channel to the caller already open, the stream
@@ -290,7 +301,7 @@ class EngineDeployment:
         """
         if replica != self._replica_id or caller in self._outboxes:
             return
-        outbox = Outbox(STREAM_WINDOW_S, CHANNEL_IDLE_S)
+        outbox = Outbox(self._window_s(), self._channel_idle_s())
         self._outboxes[caller] = outbox
         watch_key = _CHANNEL + caller
         self._callers.add(caller, watch_key)

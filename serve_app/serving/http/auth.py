@@ -1,7 +1,8 @@
 """Optional API keys: bearer tokens checked in constant time, and who owns what is stored.
 
 Keys come from ``$SERVE_APP_API_KEYS`` (comma-separated) and/or the file named by
-``$SERVE_APP_API_KEYS_FILE`` (one per line, ``#`` comments), never from the Serve config. With
+``$SERVE_APP_API_KEYS_FILE`` (one per line, ``#`` comments): the overrides of the app's
+`SecretArgs` fields, which a Serve config should leave unset (keys are secrets). With
 no keys configured the API is open (a laptop default). Stored responses and conversations
 belong to the key that created them (by a digest, never the key itself); another key gets 404.
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -24,13 +24,12 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from serve_app.config import SecretArgs
 from serve_app.protocol.errors import APIError
 from serve_app.serving import metrics
 
 logger = logging.getLogger(__name__)
 
-KEYS_ENV = "SERVE_APP_API_KEYS"
-KEYS_FILE_ENV = "SERVE_APP_API_KEYS_FILE"
 # Paths any client may reach without a key: probes, metrics, the API's own description.
 PUBLIC_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/redoc"})
 # Where `RequireKey` leaves the caller's owner digest, in the request's scope state.
@@ -46,11 +45,13 @@ class ApiKeys:
         self._keys = [key.encode() for key in keys if key]
 
     @classmethod
-    def from_env(cls) -> ApiKeys:
-        keys = [key.strip() for key in os.environ.get(KEYS_ENV, "").split(",")]
-        keys_file = os.environ.get(KEYS_FILE_ENV)
-        if keys_file:
-            for line in Path(keys_file).read_text().splitlines():
+    def from_env(cls, secrets: SecretArgs | None = None) -> ApiKeys:
+        """The keys of ``secrets`` (the app's; none by default) and of its keys file, with the
+        environment's overrides (`SecretArgs.resolved`)."""
+        secrets = (secrets or SecretArgs()).resolved()
+        keys = list(secrets.api_keys)
+        if secrets.api_keys_file:
+            for line in Path(secrets.api_keys_file).read_text().splitlines():
                 line = line.split("#", 1)[0].strip()
                 if line:
                     keys.append(line)

@@ -19,7 +19,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve_app.config import AppArgs
+from serve_app.config import REASONING_KEY_ENV, AppArgs
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.protocol.body_errors import from_validation_errors
 from serve_app.protocol.errors import (
@@ -37,7 +37,6 @@ from serve_app.serving.admission.responses import failed_response_error
 from serve_app.serving.background import BackgroundRunner
 from serve_app.serving.compaction import compact
 from serve_app.serving.conversations import conversations_router
-from serve_app.serving.engine.channel import CHANNELS_ENABLED
 from serve_app.serving.engine.client import EngineClient, HandleEngineClient
 from serve_app.serving.http.auth import ApiKeys, Owner, RequireKey, caller
 from serve_app.serving.http.body_limit import BodyLimits
@@ -316,12 +315,12 @@ class ResponsesIngress:
             HandleEngineClient(
                 engine_handle,
                 caller=ray.get_runtime_context().get_actor_name(),
-                channels=CHANNELS_ENABLED,
+                channels=args.streaming.resolved().channels,
             ),
-            ReasoningVault.from_env(),
+            ReasoningVault.from_env(REASONING_KEY_ENV, args.secrets.reasoning_key),
             self._store,
             replica_id=serve.get_replica_context().replica_id.unique_id,
-            api_keys=ApiKeys.from_env(),
+            api_keys=ApiKeys.from_env(args.secrets),
         )
         # Background responses whose replica died (or whose app restarted) are ended now.
         self._api.state.background.start_sweeping()

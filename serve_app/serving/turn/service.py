@@ -136,12 +136,12 @@ class ResponsesService:
         if it could not be."""
         await self._persistence.save(turn)
 
-    async def keep(self, turn: Turn) -> bool:
+    async def keep(self, turn: Turn) -> ResponseStreamEvent | None:
         """`Persistence.keep`, for a caller that sends the terminal event itself (a WebSocket
-        prewarm): False, and the response now ``failed``, if it could not be stored."""
+        prewarm): None once stored; if it could not be, the response is now ``failed`` and
+        this is the ``response.failed`` to send in place of its terminal event."""
         try:
             await self._persistence.keep(turn)
         except NotStored:
-            turn.translator.fail_ended(NOT_STORED_MESSAGE, SERVER_ERROR)
-            return False
-        return True
+            return turn.translator.fail_ended(NOT_STORED_MESSAGE, SERVER_ERROR)
+        return None

@@ -1,0 +1,178 @@
+"""The rules on a request's tools, tool calls and schemas: every tool call paired with its
+output, a ``tool_choice`` that names tools the request defines, tool parameters harmony can
+take, strict schemas inside OpenAI's subset (serve_app.protocol.strict_schema finds what breaks
+it), and schemas and grammars constrained decoding can enforce (serve_app.constraints.validate
+finds what does not compile)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from serve_app.constraints.validate import first_unenforceable
+from serve_app.harmony.tools import ToolRegistry
+from serve_app.protocol import json_schema
+from serve_app.protocol.errors import InvalidRequest
+from serve_app.protocol.requests import (
+    CustomTool,
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    InputItem,
+    NamedToolChoice,
+    NamespaceTool,
+    OtherToolChoice,
+    ResponsesRequest,
+    allowed_tools,
+)
+from serve_app.protocol.strict_schema import StrictSchemaError, check_schema
+
+# Tool parameters nested deeper than this were a 400 when harmony parsed them (its JSON parser's
+# recursion limit); they stay one: the response could not echo much deeper ones back anyway.
+MAX_PARAMETERS_NESTING = 120
+
+
+def check_tool_call_pairs(items: Sequence[InputItem], first_input: int = 0) -> None:
+    """Every tool call needs its output and every output its call, as OpenAI requires.
+    ``items[first_input:]`` are the request's own input; earlier ones, the history it continues.
+    Errors name the request's own item (``input[i]``), or ``input`` for a call in the history
+    that the input leaves without its output."""
+
+    def param(index: int) -> str:
+        return f"input[{index - first_input}].call_id" if index >= first_input else "input"
+
+    calls: dict[str, int] = {}
+    outputs: dict[str, int] = {}
+    for index, item in enumerate(items):
+        if isinstance(item, FunctionCallItem | CustomToolCallItem):
+            calls.setdefault(item.call_id, index)
+        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+            if item.call_id not in calls:
+                raise InvalidRequest(
+                    f"No tool call found for function call output with call_id {item.call_id}.",
+                    param=param(index),
+                )
+            outputs.setdefault(item.call_id, index)
+    for call_id, index in calls.items():
+        if call_id not in outputs:
+            raise InvalidRequest(
+                f"No tool output found for function call {call_id}.",
+                param=param(index),
+            )
+
+
+def check_tool_choice(request: ResponsesRequest) -> None:
+    """An ``allowed_tools`` choice is well formed, and a named tool_choice (or each tool an
+    ``allowed_tools`` choice names) is a tool the request defines."""
+    choice = request.tool_choice
+    if isinstance(choice, OtherToolChoice) and choice.type == "allowed_tools":
+        _check_allowed_tools(choice.model_extra or {})
+    allowed = allowed_tools(choice)
+    if not isinstance(choice, NamedToolChoice) and allowed is None:
+        return
+    names = set()
+    for tool in request.tools:
+        if isinstance(tool, FunctionTool | CustomTool):
+            names.add(tool.name)
+        elif isinstance(tool, NamespaceTool):
+            names.update(inner.name for inner in tool.tools)
+    wanted = sorted(allowed.names) if allowed is not None else [_choice_name(choice)]
+    for name in wanted:
+        if name not in names:
+            raise InvalidRequest(
+                f"Tool choice '{name}' not found in 'tools' parameter.", param="tool_choice"
+            )
+
+
+def _check_allowed_tools(extra: dict[str, Any]) -> None:
+    """``tool_choice: {"type": "allowed_tools", ...}``: a mode, and an array of tools each
+    with a `type` (and a `name` for function and custom tools); a 400 naming the field."""
+    if extra.get("mode") not in ("auto", "required"):
+        raise InvalidRequest(
+            "tool_choice.mode must be 'auto' or 'required'.", param="tool_choice.mode"
+        )
+    tools = extra.get("tools")
+    if not isinstance(tools, list):
+        raise InvalidRequest("tool_choice.tools must be an array.", param="tool_choice.tools")
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+            raise InvalidRequest(
+                "Each allowed tool is an object with a `type`.",
+                param=f"tool_choice.tools[{index}]",
+            )
+        if tool["type"] in ("function", "custom") and not isinstance(tool.get("name"), str):
+            raise InvalidRequest(
+                f"An allowed {tool['type']} tool needs a string `name`.",
+                param=f"tool_choice.tools[{index}].name",
+            )
+
+
+def _choice_name(choice: object) -> str:
+    return choice.name if isinstance(choice, NamedToolChoice) else ""
+
+
+def check_tool_parameters(tools: ToolRegistry) -> None:
+    for specs in tools.namespaces().values():
+        for spec in specs:
+            if spec.kind != "function":
+                continue
+            depth = json_schema.nesting_depth(spec.parameters, MAX_PARAMETERS_NESTING)
+            if depth > MAX_PARAMETERS_NESTING:
+                raise InvalidRequest(
+                    f"The parameters of tool '{spec.name}' nest deeper than "
+                    f"{MAX_PARAMETERS_NESTING} levels.",
+                    param="tools",
+                )
+
+
+def check_strict_schemas(request: ResponsesRequest) -> None:
+    """A strict schema OpenAI would refuse is a 400 here, not a promise we cannot keep: the
+    first strict function tool or strict ``json_schema`` format whose schema breaks a rule,
+    naming its param (``tools[2].parameters``, ``text.format.schema``)."""
+    for index, tool in enumerate(request.tools):
+        if isinstance(tool, FunctionTool):
+            _check_strict_tool(tool, f"tools[{index}]")
+        elif isinstance(tool, NamespaceTool):
+            for inner_index, inner in enumerate(tool.tools):
+                if isinstance(inner, FunctionTool):
+                    _check_strict_tool(inner, f"tools[{index}].tools[{inner_index}]")
+    text_format = request.text.format if request.text else None
+    if (
+        text_format is not None
+        and text_format.type == "json_schema"
+        and text_format.strict is True
+        and text_format.schema_ is not None
+    ):
+        name = text_format.name or "response_format"
+        _check_strict(text_format.schema_, f"response_format '{name}'", "text.format.schema")
+
+
+def _check_strict_tool(tool: FunctionTool, prefix: str) -> None:
+    if tool.strict is not True or tool.parameters is None:
+        return
+    prefix = f"{prefix}.function" if tool.chat_form else prefix
+    _check_strict(tool.parameters, f"function '{tool.name}'", f"{prefix}.parameters")
+
+
+def _check_strict(schema: dict[str, Any], owner: str, param: str) -> None:
+    try:
+        check_schema(schema)
+    except StrictSchemaError as error:
+        code = "invalid_json_schema" if param.startswith("text.") else "invalid_function_parameters"
+        raise InvalidRequest(
+            f"Invalid schema for {owner}: {error}", param=param, code=code
+        ) from None
+
+
+def check_enforceable(request: ResponsesRequest, tools: ToolRegistry) -> None:
+    """Every schema or grammar the request asks to enforce compiles: a 400 naming the param
+    the engine could not enforce."""
+    found = first_unenforceable(request, tools)
+    if found is not None:
+        raise InvalidRequest(
+            f"Invalid {found.param}: constrained decoding cannot enforce it: {found.error}",
+            param=found.param,
+            code=found.code,
+        )

@@ -1,0 +1,171 @@
+"""The response store's tables (SQLAlchemy's ORM), the item index's rows, the conversation page
+query, and the migration of stores made by older versions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    Index,
+    Integer,
+    Select,
+    String,
+    Text,
+    exists,
+    select,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, aliased, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ResponseRow(Base):
+    __tablename__ = "responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    previous_response_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    response_json: Mapped[str] = mapped_column(Text)
+    input_items_json: Mapped[str] = mapped_column(Text)
+    owner: Mapped[str | None] = mapped_column(String(64))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class EventRow(Base):
+    """One streamed event of a background response, for polling and resuming streams."""
+
+    __tablename__ = "response_events"
+
+    response_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    sequence_number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    event_json: Mapped[str] = mapped_column(Text)
+
+
+class RunRow(Base):
+    """The lease of a background response's run (see `BackgroundRun`). A table of its own,
+    keyed by the response, so stores made before leases existed gain it with ``create_all``."""
+
+    __tablename__ = "background_runs"
+    __table_args__ = (Index("ix_background_runs_ended_expiry", "ended", "lease_expires_at"),)
+
+    response_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    runner: Mapped[str] = mapped_column(String(128))
+    lease_expires_at: Mapped[float] = mapped_column(Float)
+    ended: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class ConversationRow(Base):
+    __tablename__ = "conversations"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    metadata_json: Mapped[str] = mapped_column(Text)
+    owner: Mapped[str | None] = mapped_column(String(64))
+
+
+class ConversationItemRow(Base):
+    """A conversation's item at its position: the server's order, which paging follows.
+
+    ``item_id`` is the client's choice for some items: any length up to the API's limit
+    (``MAX_ITEM_ID_LENGTH``, 256 characters, small enough for a PostgreSQL index entry), and
+    not unique. It was VARCHAR(64) before: `_migrate` widens it on PostgreSQL (SQLite never
+    enforced the length, so an old SQLite file is already fine).
+    """
+
+    __tablename__ = "conversation_items"
+
+    conversation_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    item_id: Mapped[str] = mapped_column(Text, index=True)
+    item_json: Mapped[str] = mapped_column(Text)
+
+
+class ItemRow(Base):
+    """A stored item by its id, for item references: each input and output item of a stored
+    response and each conversation item, with its owner.
+
+    Ids are not unique (clients choose some, and a referenced item is stored again as the
+    input of the response that referenced it) and may be long: rows are keyed by a surrogate,
+    and looked up by a digest of the id with the owner.
+    """
+
+    __tablename__ = "items"
+    __table_args__ = (Index("ix_items_item_key_owner", "item_key", "owner"),)
+
+    # BIGINT on PostgreSQL; SQLite autoincrements only an INTEGER primary key.
+    row_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    item_key: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str | None] = mapped_column(String(64))
+    # Where the item is stored (one of the two), so deleting that removes it from the index.
+    response_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    conversation_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    item_json: Mapped[str] = mapped_column(Text)
+
+
+def item_key(item_id: str) -> str:
+    return hashlib.sha256(item_id.encode()).hexdigest()
+
+
+def item_rows(
+    items: Iterable[dict[str, Any]],
+    owner: str | None,
+    *,
+    response_id: str | None = None,
+    conversation_id: str | None = None,
+) -> list[ItemRow]:
+    # A reference is not an item of its own: indexing it would let it resolve to itself.
+    return [
+        ItemRow(
+            item_key=item_key(item["id"]),
+            owner=owner,
+            response_id=response_id,
+            conversation_id=conversation_id,
+            item_json=json.dumps(item),
+        )
+        for item in items
+        if isinstance(item.get("id"), str) and item.get("type") != "item_reference"
+    ]
+
+
+def page_query(conversation_id: str, start: int | None, descending: bool, limit: int) -> Select:
+    """Items after position ``start`` in listing order, each with its position and whether it
+    is the first item with its id in that order (the one an ``after`` naming it resolves to)."""
+    row, other = ConversationItemRow, aliased(ConversationItemRow)
+    earlier = other.position > row.position if descending else other.position < row.position
+    repeated = exists().where(
+        other.conversation_id == row.conversation_id, other.item_id == row.item_id, earlier
+    )
+    query = select(row.position, row.item_json, ~repeated).where(
+        row.conversation_id == conversation_id
+    )
+    if start is not None:
+        query = query.where(row.position < start if descending else row.position > start)
+    return query.order_by(row.position.desc() if descending else row.position).limit(limit)
+
+
+async def migrate(connection) -> None:
+    """Bring a store made by an older version up to date (``create_all`` makes missing tables
+    only): conversation item ids were VARCHAR(64), too short for clients' ids."""
+    if connection.dialect.name != "postgresql":
+        return
+    column_type = await connection.scalar(
+        text(
+            "SELECT data_type FROM information_schema.columns WHERE table_schema = "
+            "current_schema() AND table_name = 'conversation_items' AND column_name = 'item_id'"
+        )
+    )
+    if column_type == "character varying":
+        await connection.execute(
+            text("ALTER TABLE conversation_items ALTER COLUMN item_id TYPE text")
+        )

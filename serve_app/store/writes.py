@@ -1,0 +1,103 @@
+"""The statements of the store's write transactions that several of its methods share: a
+response with its items' index, items appended to a conversation (in turn with other appenders),
+and what a background run's ending is built from. Each runs in the caller's transaction."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from serve_app.store.base import StoredResponse
+from serve_app.store.tables import (
+    ConversationItemRow,
+    ConversationRow,
+    EventRow,
+    ItemRow,
+    ResponseRow,
+    item_rows,
+)
+
+
+async def put_response(session: AsyncSession, stored: StoredResponse) -> None:
+    """Insert or replace a response and its items' index, in the session's write transaction."""
+    row = ResponseRow(
+        id=stored.id,
+        previous_response_id=stored.previous_response_id,
+        created_at=int(stored.response.get("created_at") or time.time()),
+        response_json=json.dumps(stored.response),
+        input_items_json=json.dumps(stored.input_items),
+        owner=stored.owner,
+    )
+    existing = await session.get(ResponseRow, stored.id)
+    if existing is not None:  # a background response's later snapshot: keep its flag
+        row.cancel_requested = existing.cancel_requested
+        await session.execute(delete(ItemRow).where(ItemRow.response_id == stored.id))
+    await session.merge(row)
+    session.add_all(
+        item_rows(
+            [*stored.input_items, *stored.output_items],
+            stored.owner,
+            response_id=stored.id,
+        )
+    )
+
+
+async def append_items_at_end(
+    session: AsyncSession, conversation_id: str, items: list[dict[str, Any]]
+) -> None:
+    """Add items at the end of a conversation, in the session's write transaction."""
+    # Appenders to one conversation take turns, so the last position read here stays
+    # the last until these items are in after it: no two calls get the same positions
+    # (a primary key conflict, once a 500) and each call's items stay together, in
+    # order. PostgreSQL locks the conversation's row until commit (FOR UPDATE); SQLite
+    # has no row locks (it drops FOR UPDATE) but this transaction began IMMEDIATE,
+    # holding the database's write lock. A lock first: appends are short, so a writer
+    # waits its turn (on SQLite up to busy_timeout, 5 s) and only then is retried.
+    conversation = (
+        await session.execute(
+            select(ConversationRow.owner)
+            .where(ConversationRow.id == conversation_id)
+            .with_for_update()
+        )
+    ).first()
+    if conversation is None:
+        return  # deleted meanwhile: there is nothing to extend
+    last = await session.scalar(
+        select(func.max(ConversationItemRow.position)).where(
+            ConversationItemRow.conversation_id == conversation_id
+        )
+    )
+    start = -1 if last is None else last
+    session.add_all(
+        ConversationItemRow(
+            conversation_id=conversation_id,
+            position=start + offset,
+            item_id=item["id"],
+            item_json=json.dumps(item),
+        )
+        for offset, item in enumerate(items, start=1)
+    )
+    session.add_all(item_rows(items, conversation.owner, conversation_id=conversation_id))
+
+
+async def persisted_ending_inputs(session: AsyncSession, response_id: str) -> tuple[list[str], int]:
+    """What `RunEnding` builds from: the finished items' events, and the last number."""
+    done = (
+        await session.scalars(
+            select(EventRow.event_json)
+            .where(
+                EventRow.response_id == response_id,
+                # event_json puts "type" first (serve_app.protocol.sse).
+                EventRow.event_json.startswith('{"type":"response.output_item.done"'),
+            )
+            .order_by(EventRow.sequence_number)
+        )
+    ).all()
+    last = await session.scalar(
+        select(func.max(EventRow.sequence_number)).where(EventRow.response_id == response_id)
+    )
+    return list(done), -1 if last is None else last

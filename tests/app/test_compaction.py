@@ -1,0 +1,64 @@
+"""Compaction: POST /v1/responses/compact with the openai SDK, and the compaction item sent back
+in a later input renders as the summary in place of the history it replaced."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from openai import BadRequestError, OpenAI
+
+from tests.support import MODEL
+
+TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+OLD_OUTPUT = "OLD-TOOL-OUTPUT " + "sunny and warm, " * 300
+HISTORY = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {
+        "type": "function_call",
+        "call_id": "call_w",
+        "name": "get_weather",
+        "arguments": '{"city": "Paris"}',
+    },
+    {"type": "function_call_output", "call_id": "call_w", "output": OLD_OUTPUT},
+    {"role": "assistant", "content": "OLD-ANSWER: it is sunny."},
+]
+
+
+def test_compact_round_trip(client: OpenAI) -> None:
+    compacted = client.responses.compact(model=MODEL, input=HISTORY, extra_body={"tools": TOOLS})
+    assert compacted.object == "response.compaction"
+    assert compacted.usage.input_tokens > 500 and compacted.usage.output_tokens > 0
+    kinds = [item.type for item in compacted.output]
+    assert kinds == ["message", "compaction"]  # the user's messages, then one compaction item
+    assert compacted.output[0].content[0].text == HISTORY[0]["content"]
+    sealed = compacted.output[-1].encrypted_content
+    assert "COMPACTED-SUMMARY-7" not in sealed and "Paris" not in sealed  # opaque to clients
+
+    # warnings=False: the SDK parses the kept user messages as (assistant) output messages.
+    items = [item.model_dump(exclude_none=True, warnings=False) for item in compacted.output]
+    # The summary is the newest message: the scripted engine answers only when it sees it.
+    resumed = client.responses.create(model=MODEL, input=items, tools=TOOLS)
+    assert resumed.output_text == "Resuming from the summary: Paris is sunny."
+    follow_up = [*items, {"role": "user", "content": "and tomorrow?"}]
+    compacted_tokens = client.responses.input_tokens.count(model=MODEL, input=follow_up)
+    full_tokens = client.responses.input_tokens.count(
+        model=MODEL, input=[*HISTORY, follow_up[-1]], tools=TOOLS
+    )
+    assert compacted_tokens.input_tokens < full_tokens.input_tokens - 1000
+
+
+def test_compact_a_stored_chain_by_previous_response_id(client: OpenAI) -> None:
+    first = client.responses.create(model=MODEL, input="SDK-TEXT")
+    compacted = client.responses.compact(model=MODEL, previous_response_id=first.id)
+    assert compacted.output[0].content[0].text == "SDK-TEXT"
+    assert compacted.output[-1].type == "compaction"
+
+
+def test_compact_errors(app_url: str, client: OpenAI) -> None:
+    missing = httpx.post(f"{app_url}/v1/responses/compact", json={"input": "hi"}, timeout=30)
+    assert missing.status_code == 400
+    assert missing.json()["error"]["param"] == "model"
+    forged = {"type": "compaction", "encrypted_content": "c2ExAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}
+    with pytest.raises(BadRequestError) as error:
+        client.responses.create(model=MODEL, input=[forged])
+    assert error.value.body["code"] == "invalid_encrypted_content"

@@ -1,0 +1,121 @@
+"""Each conversation lands on the replica that holds its prefix (two engine replicas)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from openai import OpenAI
+from openai.types.responses import Response
+
+from serve_app.engines.base import GenerateRequest, SamplingSettings
+from serve_app.harmony.render import render_request
+from serve_app.protocol.requests import ResponsesRequest
+from serve_app.routing import metrics
+from tests.support import MODEL
+from tests.support.helpers import scrape_metrics, wait_for
+
+
+def routing_decisions(app_url: str) -> dict[str, float]:
+    """Decisions summed over the ingress replicas (each routes its own requests)."""
+    pattern = r'serve_app:routing_decisions_total\{decision="(\w+)"\} ([0-9.e+]+)'
+    totals: dict[str, float] = {}
+    for text in scrape_metrics(app_url).values():
+        for name, value in re.findall(pattern, text):
+            totals[name] = totals.get(name, 0) + float(value)
+    return totals
+
+
+def first_turn(client: OpenAI, key: str) -> tuple[Response, list[dict]]:
+    """A conversation's first turn, and the input of its second (the whole history)."""
+    # A long, conversation-specific first message: only its own replica has it cached.
+    history = [{"role": "user", "content": "SDK-TEXT conversation " + key * 40}]
+    first = client.responses.create(model=MODEL, input=history, prompt_cache_key=key)
+    history += [item.model_dump(exclude_none=True) for item in first.output]
+    history.append({"role": "user", "content": "SDK-TEXT again"})
+    return first, history
+
+
+def test_every_conversation_hits_its_prefix_cache_on_the_next_turn(app_url: str) -> None:
+    client = OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0)
+    before = routing_decisions(app_url)
+    conversations = 8
+    for index in range(conversations):
+        key = f"routing-{uuid.uuid4()}"
+        first, history = first_turn(client, key)
+        second = client.responses.create(model=MODEL, input=history, prompt_cache_key=key)
+        cached = second.usage.input_tokens_details.cached_tokens
+        # With two replicas, random routing misses about half the time.
+        assert cached >= first.usage.input_tokens - 16, (index, cached, first.usage.input_tokens)
+    after = routing_decisions(app_url)
+    # Every turn went home or, new, where the placement put it: none was moved off its home.
+    placed = ("owner", "balanced")
+    assert sum(after.get(name, 0) - before.get(name, 0) for name in placed) >= 2 * conversations
+    assert after.get("spilled", 0) == before.get("spilled", 0)
+
+
+def reported_conversations(app_url: str) -> list[dict[str, float]]:
+    """Per ingress replica: the conversations each engine replica reported, as its router
+    received the reports."""
+    pattern = r'serve_app:engine_replica_reported_conversations\{replica="(\w+)"\} ([0-9.e+]+)'
+    return [
+        {replica: float(value) for replica, value in re.findall(pattern, text)}
+        for text in scrape_metrics(app_url).values()
+    ]
+
+
+def test_every_ingress_replica_learns_where_the_engine_replicas_serve_conversations(
+    app_url: str,
+) -> None:
+    client = OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0)
+    for index in range(4):
+        key = f"reported-{uuid.uuid4()}"
+        client.responses.create(model=MODEL, input=f"SDK-TEXT {index}", prompt_cache_key=key)
+
+    def both_routers_hold_the_same_reports() -> bool:
+        views = reported_conversations(app_url)
+        return len(views) == 2 and views[0] == views[1] and sum(views[0].values()) >= 4
+
+    # The engine replicas report every second (configs/local.yaml); Ray Serve's controller
+    # hands the reports to each ingress replica's router.
+    assert wait_for(both_routers_hold_the_same_reports, timeout_s=30), reported_conversations(
+        app_url
+    )
+    assert all(len(view) == 2 for view in reported_conversations(app_url))  # both engines
+
+
+def test_a_router_that_placed_nothing_sends_the_next_turn_where_the_conversation_is(
+    app_url: str, engine_handle
+) -> None:
+    """The next turn reaching an ingress replica that has not seen the conversation, before
+    the engine replicas' reports name it: this test process's handle has a router of its own
+    that places nothing but these turns, so only the reports can tell it where each went."""
+    client = OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0)
+    outcomes = ("found", "unknown", "timed_out")
+    before = {outcome: waits_for_reports(outcome) for outcome in outcomes}
+    for index in range(6):
+        key = f"follow-{uuid.uuid4()}"
+        first, history = first_turn(client, key)
+        request = ResponsesRequest.model_validate(
+            {"model": MODEL, "input": history, "prompt_cache_key": key}
+        )
+        generate = GenerateRequest(
+            request_id=f"follow-{uuid.uuid4()}",
+            prompt_token_ids=render_request(request).token_ids,
+            sampling=SamplingSettings(max_tokens=8),
+            session_id=key,
+        )
+        stream = engine_handle.options(session_id=key, stream=True).generate.remote(generate)
+        chunks = list(stream)
+        cached = chunks[0].num_cached_tokens
+        assert cached >= first.usage.input_tokens - 16, (index, cached, first.usage.input_tokens)
+    # Sent at once, most of these turns beat the next report (one a second) and waited for it;
+    # each wait found the conversation.
+    after = {outcome: waits_for_reports(outcome) for outcome in outcomes}
+    assert after["found"] > before["found"], after
+    assert after["unknown"] == before["unknown"] and after["timed_out"] == before["timed_out"]
+
+
+def waits_for_reports(outcome: str) -> float:
+    """This process's router's waits (its metrics live here, not on the app's /metrics)."""
+    return metrics.REPORT_WAITS.labels(outcome)._value.get()

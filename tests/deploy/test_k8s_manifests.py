@@ -1,0 +1,148 @@
+"""The KubeRay manifests validate offline: CRD schema (unknown fields rejected), Ray's own Serve
+config schema, and the embedded Serve config is configs/gpt-oss.yaml with
+k8s/serve_overrides.yaml merged in (tests/deploy/test_deployment.py checks what it deploys fits)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ray.serve.schema import ServeDeploySchema
+
+from serve_app.config import AppArgs
+from tests.support.helpers import REPO
+
+# KubeRay's RayService CRD (ray.io/v1): its openAPIV3Schema as JSON Schema (Apache-2.0).
+SCHEMA = REPO / "tests" / "fixtures" / "k8s" / "rayservice_v1.schema.json"
+RAYSERVICE = REPO / "k8s" / "rayservice.yaml"
+CHECK_JSONSCHEMA = str(Path(sys.executable).parent / "check-jsonschema")
+
+
+def strict(schema: Any) -> Any:
+    """The CRD schema with unknown fields rejected wherever Kubernetes would prune them."""
+    if isinstance(schema, dict):
+        schema = {key: strict(value) for key, value in schema.items()}
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def strict_schema(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("schema") / "rayservice.strict.json"
+    path.write_text(json.dumps(strict(json.loads(SCHEMA.read_text()))))
+    return path
+
+
+def check(schema: Path, document: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CHECK_JSONSCHEMA, "--schemafile", str(schema), str(document)],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_rayservice_matches_the_crd_schema(strict_schema: Path) -> None:
+    result = check(strict_schema, RAYSERVICE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_strict_schema_rejects_an_unknown_field(strict_schema: Path, tmp_path: Path) -> None:
+    manifest = yaml.safe_load(RAYSERVICE.read_text())
+    broken = copy.deepcopy(manifest)
+    broken["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParamz"] = {}
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(broken))
+    assert check(strict_schema, path).returncode != 0
+
+
+def render_module():
+    sys.path.insert(0, str(REPO / "k8s"))
+    try:
+        import render
+    finally:
+        sys.path.pop(0)
+    return render
+
+
+def test_embedded_serve_config_is_valid_and_is_configs_gpt_oss_with_the_overrides() -> None:
+    manifest = yaml.safe_load(RAYSERVICE.read_text())
+    serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(serve_config)  # Ray's own schema for `serve deploy`
+    (app,) = serve_config["applications"]
+    AppArgs.model_validate(app["args"])  # the app's own (unknown fields rejected)
+    base = yaml.safe_load((REPO / "configs" / "gpt-oss.yaml").read_text())
+    assert serve_config == render_module().serve_config()
+    # Everything but what k8s/serve_overrides.yaml names is configs/gpt-oss.yaml's.
+    (base_app,) = base["applications"]
+    assert {k: v for k, v in app.items() if k not in ("args", "deployments")} == {
+        k: v for k, v in base_app.items() if k not in ("args", "deployments")
+    }
+    assert app["args"]["engine"]["options"]["model"] == "/models/gpt-oss-120b"
+
+
+def test_the_overrides_cannot_name_what_the_config_lacks() -> None:
+    render = render_module()
+    with pytest.raises(ValueError, match="EngineDeploymnt"):
+        render.merge(
+            {"deployments": [{"name": "EngineDeployment", "num_replicas": 1}]},
+            {"deployments": [{"name": "EngineDeploymnt", "num_replicas": 2}]},
+        )
+    merged = render.merge(
+        {"deployments": [{"name": "A", "x": {"y": 1, "z": 2}}, {"name": "B"}]},
+        {"deployments": [{"name": "A", "x": {"z": 3}}]},
+    )
+    assert merged == {"deployments": [{"name": "A", "x": {"y": 1, "z": 3}}, {"name": "B"}]}
+
+
+def test_rayservice_yaml_is_rendered_from_the_current_config() -> None:
+    assert RAYSERVICE.read_text() == render_module().render(), "run: python k8s/render.py"
+
+
+def test_gpu_workers_and_a_gpu_free_head() -> None:
+    spec = yaml.safe_load(RAYSERVICE.read_text())["spec"]["rayClusterConfig"]
+    assert spec["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+    (worker,) = spec["workerGroupSpecs"]
+    limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert int(limits["nvidia.com/gpu"]) >= 2
+    services = list(yaml.safe_load_all((REPO / "k8s" / "service.yaml").read_text()))
+    assert {doc["kind"] for doc in services} == {"Service", "Ingress"}
+
+
+def test_dashboard_queries_only_metrics_the_app_exports() -> None:
+    import re
+
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from serve_app.routing import metrics as routing_metrics
+    from serve_app.serving import metrics as serving_metrics
+
+    suffix = {"counter": "_total", "histogram": "_bucket", "gauge": ""}
+    exported = {
+        family.name + suffix[family.type]
+        for module in (routing_metrics, serving_metrics)
+        for value in vars(module).values()
+        if isinstance(value, MetricWrapperBase)
+        for family in value.describe()
+    }
+    dashboard = json.loads((REPO / "k8s" / "grafana-dashboard.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"serve_app:[a-z0-9_:]+", target["expr"])
+    }
+    assert len(queried) >= 8 and queried <= exported, queried - exported

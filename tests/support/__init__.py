@@ -1,0 +1,22 @@
+"""What the tests share, in one place (the load tests and scripts/gpu_smoke.py use some of it).
+
+- here: the constants every kind of test needs (``MODEL``, ``REPO``, ``ENGINE_SCRIPT``),
+  importable without the app;
+- ``helpers``: the app in-process (``in_process_api``, ``sdk_client``, ``on_uvicorn``), Codex's
+  captured requests, the tools the scripted turns call, harmony decoding, metrics, locust;
+- ``serve_run``: ``serve run`` started as users start it, awaited, joined and stopped: the
+  session app of the serve tier (tests/conftest.py), loadtests/soak_store.py,
+  loadtests/bench_stream.py and scripts/gpu_smoke.py (it imports nothing of serve_app);
+- ``postgres``: a throwaway PostgreSQL server; ``replicas``: the session app's replicas seen
+  through Ray; ``open_responses``: the Open Responses specification's schemas;
+  ``client_schemas``: the schemas real clients send for structured outputs.
+"""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# The model name clients send; the app serves gpt-oss under it (configs/).
+MODEL = "gpt-oss-120b"
+# The scripted engine turns (tests/fixtures/engine_script.yaml): the session app, local_app and
+# in-process apps that need the scripted turns play them.
+ENGINE_SCRIPT = REPO / "tests" / "fixtures" / "engine_script.yaml"

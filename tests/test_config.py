@@ -1,0 +1,49 @@
+"""The app's runtime settings live in `AppArgs`; each SERVE_APP_* variable overrides its field
+where the setting is used (`resolved`), and only when set."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve_app.config import AppArgs
+
+
+def test_unset_variables_leave_the_args_as_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "SERVE_APP_STREAM_WINDOW_S",
+        "SERVE_APP_ENGINE_CHANNELS",
+        "SERVE_APP_CHANNEL_IDLE_S",
+        "SERVE_APP_API_KEYS",
+        "SERVE_APP_API_KEYS_FILE",
+        "SERVE_APP_REASONING_KEY",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    args = AppArgs.model_validate(
+        {
+            "streaming": {"window_s": 0.05, "channels": False, "channel_idle_s": 5},
+            "secrets": {"api_keys": ["a"], "api_keys_file": "/keys", "reasoning_key": "r"},
+        }
+    )
+    assert args.streaming.resolved() == args.streaming
+    assert args.secrets.resolved() == args.secrets
+    assert AppArgs().streaming.resolved().model_dump() == {
+        "window_s": 0.02,
+        "channels": True,
+        "channel_idle_s": 2.0,
+    }
+
+
+def test_each_variable_overrides_its_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVE_APP_STREAM_WINDOW_S", "0")
+    monkeypatch.setenv("SERVE_APP_ENGINE_CHANNELS", "0")
+    monkeypatch.setenv("SERVE_APP_CHANNEL_IDLE_S", "0.5")
+    monkeypatch.setenv("SERVE_APP_API_KEYS", " k1, ,k2 ")
+    monkeypatch.setenv("SERVE_APP_API_KEYS_FILE", "/run/keys")
+    monkeypatch.setenv("SERVE_APP_REASONING_KEY", "secret")
+    args = AppArgs.model_validate({"secrets": {"api_keys": ["config-key"]}})
+    streaming, secrets = args.streaming.resolved(), args.secrets.resolved()
+    assert (streaming.window_s, streaming.channels, streaming.channel_idle_s) == (0, False, 0.5)
+    assert secrets.api_keys == ["k1", "k2"]
+    assert (secrets.api_keys_file, secrets.reasoning_key) == ("/run/keys", "secret")
+    monkeypatch.setenv("SERVE_APP_ENGINE_CHANNELS", "1")
+    assert AppArgs().streaming.resolved().channels is True

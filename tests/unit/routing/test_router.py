@@ -1,0 +1,208 @@
+"""The request router inside Ray Serve's own routing loop, without a cluster.
+
+`PrefixAffinityRouter` is driven by Ray's `RequestRouter` machinery itself (its routing tasks,
+at most twice the replicas, each routing one pending request at a time), with stand-ins for
+the replicas (ids, routing stats, queue lengths) in place of replica actors. No routing-stats
+broadcast happens unless a test sends one, so a request that waits for reports waits for as
+long as the router lets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+import yaml
+from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
+from ray.serve.request_router import PendingRequest, ReplicaID
+
+from serve_app.engines.base import GenerateRequest, SamplingSettings
+from serve_app.harmony.render import render_request
+from serve_app.protocol.requests import ResponsesRequest
+from serve_app.routing import metrics
+from serve_app.routing.directory import ServedConversations
+from serve_app.routing.router import PrefixAffinityRouter
+from tests.support import MODEL
+from tests.support.helpers import REPO
+
+DEPLOYMENT = DeploymentID(name="EngineDeployment", app_name="router-test")
+# Far longer than a test may take: a request that waits for reports at all shows as a stall.
+LONG_WAIT_S = 60.0
+# Generous: the fixed router routes these at once; the stalled one only after LONG_WAIT_S.
+ROUTED_WITHIN_S = 10.0
+
+
+class StandInReplica:
+    """What Ray's routing loop and our router read of a running replica."""
+
+    def __init__(self, unique_id: str, routing_stats: dict[str, Any] | None = None) -> None:
+        self.replica_id = ReplicaID(unique_id=unique_id, deployment_id=DEPLOYMENT)
+        # By default a report made now, naming no conversation: older than what follows.
+        self.routing_stats = routing_stats or ServedConversations(unique_id).report()
+        self.max_ongoing_requests = 64
+        self.multiplexed_model_ids: set[str] = set()
+        self.node_id = "node"
+        self.availability_zone = None
+
+    async def get_queue_len(self, *, deadline_s: float) -> int:
+        return 0
+
+
+def make_router(report_wait_s: float = LONG_WAIT_S) -> PrefixAffinityRouter:
+    router = PrefixAffinityRouter(
+        DEPLOYMENT, DeploymentHandleSource.UNKNOWN, use_replica_queue_len_cache=True
+    )
+    router.initialize_state(report_wait_s=report_wait_s)
+    return router
+
+
+def prompt(later_turn: bool) -> list[int]:
+    """A first turn's prompt, or a later turn's (it holds a message of the model's)."""
+    items: list[dict] = [{"role": "user", "content": "hello"}]
+    if later_turn:
+        items += [
+            {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "again"},
+        ]
+    request = ResponsesRequest.model_validate({"model": MODEL, "input": items})
+    return render_request(request).token_ids
+
+
+def pending(key: str, later_turn: bool) -> PendingRequest:
+    request = GenerateRequest(
+        request_id=str(uuid.uuid4()),
+        prompt_token_ids=prompt(later_turn),
+        sampling=SamplingSettings(max_tokens=8),
+        session_id=key,
+    )
+    metadata = RequestMetadata(
+        request_id=request.request_id,
+        internal_request_id=request.request_id,
+        call_method="generate",
+        session_id=key,
+    )
+    return PendingRequest(args=[request], kwargs={}, metadata=metadata)
+
+
+def route(router: PrefixAffinityRouter, request: PendingRequest) -> asyncio.Task:
+    """Hand a request to Ray's routing loop, as a deployment handle does."""
+    return asyncio.ensure_future(router._choose_replica_for_request(request))
+
+
+async def waiting_for_reports(router: PrefixAffinityRouter, count: int) -> None:
+    """Until ``count`` requests wait for reports inside the router (event-loop turns only)."""
+    for _ in range(1000):
+        if router._waiting == count:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{router._waiting} requests wait for reports, not {count}")
+
+
+def waits(outcome: str) -> float:
+    return metrics.REPORT_WAITS.labels(outcome)._value.get()
+
+
+async def test_one_engine_replica_routes_every_turn_at_once() -> None:
+    """With one replica, later turns of conversations no router knows (say, six Codex
+    sessions resumed after a pause) and new conversations all arrive at once. Ray runs two
+    routing tasks here; before, each such turn waited for reports inside `choose_replicas`
+    (up to report_wait_s), so two of them held both tasks and nothing else was routed."""
+    router = make_router()
+    replica = StandInReplica("only")
+    router.update_replicas([replica])
+    assert router.max_num_routing_tasks == 2
+    later = [route(router, pending(f"resumed-{i}", later_turn=True)) for i in range(6)]
+    new = [route(router, pending(f"new-{i}", later_turn=False)) for i in range(3)]
+    done, _ = await asyncio.wait(later + new, timeout=ROUTED_WITHIN_S)
+    assert len(done) == len(later + new), "routing stalled"
+    assert {task.result().replica_id for task in done} == {replica.replica_id}
+
+
+async def test_waiting_turns_never_hold_every_routing_task() -> None:
+    """Two replicas, so a turn may wait for reports; more such turns arrive than Ray has
+    routing tasks (four). All but one task may wait: the rest are placed at once, and a new
+    conversation arriving behind them is routed while the others still wait."""
+    router = make_router()
+    replicas = [StandInReplica("a"), StandInReplica("b")]
+    router.update_replicas(replicas)
+    assert router.max_num_routing_tasks == 4
+    skipped_before = waits("skipped")
+    later = [route(router, pending(f"elsewhere-{i}", later_turn=True)) for i in range(6)]
+    new = route(router, pending("brand-new", later_turn=False))
+    done, _ = await asyncio.wait([new], timeout=ROUTED_WITHIN_S)
+    assert new in done, "routing stalled behind turns waiting for reports"
+    await waiting_for_reports(router, router.max_num_routing_tasks - 1)
+    waiting = [task for task in later if not task.done()]
+    assert len(waiting) == router.max_num_routing_tasks - 1
+    assert waits("skipped") - skipped_before == len(later) - len(waiting)
+    # A broadcast naming where the waiting conversations were served lets them go there.
+    served = ServedConversations("b")
+    for index in range(6):
+        served.record(f"elsewhere-{index}")
+    router.update_replicas([StandInReplica("a"), StandInReplica("b", served.report())])
+    done, _ = await asyncio.wait(waiting, timeout=ROUTED_WITHIN_S)
+    assert len(done) == len(waiting)
+    assert {task.result().replica_id.unique_id for task in waiting} == {"b"}
+
+
+async def test_a_wait_ends_as_soon_as_a_report_names_the_conversation() -> None:
+    """Replica "b" reports the conversation; "a" has not reported since the turn arrived.
+    The turn goes to "b" on that report, not after a whole round (or report_wait_s)."""
+    router = make_router()
+    a = StandInReplica("a")  # its report stays the one made before the turn arrived
+    router.update_replicas([a, StandInReplica("b")])
+    found_before = waits("found")
+    task = route(router, pending("placed-elsewhere", later_turn=True))
+    await waiting_for_reports(router, 1)
+    served = ServedConversations("b")
+    served.record("placed-elsewhere")
+    router.update_replicas([a, StandInReplica("b", served.report())])
+    replica = await asyncio.wait_for(task, ROUTED_WITHIN_S)
+    assert replica.replica_id.unique_id == "b"
+    assert waits("found") == found_before + 1
+
+
+async def test_a_wait_is_bounded_by_report_wait_s() -> None:
+    """No report comes at all: the turn is placed as new after report_wait_s."""
+    router = make_router(report_wait_s=0.05)
+    router.update_replicas([StandInReplica("a"), StandInReplica("b")])
+    timed_out_before = waits("timed_out")
+    await asyncio.wait_for(route(router, pending("silent", later_turn=True)), ROUTED_WITHIN_S)
+    assert waits("timed_out") == timed_out_before + 1
+
+
+def _engine_router_config(config: dict) -> dict:
+    (app,) = config["applications"]
+    (engine,) = [d for d in app["deployments"] if d["name"] == "EngineDeployment"]
+    return engine["request_router_config"]
+
+
+def _gpu_configs() -> list[tuple[str, dict]]:
+    """The Serve configs meant for GPUs: gpt-oss.yaml and the RayService's."""
+    rayservice = next(
+        doc
+        for doc in yaml.safe_load_all((REPO / "k8s" / "rayservice.yaml").read_text())
+        if doc["kind"] == "RayService"
+    )
+    return [
+        ("gpt-oss.yaml", yaml.safe_load((REPO / "configs" / "gpt-oss.yaml").read_text())),
+        ("k8s/rayservice.yaml", yaml.safe_load(rayservice["spec"]["serveConfigV2"])),
+    ]
+
+
+@pytest.mark.parametrize(("name", "config"), _gpu_configs(), ids=lambda v: str(v)[:20])
+def test_gpu_configs_wait_at_most_one_routing_stats_period(name: str, config: dict) -> None:
+    router_config = _engine_router_config(config)
+    wait_s = router_config["request_router_kwargs"]["report_wait_s"]
+    assert 0 < wait_s <= router_config["request_routing_stats_period_s"], name
+
+
+def test_the_local_config_waits_at_most_two_routing_stats_periods() -> None:
+    """The 2-core box configs/local.yaml is for reports late: two periods there."""
+    router_config = _engine_router_config(
+        yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
+    )
+    wait_s = router_config["request_router_kwargs"]["report_wait_s"]
+    assert 0 < wait_s <= 2 * router_config["request_routing_stats_period_s"]
