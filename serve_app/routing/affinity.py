@@ -155,7 +155,11 @@ class ConversationPlacer:
         return self._home(key) is not None
 
     def choose(
-        self, key: str, loads: Mapping[str, int], prompt_tokens: int | None = None
+        self,
+        key: str,
+        loads: Mapping[str, int],
+        prompt_tokens: int | None = None,
+        request_id: str | None = None,
     ) -> Choice | None:
         """The replica for this request of conversation ``key``, given ongoing requests (and
         the prompt's length, to place by predicted time to first token)."""
@@ -178,7 +182,7 @@ class ConversationPlacer:
             return None  # back as for an empty ring
         self.table.assign(key, choice.replica)
         if prompt_tokens is not None:
-            self.predictor.sent(choice.replica, key, prompt_tokens)
+            self.predictor.sent(choice.replica, key, prompt_tokens, request_id)
         if choice.replica != home:
             self._unreported[key] = Sighting(choice.replica, self._clock())
         return choice

@@ -109,7 +109,9 @@ class PrefixAffinityRouter(RequestRouter):
             least_loaded = min(by_id, key=lambda unique_id: loads.get(unique_id, 0))
             return [[by_id[least_loaded]]]
         prompt = _prompt_token_ids(pending_request)
-        choice = self._placer.choose(key, loads, len(prompt) if prompt else None)
+        # Ray asks again for a request its first choice turned away: counted once.
+        request_id = pending_request.metadata.internal_request_id
+        choice = self._placer.choose(key, loads, len(prompt) if prompt else None, request_id)
         # The candidates in ring order from the key: fallbacks, or the walk when the chosen
         # replica is full or not yet known to the ring.
         ranked = [unique_id for unique_id in self._placer.ring.walk(key) if unique_id in by_id]

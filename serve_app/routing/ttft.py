@@ -57,6 +57,7 @@ class _Sent:
     prompt_tokens: int
     uncached_tokens: int
     at: float
+    request_id: str | None = None
 
 
 @dataclass
@@ -131,12 +132,22 @@ class TTFTPredictor:
             return sum(self._rates.values()) / len(self._rates)
         return self.default_rate
 
-    def sent(self, replica: str, key: str, prompt_tokens: int) -> None:
-        """This router sent a turn of ``key`` to ``replica`` now."""
+    def sent(
+        self, replica: str, key: str, prompt_tokens: int, request_id: str | None = None
+    ) -> None:
+        """This router sent a turn of ``key`` to ``replica`` now. Ray's routing loop may ask
+        again for the same request (its first choice was full): with ``request_id``, the
+        latest choice replaces the earlier, so a turn is counted once."""
         now = self.clock()
+        if request_id is not None:
+            for earlier in [sent for sent in self._sent if sent.request_id == request_id]:
+                self._sent.remove(earlier)
+                backlog = self._backlog(earlier.replica, now)
+                backlog.tokens = max(0.0, backlog.tokens - earlier.uncached_tokens)
         uncached = self.uncached(replica, key, prompt_tokens)
         self._backlog(replica, now).tokens += uncached
-        self._sent.append(_Sent(replica, stable_hash(key), prompt_tokens, uncached, now))
+        conversation = stable_hash(key)
+        self._sent.append(_Sent(replica, conversation, prompt_tokens, uncached, now, request_id))
 
     def _queued(self, replica: str, now: float) -> float:
         backlog = self._backlog(replica, now)

@@ -104,3 +104,17 @@ def test_a_replica_listed_without_its_report_keeps_what_it_reported_last() -> No
     assert predictor.predict("home", "c", 5000) == pytest.approx(200 / RATE)
     predictor.update({"other": _report(clock, "other", queued=0, held={})})  # home is gone
     assert predictor.uncached("home", "c", 5000) == 5000
+
+
+def test_a_request_ray_routes_again_is_counted_once() -> None:
+    """Ray's routing loop calls the router again for a request its first choice turned away:
+    the latest choice replaces the earlier in the backlog."""
+    clock = Clock()
+    predictor = TTFTPredictor(clock=clock)
+    predictor.update({r: _report(clock, r, queued=0, held={}) for r in ("r1", "r2")})
+    predictor.sent("r1", "c", 3000, "request-1")
+    predictor.sent("r1", "c", 3000, "request-1")
+    assert predictor.predict("r1", "d", 1000) == pytest.approx((3000 + 1000) / RATE)
+    predictor.sent("r2", "c", 3000, "request-1")
+    assert predictor.predict("r1", "d", 1000) == pytest.approx(1000 / RATE)
+    assert predictor.predict("r2", "d", 1000) == pytest.approx((3000 + 1000) / RATE)
