@@ -1,29 +1,43 @@
 """Benchmark: the CPU each process spends per streamed token, at the engine's pace, on Ray.
 
-Deploys ``configs/local.yaml`` with ``serve run`` (its own local Ray cluster, stopped at the
-end: tests/support/serve_run.py, as the tests start the app) with one ingress replica and one
-engine replica, the simulated engine decoding at ``--decode-tokens-per-s`` (100) per stream
-with no batch slowdown and ``--output-tokens`` (300) per answer. Then, for each stream count (32
-and 128) and each transport (HTTP SSE, WebSocket as Codex uses it), it runs that many
-concurrent streams and prints:
+Runs the app with ``serve run`` as a user does (a subprocess; its own local Ray cluster, its
+dashboard, its replicas' logs streamed to its output; Ctrl-C at the end) on
+``configs/local.yaml`` with one ingress replica and one engine replica, the simulated engine
+decoding at ``--decode-tokens-per-s`` (100) per stream with no batch slowdown and
+``--output-tokens`` (300) per answer, once behind each front (``--fronts``, all by default):
 
-- per process (the HTTP proxy, each ingress replica, each engine replica, and Ray's
-  controller, GCS and raylet): CPU ms per 1,000 streamed tokens (user + system time from
-  /proc, so the other tenants of a shared machine do not count), which is also CPU µs per
-  token;
+- ``proxy``: Serve's Python HTTP proxy (the default);
+- ``haproxy``: Ray's fast path, configs/fast-path.env (HAProxy in front, direct ingress);
+- ``haproxy+grpc``: the same with the inter-deployment gRPC transport
+  (``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``: the ingress's engine handle over gRPC).
+
+Then, for each stream count (32 and 128) and each transport (HTTP SSE, WebSocket as Codex uses
+it), it runs that many concurrent streams and prints:
+
+- per role, every process of the cluster counted (the descendants of `serve run`, found in
+  /proc): CPU ms per 1,000 streamed tokens (user + system time from /proc, so the other tenants
+  of a shared machine do not count), which is also CPU µs per token. Roles: ``ingress``,
+  ``engine``, ``proxy`` (Serve's Python proxy; in HAProxy mode the fallback proxy it keeps on the
+  head node), ``haproxy`` (HAProxy's own processes) and ``haproxy-manager`` (the actor that runs
+  it), ``controller``, ``serve-run`` (the driver, which prints the replicas' logs), ``ray`` (the
+  rest: raylet, GCS, dashboard and its agents, log monitor) and ``client`` (this process);
+  ``front`` is what fronts the engine: ingress + proxy + haproxy + haproxy-manager;
 - the engine alone: the simulated engine run in this process without Ray, the same streams:
   its own work, which the engine replica's figure includes;
 - delivered tokens/s per stream (median) against the engine's rate;
 - time to first token p50/p90 (request sent to the first delta event) and the gap between
   deliveries of delta events p50/p99, as the client sees them (a delivery may carry several
-  tokens once they are coalesced; tokens per delivery is printed too).
+  tokens once they are coalesced; tokens per delivery is printed too), and the gap p99 the
+  serving path adds (the client's less the engine's own);
+
+and at the end every round side by side as a Markdown table.
 
 The clients are light on purpose (raw HTTP/1.1 on asyncio streams, no JSON parsing but for the
 terminal event) so the client process takes as little of the shared CPU as it can.
 
-    PYTHONPATH=. python loadtests/bench_stream.py                     # 32 and 128, SSE and WS
-    PYTHONPATH=. python loadtests/bench_stream.py --streams 32 --transports sse --repeat 2
-    PYTHONPATH=. python loadtests/bench_stream.py --ray-env RAY_SERVE_ENABLE_DIRECT_INGRESS=1
+    PYTHONPATH=. python loadtests/bench_stream.py                  # 3 fronts x 32, 128 x SSE, WS
+    PYTHONPATH=. python loadtests/bench_stream.py --fronts haproxy --streams 32 --repeat 2
+    PYTHONPATH=. python loadtests/bench_stream.py --ray-env SERVE_APP_ENGINE_CHANNELS=0
     PYTHONPATH=. python loadtests/bench_stream.py --py-spy /tmp/profiles  # collapsed stacks too
     PYTHONPATH=. python loadtests/bench_stream.py --translator  # the translator alone, no Ray
 
@@ -34,8 +48,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -53,29 +67,46 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import MODEL, free_port, percentile
 
+from serve_app.fast_path import haproxy_isolation, read_env_file
 from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
 from tests.support import serve_run  # the repository's root on PYTHONPATH, as the usage says
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "local.yaml"
-APP = "serve_app"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROMPT = "Benchmark prompt: tell me a story about streaming tokens."
 
 
-# --- the app on its own Ray cluster -----------------------------------------------------------
+# --- the app, as `serve run` runs it --------------------------------------------------------
+
+# What fronts the app, each on a cluster of its own: Serve's Python HTTP proxy (the default);
+# Ray's fast path (configs/fast-path.env: HAProxy in front, direct ingress); the same with the
+# inter-deployment gRPC transport (the ingress's engine handle over gRPC, not Ray's actor calls).
+FRONTS = {
+    "proxy": {},
+    "haproxy": read_env_file(),
+    "haproxy+grpc": {**read_env_file(), "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"},
+}
 
 
-def bench_config(source: Path, port: int, tokens_per_s: float, output_tokens: int) -> dict:
+def bench_config(
+    source: Path, port: int, tokens_per_s: float, output_tokens: int, as_configured: bool = False
+) -> dict:
     """``source`` (configs/local.yaml) with one replica each, the engine at a fixed rate and
-    room for every stream (128 must not queue behind the engine's ``max_ongoing_requests``)."""
+    room for every stream (128 must not queue behind the engine's ``max_ongoing_requests``).
+    ``as_configured``: the engine's slowdown with the batch and its limits as ``source`` has
+    them (only the rate and the answers' length set), as a user who edits the rate runs it."""
     config = yaml.safe_load(source.read_text())
     config["http_options"]["port"] = port
     app = config["applications"][0]
     app["args"]["default_max_output_tokens"] = output_tokens * 2
-    app["args"]["engine"]["options"].update(
-        decode_tokens_per_s=tokens_per_s, default_output_tokens=output_tokens, batch_slowdown=0
-    )
+    options = app["args"]["engine"]["options"]
+    options.update(decode_tokens_per_s=tokens_per_s, default_output_tokens=output_tokens)
+    if as_configured:
+        for deployment in app["deployments"]:
+            deployment["num_replicas"] = 1
+        return config
+    options["batch_slowdown"] = 0  # the rate asked is the rate each stream gets
     for deployment in app["deployments"]:
         deployment["num_replicas"] = 1
         if deployment["name"] == "EngineDeployment":
@@ -94,6 +125,15 @@ def _read(path: str) -> str:
         return ""
 
 
+def _cmdline(pid: int) -> str:
+    return _read(f"/proc/{pid}/cmdline").replace("\0", " ").strip()
+
+
+def _parent(pid: int) -> int:
+    stat = _read(f"/proc/{pid}/stat")
+    return int(stat.rsplit(")", 1)[1].split()[1]) if stat else 0
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of ``pid`` so far (its threads included)."""
     stat = _read(f"/proc/{pid}/stat")
@@ -103,60 +143,37 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def cluster_processes(run: serve_run.ServeRun) -> dict[str, int]:
-    """Our cluster's processes by role: the raylet and the GCS that this ``serve run`` started,
-    and the raylet's workers (the proxy, the controller and each replica, by their process
-    titles)."""
-    raylet, _ = serve_run.raylet(run)
-    found = {"raylet": raylet}
-    for pid, argv in serve_run.children(run.process.pid):
-        if argv and argv[0].endswith(b"gcs_server"):
-            found["gcs"] = pid
-    counts: dict[str, int] = {}
-    for pid, argv in serve_run.children(raylet):
-        title = b" ".join(argv).decode(errors="replace")
-        for marker, role in (
-            ("ProxyActor", "proxy"),
-            ("ServeController", "controller"),
-            (f"ServeReplica:{APP}:ResponsesIngress", "ingress"),
-            (f"ServeReplica:{APP}:EngineDeployment", "engine"),
-        ):
-            if marker in title:
-                counts[role] = counts.get(role, 0) + 1
-                name = role if role in ("proxy", "controller") else f"{role}-{counts[role]}"
-                found[name] = pid
+# A process's role by its title (Ray names a worker after its actor): what fronts the replicas
+# (Serve's Python proxy; HAProxy and the actor that manages it; the fallback proxy that HAProxy
+# mode keeps on the head node), the replicas, Serve's controller.
+ROLES = (
+    ("ServeReplica:serve_app:ResponsesIngress", "ingress"),
+    ("ServeReplica:serve_app:EngineDeployment", "engine"),
+    ("HAProxyManager", "haproxy-manager"),
+    ("ProxyActor", "proxy"),
+    ("ServeController", "controller"),
+    ("haproxy", "haproxy"),
+)
+FRONT = ("ingress", "proxy", "haproxy", "haproxy-manager")
+
+
+def cluster_processes(serve_run_pid: int) -> dict[str, list[int]]:
+    """Every process of the cluster ``serve run`` started (its descendants: the raylet, the
+    GCS, the dashboard and its agents, the workers, HAProxy), by role; ``serve run`` itself
+    as ``serve-run``; the rest of Ray as ``ray``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            children.setdefault(_parent(int(entry)), []).append(int(entry))
+    found: dict[str, list[int]] = {"serve-run": [serve_run_pid]}
+    pending = list(children.get(serve_run_pid, []))
+    while pending:
+        pid = pending.pop()
+        pending.extend(children.get(pid, []))
+        title = _cmdline(pid)
+        role = next((role for marker, role in ROLES if marker in title), "ray")
+        found.setdefault(role, []).append(pid)
     return found
-
-
-def listening_ports(pid: int) -> set[int]:
-    """The TCP ports ``pid`` listens on (its socket inodes matched in /proc/net/tcp)."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for row in _read(table).splitlines()[1:]:
-            fields = row.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
-def direct_ingress_port(run: serve_run.ServeRun, timeout_s: float = 120) -> int:
-    """With RAY_SERVE_ENABLE_DIRECT_INGRESS=1 the ingress replica serves HTTP itself, on a port
-    the controller hands it (30000-31000 by default): found among the replica's sockets."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(RuntimeError, KeyError):
-            pid = cluster_processes(run)["ingress-1"]
-            ports = [port for port in listening_ports(pid) if 30000 <= port < 31000]
-            if ports:
-                return min(ports)
-        time.sleep(1)
-    raise TimeoutError("no direct-ingress port found on the ingress replica")
 
 
 # --- clients ----------------------------------------------------------------------------------
@@ -381,34 +398,65 @@ def translator_report(tokens: int) -> str:
 
 @dataclass
 class Round:
+    front: str
     transport: str
     count: int
     streams: list[Stream]
-    cpu_s: dict[str, float]
+    cpu_s: dict[str, float]  # by role (processes of a role summed)
     alone: EngineAlone
 
     @property
     def tokens(self) -> int:
         return sum(stream.tokens for stream in self.streams)
 
+    def us_per_token(self, *roles: str) -> float:
+        return sum(self.cpu_s.get(role, 0.0) for role in roles) / max(self.tokens, 1) * 1e6
+
+    @property
+    def completed(self) -> int:
+        return sum(stream.status == "completed" for stream in self.streams)
+
+    def ttft_ms(self, share: float) -> float:
+        return percentile(
+            [(s.first_at - s.sent_at) * 1000 for s in self.streams if s.first_at], share
+        )
+
+    @property
+    def added_gap_p99_ms(self) -> float:
+        gaps = [gap * 1000 for s in self.streams for gap in s.gaps_s]
+        return percentile(gaps, 0.99) - percentile(self.alone.gaps_ms, 0.99)
+
+
+def _cpu(processes: dict[str, list[int]]) -> dict[int, float]:
+    return {pid: cpu_seconds(pid) for pids in processes.values() for pid in pids}
+
 
 def run_round(
-    transport: str, port: int, count: int, processes: dict[str, int], alone: EngineAlone
+    front: str,
+    transport: str,
+    port: int,
+    count: int,
+    processes: dict[str, list[int]],
+    alone: EngineAlone,
 ) -> Round:
-    before = {name: cpu_seconds(pid) for name, pid in processes.items()}
+    """One round; each role's CPU is its processes' (those alive at both ends of the round)."""
+    before = _cpu(processes)
     client = time.process_time()
     streams = asyncio.run(run_streams(transport, port, count))
-    after = {name: cpu_seconds(pid) for name, pid in processes.items()}
-    cpu = {name: after[name] - before[name] for name in processes}
+    after = _cpu(processes)
+    cpu = {
+        role: sum(
+            after[pid] - before[pid] for pid in pids if not math.isnan(after[pid] - before[pid])
+        )
+        for role, pids in processes.items()
+    }
     cpu["client"] = time.process_time() - client  # this process: the clients
-    return Round(transport, count, streams, cpu, alone)
+    return Round(front, transport, count, streams, cpu, alone)
 
 
 def report(result: Round, tokens_per_s: float) -> str:
     tokens = max(result.tokens, 1)
     streams = result.streams
-    ok = sum(stream.status == "completed" for stream in streams)
-    ttft = [(s.first_at - s.sent_at) * 1000 for s in streams if s.first_at]
     gaps = [gap * 1000 for s in streams for gap in s.gaps_s]
     rates = [
         s.tokens / (s.last_at - s.first_at) for s in streams if s.last_at > s.first_at and s.tokens
@@ -417,31 +465,51 @@ def report(result: Round, tokens_per_s: float) -> str:
     alone_p50 = percentile(result.alone.gaps_ms, 0.5)
     alone_p99 = percentile(result.alone.gaps_ms, 0.99)
     lines = [
-        f"\n== {result.transport} x {result.count} streams: {ok}/{len(streams)} completed, "
+        f"\n== {result.front}: {result.transport} x {result.count} streams: "
+        f"{result.completed}/{len(streams)} completed, "
         f"{result.tokens} tokens ({tokens / max(deliveries, 1):.2f} per delivery)",
         f"   delivered tokens/s per stream p50 {statistics.median(rates or [0]):.1f} "
-        f"(engine {tokens_per_s:g}); TTFT p50 {percentile(ttft, 0.5):.1f} ms, "
-        f"p90 {percentile(ttft, 0.9):.1f} ms; gap p50 {percentile(gaps, 0.5):.1f} ms, "
+        f"(engine {tokens_per_s:g}); TTFT p50 {result.ttft_ms(0.5):.1f} ms, "
+        f"p90 {result.ttft_ms(0.9):.1f} ms; gap p50 {percentile(gaps, 0.5):.1f} ms, "
         f"p99 {percentile(gaps, 0.99):.1f} ms (the engine alone: p50 {alone_p50:.1f}, "
-        f"p99 {alone_p99:.1f}; added at p99 {percentile(gaps, 0.99) - alone_p99:.1f})",
-        f"   {'process':<14} {'CPU ms / 1k tokens':>19}",
+        f"p99 {alone_p99:.1f}; added at p99 {result.added_gap_p99_ms:.1f})",
+        f"   {'process':<16} {'CPU ms / 1k tokens':>19}",
     ]
     for name, seconds in result.cpu_s.items():
-        lines.append(f"   {name:<14} {seconds / tokens * 1e6:>19.0f}")
-    ingress = sum(v for k, v in result.cpu_s.items() if k.startswith("ingress"))
-    front = (ingress + result.cpu_s.get("proxy", 0.0)) / tokens * 1e6
-    engine = sum(v for k, v in result.cpu_s.items() if k.startswith("engine"))
-    lines.append(f"   {'ingress+proxy':<14} {front:>19.0f}")
-    lines.append(f"   {'engine alone':<14} {result.alone.us_per_token:>19.0f}")
-    wrapper = engine / tokens * 1e6 - result.alone.us_per_token
-    lines.append(f"   {'engine wrapper':<14} {wrapper:>19.0f}  (engine replica - engine alone)")
+        lines.append(f"   {name:<16} {seconds / tokens * 1e6:>19.0f}")
+    lines.append(f"   {'front':<16} {result.us_per_token(*FRONT):>19.0f}  ({' + '.join(FRONT)})")
+    lines.append(f"   {'engine alone':<16} {result.alone.us_per_token:>19.0f}")
+    wrapper = result.us_per_token("engine") - result.alone.us_per_token
+    lines.append(f"   {'engine wrapper':<16} {wrapper:>19.0f}  (engine replica - engine alone)")
+    return "\n".join(lines)
+
+
+def summary(rounds: list[Round]) -> str:
+    """All rounds side by side, as a Markdown table (µs of CPU per streamed token)."""
+    lines = [
+        "| front | streams | completed | front (all) | ingress | proxy | HAProxy + its manager "
+        "| engine wrapper | Ray's rest + serve run | TTFT p50 / p90 (ms) | added gap p99 (ms) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rounds:
+        wrapper = r.us_per_token("engine") - r.alone.us_per_token
+        lines.append(
+            f"| {r.front} | {r.transport.upper()} x {r.count} | {r.completed}/{len(r.streams)} "
+            f"| {r.us_per_token(*FRONT):.0f} | {r.us_per_token('ingress'):.0f} "
+            f"| {r.us_per_token('proxy'):.0f} "
+            f"| {r.us_per_token('haproxy', 'haproxy-manager'):.0f} | {wrapper:.0f} "
+            f"| {r.us_per_token('ray', 'controller', 'serve-run'):.0f} "
+            f"| {r.ttft_ms(0.5):.0f} / {r.ttft_ms(0.9):.0f} | {r.added_gap_p99_ms:.0f} |"
+        )
     return "\n".join(lines)
 
 
 # --- profiles ---------------------------------------------------------------------------------
 
 
-def start_profiles(folder: Path, processes: dict[str, int], seconds: int) -> list[subprocess.Popen]:
+def start_profiles(
+    folder: Path, processes: dict[str, list[int]], seconds: int
+) -> list[subprocess.Popen]:
     """py-spy collapsed stacks of the proxy, ingress and engine replicas for ``seconds``."""
     folder.mkdir(parents=True, exist_ok=True)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -460,30 +528,75 @@ def start_profiles(folder: Path, processes: dict[str, int], seconds: int) -> lis
                 "-f",
                 "raw",
                 "-o",
-                str(folder / f"{name}.txt"),
+                str(folder / f"{role}-{pid}.txt"),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        for name, pid in processes.items()
-        if name == "proxy" or name.startswith(("ingress", "engine"))
+        for role in ("proxy", "ingress", "engine")
+        for pid in processes.get(role, [])
     ]
+
+
+def bench_front(
+    front: str, args: argparse.Namespace, alone: dict[int, EngineAlone], extra_env: dict[str, str]
+) -> list[Round]:
+    """Every round on a new `serve run` of the app behind ``front``."""
+    port = free_port()
+    config = bench_config(
+        args.config, port, args.decode_tokens_per_s, args.output_tokens, args.as_configured
+    )
+    env = {**FRONTS[front], **extra_env}
+    if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+        env.update(haproxy_isolation(free_port))
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="bench_stream_") as folder:
+        print(f"\n#### {front}: serve run on port {port} with {FRONTS[front]}", flush=True)
+        # serve run as users start it (tests/support/serve_run.py), with the front's env.
+        # PYTHONPATH absolute: the replicas run elsewhere than `.`, and must import this tree.
+        pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {"RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": pythonpath, **env}
+        with serve_run.running(config, Path(folder), env, startup_timeout_s=300) as run:
+            processes = cluster_processes(run.process.pid)
+            print("processes:", {role: pids for role, pids in processes.items() if role != "ray"})
+            for transport in args.transports:  # warm-up: imports and first-request costs
+                asyncio.run(run_streams(transport, port, 4))
+            profiled = args.py_spy is None
+            for count in args.streams:
+                for transport in args.transports:
+                    for _ in range(args.repeat):
+                        spies = []
+                        if not profiled:
+                            spies = start_profiles(args.py_spy / front, processes, 8)
+                            profiled = True
+                        result = run_round(front, transport, port, count, processes, alone[count])
+                        rounds.append(result)
+                        print(report(result, args.decode_tokens_per_s), flush=True)
+                        for spy in spies:
+                            spy.wait()
+    return rounds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=CONFIG, help="the Serve config to deploy")
+    parser.add_argument("--fronts", nargs="+", choices=list(FRONTS), default=list(FRONTS))
     parser.add_argument("--streams", type=int, nargs="+", default=[32, 128])
     parser.add_argument("--transports", nargs="+", choices=sorted(CLIENTS), default=["sse", "ws"])
     parser.add_argument("--decode-tokens-per-s", type=float, default=100)
     parser.add_argument("--output-tokens", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=1, help="rounds per stream count")
     parser.add_argument(
+        "--as-configured",
+        action="store_true",
+        help="the engine's batch slowdown and limits as the config has them (only the rate set)",
+    )
+    parser.add_argument(
         "--ray-env",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="an environment variable for the cluster (Ray Serve options), repeatable",
+        help="an environment variable for every front's cluster (Ray Serve options), repeatable",
     )
     parser.add_argument("--py-spy", type=Path, help="record py-spy stacks of the first round here")
     parser.add_argument(
@@ -497,41 +610,17 @@ def main() -> None:
         print(translator_report(args.translator_tokens), flush=True)
         return
 
-    for setting in args.ray_env:
-        name, _, value = setting.partition("=")
-        os.environ[name] = value
-    port = free_port()
-    config = bench_config(args.config, port, args.decode_tokens_per_s, args.output_tokens)
+    extra_env = dict(setting.partition("=")[::2] for setting in args.ray_env)
+    config = bench_config(
+        args.config, 0, args.decode_tokens_per_s, args.output_tokens, args.as_configured
+    )
     alone = {count: engine_alone(config, count) for count in args.streams}
-    folder = Path(tempfile.mkdtemp(prefix="bench_stream_", dir="/tmp"))
-    print(f"starting the app with serve run ({folder}, port {port}) ...", flush=True)
-    run = serve_run.start(config, folder)
-    try:
-        if os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "1":
-            port = direct_ingress_port(run)  # no proxy in the way: the replica's own port
-            run = serve_run.ServeRun(run.process, f"http://127.0.0.1:{port}", run.log)
-            print(f"direct ingress: the ingress replica serves {run.url}", flush=True)
-        serve_run.wait_healthy(run, timeout_s=300)
-        processes = cluster_processes(run)
-        print("processes:", ", ".join(f"{name} {pid}" for name, pid in processes.items()))
-        for transport in args.transports:  # warm-up: imports and first-request costs
-            asyncio.run(run_streams(transport, port, 4))
-        profiled = args.py_spy is None
-        for count in args.streams:
-            for transport in args.transports:
-                for _ in range(args.repeat):
-                    spies = []
-                    if not profiled:
-                        spies, profiled = start_profiles(args.py_spy, processes, 8), True
-                    result = run_round(transport, port, count, processes, alone[count])
-                    print(report(result, args.decode_tokens_per_s), flush=True)
-                    for spy in spies:
-                        spy.wait()
-    finally:
-        serve_run.stop(run)
-        shutil.rmtree(folder, ignore_errors=True)
+    rounds = [
+        result for front in args.fronts for result in bench_front(front, args, alone, extra_env)
+    ]
+    print("\nµs of CPU per streamed token, by front:\n" + summary(rounds), flush=True)
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # Ray shut down on a kill too
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # serve run stopped on a kill too
     main()

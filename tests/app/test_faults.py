@@ -22,6 +22,7 @@ from tests.support.replicas import (
     engine_replica_serving,
     replica_actor,
     replica_actors,
+    replica_started,
     wait_for_ingress_replicas,
 )
 
@@ -37,7 +38,7 @@ def test_engine_replica_killed_mid_stream(app_url: str, app_cluster: None) -> No
     victim: dict | None = None
     body = {"model": MODEL, "input": "SDK-SLOW: take long", "stream": True, "prompt_cache_key": KEY}
     seen = []
-    started = time.monotonic()
+    killed = float("nan")
     with httpx.stream("POST", f"{app_url}/v1/responses", json=body, timeout=60) as response:
         for line in response.iter_lines():
             seen.append(line)
@@ -45,11 +46,16 @@ def test_engine_replica_killed_mid_stream(app_url: str, app_cluster: None) -> No
                 victim = engine_replica_serving(KEY)
                 assert victim is not None, "no engine replica reports serving the stream"
                 ray.kill(replica_actor(victim))
+                killed = time.monotonic()
+    failed_after = time.monotonic() - killed
     assert victim is not None, "the stream ended before its reasoning did"
     stream = events(seen)
     assert stream[-1]["type"] == "response.failed", [event["type"] for event in stream]
     assert isinstance(stream[-1]["response"]["error"]["code"], str)
-    assert time.monotonic() - started < 30  # failed promptly, not after the engine's 60 s pause
+    # Failed promptly (the heartbeat's 1.5 s of silence at most on any transport: issue 31),
+    # not after the engine's 60 s pause; the bound leaves room for a loaded machine.
+    print(f"the stream failed {failed_after:.2f} s after its engine replica was killed")
+    assert failed_after < 5, failed_after
 
     # The same conversation is served at once by a live replica.
     retry = {"model": MODEL, "input": "SDK-TEXT: again", "prompt_cache_key": KEY}
@@ -57,9 +63,13 @@ def test_engine_replica_killed_mid_stream(app_url: str, app_cluster: None) -> No
     assert answer["status"] == "completed", answer
 
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:  # Serve replaces the dead replica
+    while time.monotonic() < deadline:  # Serve replaces the dead replica, and it starts
         alive = engine_replica_actors()
-        if len(alive) == 2 and victim["name"] not in {actor["name"] for actor in alive}:
+        if (
+            len(alive) == 2
+            and victim["name"] not in {actor["name"] for actor in alive}
+            and all(replica_started(actor) for actor in alive)
+        ):
             break
         time.sleep(1)
     else:

@@ -146,3 +146,17 @@ def test_dashboard_queries_only_metrics_the_app_exports() -> None:
         for name in re.findall(r"serve_app:[a-z0-9_:]+", target["expr"])
     }
     assert len(queried) >= 8 and queried <= exported, queried - exported
+
+
+def test_every_ray_container_has_the_fast_path_env_of_configs_fast_path_env() -> None:
+    from serve_app.fast_path import read_env_file
+
+    wanted = read_env_file()
+    assert wanted["RAY_SERVE_ENABLE_HA_PROXY"] == "1", wanted
+    spec = yaml.safe_load(RAYSERVICE.read_text())["spec"]["rayClusterConfig"]
+    pods = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+    containers = [c for pod in pods for c in pod["template"]["spec"]["containers"]]
+    assert len(containers) == 2
+    for container in containers:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert {name: env.get(name) for name in wanted} == wanted, container["name"]

@@ -68,6 +68,16 @@ def _call_servable_object(_replica_actor: object, method: str) -> Any:
     return getattr(serve.get_replica_context().servable_object, method)()
 
 
+def replica_started(actor: dict) -> bool:
+    """Whether a replica has run its constructor (a replacement is listed before it has, and
+    its methods fail until then)."""
+    try:
+        call_deployment(actor, "replica_id")
+    except ray.exceptions.RayError:
+        return False
+    return True
+
+
 def routing_stats(actor: dict) -> dict:
     """As the Serve controller collects them, with the replica actor's own method."""
     return ray.get(replica_actor(actor).record_routing_stats.remote(), timeout=CALL_TIMEOUT_S)

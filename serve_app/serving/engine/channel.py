@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from serve_app.config import StreamingArgs
 from serve_app.engines.base import GenerateChunk
+from serve_app.serving.engine.liveness import HEARTBEAT_S
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +67,12 @@ class Outbox:
     producer; `batches` ends after ``idle_s`` without one, or when `close` is called.
     """
 
-    def __init__(self, window_s: float, idle_s: float = CHANNEL_IDLE_S) -> None:
+    def __init__(
+        self, window_s: float, idle_s: float = CHANNEL_IDLE_S, heartbeat_s: float = HEARTBEAT_S
+    ) -> None:
         self._window_s = window_s
         self._idle_s = idle_s
+        self._heartbeat_s = min(heartbeat_s, idle_s)
         self._pending: dict[str, GenerateChunk] = {}
         self._ready = asyncio.Event()  # something is pending (or the channel is closing)
         self._urgent = asyncio.Event()  # a first token is pending: send without the window
@@ -91,18 +95,28 @@ class Outbox:
         self._urgent.set()
 
     async def batches(self) -> AsyncIterator[Batch]:
+        """The batches to send, and an empty one (a heartbeat: ``liveness``) after
+        ``heartbeat_s`` with nothing to send."""
         last_send = float("-inf")
+        busy_at = time.monotonic()  # when the channel last had a request or a chunk
         while not self.closed:
             if not self._pending:
                 self._ready.clear()
                 try:
-                    await asyncio.wait_for(self._ready.wait(), self._idle_s)
+                    await asyncio.wait_for(self._ready.wait(), self._heartbeat_s)
                 except TimeoutError:
+                    now = time.monotonic()
+                    if self.requests:
+                        busy_at = now
                     # A request may have ended while the wait gave up: its last chunk is then
                     # pending, and still goes out.
-                    if not self.requests and not self._pending:
+                    if self._pending or self.closed:
+                        continue
+                    if now - busy_at >= self._idle_s:
                         return  # idle: the caller reopens it when it next needs it
+                    yield []  # nothing to say for a while: the caller learns we are alive
                 continue
+            busy_at = time.monotonic()
             wait_s = self._window_s - (time.monotonic() - last_send)
             if wait_s > 0 and not self._urgent.is_set():
                 with contextlib.suppress(TimeoutError):

@@ -15,6 +15,7 @@ from ray.serve.exceptions import BackPressureError
 from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest, error_chunk
 from serve_app.protocol.errors import RateLimited
 from serve_app.serving.engine.channel import ChannelClosed, Inboxes, OnChannel
+from serve_app.serving.engine.liveness import EngineSilent, Heartbeat, Pulse, Watchdog
 from serve_app.serving.metrics import ENGINE_CHANNELS, ENGINE_STREAMS_ON_CHANNEL, ENGINE_STREAMS_OWN
 
 logger = logging.getLogger(__name__)
@@ -40,10 +41,17 @@ class HandleEngineClient:
     died (see serve_app.serving.engine.deployment), and so it can open a channel to each
     engine replica it uses: their requests' chunks then come over it, one batch per send, not
     one stream item per chunk (``serve_app.serving.engine.channel``). ``channels=False``
-    keeps every request on its own stream.
+    keeps every request on its own stream. Every stream from an engine replica carries
+    heartbeats, and one silent too long fails its requests (``engine.liveness``).
     """
 
-    def __init__(self, handle, caller: str | None = None, channels: bool = True) -> None:
+    def __init__(
+        self,
+        handle,
+        caller: str | None = None,
+        channels: bool = True,
+        watchdog: Watchdog | None = None,
+    ) -> None:
         self._handle = handle.options(stream=True)  # a DeploymentHandle
         self._caller = caller
         self._use_channels = channels and caller is not None
@@ -51,6 +59,7 @@ class HandleEngineClient:
         self._channels: dict[str, asyncio.Task] = {}  # engine replica -> its channel's reader
         self._reopen_at: dict[str, float] = {}  # engine replica -> no new try before then
         self._lingering: set[asyncio.Task] = set()  # ends of finished requests' streams
+        self._watchdog = watchdog or Watchdog()
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         request_id = request.request_id
@@ -60,10 +69,17 @@ class HandleEngineClient:
         response = call.remote(request, caller=self._caller)
         finished = False
         replica = None
+        pulse: Pulse | None = None
         try:
             # The own stream: chunks, or a marker after which the rest rides a channel.
             async for item in response:
+                if pulse is None:  # watched from its first item: it may wait in a queue before
+                    pulse = self._watchdog.watch(response.cancel)
+                else:
+                    pulse.beat()
                 match item:
+                    case Heartbeat():
+                        continue
                     case OnChannel():
                         replica = item.replica
                         break
@@ -79,6 +95,7 @@ class HandleEngineClient:
             else:
                 ENGINE_STREAMS_OWN.inc()
                 return
+            self._watchdog.forget(pulse)  # the channel's heartbeats watch it from here
             # The rest rides the channel (the replica moved the request to it, or it started
             # there): its own stream ends with the generation, or raises if the call fails.
             if inbox is None:
@@ -108,7 +125,12 @@ class HandleEngineClient:
             # Ray's error again, in place of ours).
             finished = True
             raise RateLimited() from exc
+        except Exception as exc:
+            if pulse is not None and pulse.silent:  # the watchdog cancelled the call: say why
+                raise _silent(f"request {request_id}", replica, self._watchdog) from exc
+            raise
         finally:
+            self._watchdog.forget(pulse)
             self._inboxes.forget(request_id, replica)
             if not finished:
                 # The client went away (or the ingress failed): cancel the engine call, which
@@ -132,19 +154,30 @@ class HandleEngineClient:
         """Deliver the channel's batches until it ends; then fail its requests still waiting
         (none, unless the replica or the channel died)."""
         response = self._handle.channel.remote(self._caller, replica=replica)
-        ended = ChannelClosed(f"the channel from engine replica {replica} closed")
+        ended: Exception = ChannelClosed(f"the channel from engine replica {replica} closed")
         delivered = False
         ENGINE_CHANNELS.inc()
+        # Silent too long (the replica died, or hangs): this reader is stopped, whatever the
+        # transport does with the call, and the requests riding the channel fail.
+        pulse = self._watchdog.watch(asyncio.current_task().cancel)
         try:
-            async for batch in response:
+            async for batch in response:  # an empty batch is a heartbeat
+                pulse.beat()
                 delivered = True
                 self._inboxes.deliver(batch)
+        except asyncio.CancelledError:
+            if not pulse.silent:
+                raise
+            ended = _silent("the channel", replica, self._watchdog)
+            with contextlib.suppress(Exception):
+                response.cancel()
         except Exception as exc:
             logger.warning("engine channel from %s failed: %r", replica, exc)
             ended = ChannelClosed(f"the channel from engine replica {replica} failed: {exc!r}")
             with contextlib.suppress(Exception):
                 response.cancel()  # the replica must not keep sending to a reader gone
         finally:
+            self._watchdog.forget(pulse)
             ENGINE_CHANNELS.dec()
             del self._channels[replica]
             if delivered:
@@ -157,6 +190,16 @@ class HandleEngineClient:
         task = asyncio.create_task(coroutine)
         self._lingering.add(task)
         task.add_done_callback(self._lingering.discard)
+
+
+def _silent(what: str, replica: str | None, watchdog: Watchdog) -> EngineSilent:
+    """The error of a stream the watchdog found silent (logged: a replica died or hangs)."""
+    message = (
+        f"{what} from engine replica {replica or '(not known yet)'} carried nothing for "
+        f"{watchdog.silence_s:g} s, heartbeats included: the replica is gone or stuck"
+    )
+    logger.warning(message)
+    return EngineSilent(message)
 
 
 def _unexpected(request_id: str, item: object, where: str) -> GenerateChunk:

@@ -49,6 +49,7 @@ from serve_app.serving.engine.channel import (
     OnChannel,
     Outbox,
 )
+from serve_app.serving.engine.liveness import HEARTBEAT, HEARTBEAT_S, Heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -148,10 +149,20 @@ class _Route:
         else:
             self._outbox.put(self.request_id, chunk, urgent=first_token)
 
-    async def next_chunk(self) -> GenerateChunk | None:
+    async def next_chunk(
+        self, heartbeat_s: float = HEARTBEAT_S
+    ) -> GenerateChunk | Heartbeat | None:
         """The own stream's next chunk: all that is queued merged into one, up to a finish
-        (None: the producer ended without one). An unexpected item ends it with an error."""
-        match await self.queue.get():
+        (None: the producer ended without one). An unexpected item ends it with an error.
+        `HEARTBEAT` if nothing came for ``heartbeat_s`` (``serve_app.serving.engine.liveness``)."""
+        if self.queue.empty():
+            try:
+                first = await asyncio.wait_for(self.queue.get(), heartbeat_s)
+            except TimeoutError:
+                return HEARTBEAT
+        else:
+            first = self.queue.get_nowait()
+        match first:
             case GenerateChunk() as chunk:
                 pass
             case _End():
@@ -249,7 +260,7 @@ class EngineDeployment:
 
     async def generate(
         self, request: GenerateRequest, caller: str | None = None
-    ) -> AsyncIterator[GenerateChunk | OnChannel]:
+    ) -> AsyncIterator[GenerateChunk | OnChannel | Heartbeat]:
         """Stream the engine's chunks until ``caller`` has a channel open here; from then on
         send them on it, after an `OnChannel` marker (``serve_app.serving.engine.channel``).
         A request that starts with the channel open streams only the marker.
@@ -279,6 +290,9 @@ class EngineDeployment:
                 chunk = await route.next_chunk()
                 if chunk is None:
                     break
+                if chunk is HEARTBEAT:  # nothing for a while: the caller learns we are alive
+                    yield chunk
+                    continue
                 # A failed route's error chunk is its last, but the engine still runs: the
                 # finally stops it.
                 finished = chunk.finish_reason is not None and not route.failed
