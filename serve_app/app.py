@@ -8,7 +8,7 @@ from ray.serve import Application
 
 from serve_app.config import AppArgs
 from serve_app.serving.engine.deployment import EngineDeployment
-from serve_app.serving.http.ingress import ResponsesIngress
+from serve_app.serving.ingress import ResponsesIngress
 
 
 def build_app(args: AppArgs) -> Application:

@@ -115,6 +115,14 @@ class StreamingArgs(BaseModel):
     # A channel with no request for this long closes (the next request opens it again).
     # $SERVE_APP_CHANNEL_IDLE_S overrides it.
     channel_idle_s: float = Field(default=2.0, gt=0)
+    # A stream from an engine replica that has carried nothing for this long carries a
+    # heartbeat (serve_app/serving/engine/liveness.py). $SERVE_APP_ENGINE_HEARTBEAT_S overrides it.
+    heartbeat_s: float = Field(default=0.25, gt=0)
+    # An ingress fails the requests of a stream silent (heartbeats included) for this long: its
+    # engine replica, or the way to it, is dead. Well above `heartbeat_s`, so that a late
+    # heartbeat on a loaded machine is not taken for a death. $SERVE_APP_ENGINE_SILENCE_S
+    # overrides it.
+    silence_s: float = Field(default=1.5, gt=0)
 
     def resolved(self) -> StreamingArgs:
         """These settings with the environment's overrides applied."""
@@ -126,12 +134,18 @@ class StreamingArgs(BaseModel):
             update["channels"] = channels != "0"
         if (idle := env.get(CHANNEL_IDLE_ENV)) is not None:
             update["channel_idle_s"] = float(idle)
+        if (heartbeat := env.get(HEARTBEAT_ENV)) is not None:
+            update["heartbeat_s"] = float(heartbeat)
+        if (silence := env.get(SILENCE_ENV)) is not None:
+            update["silence_s"] = float(silence)
         return self.model_copy(update=update)
 
 
 STREAM_WINDOW_ENV = "SERVE_APP_STREAM_WINDOW_S"
 CHANNELS_ENV = "SERVE_APP_ENGINE_CHANNELS"
 CHANNEL_IDLE_ENV = "SERVE_APP_CHANNEL_IDLE_S"
+HEARTBEAT_ENV = "SERVE_APP_ENGINE_HEARTBEAT_S"
+SILENCE_ENV = "SERVE_APP_ENGINE_SILENCE_S"
 API_KEYS_ENV = "SERVE_APP_API_KEYS"
 API_KEYS_FILE_ENV = "SERVE_APP_API_KEYS_FILE"
 REASONING_KEY_ENV = "SERVE_APP_REASONING_KEY"

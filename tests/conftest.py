@@ -49,7 +49,7 @@ ENGINE = os.environ.get("SERVE_APP_TEST_ENGINE", "simulated")
 # configs/fast-path.env: HAProxy in front, direct ingress (tests/support/fast_path.py).
 
 
-# How many examples the property tests draw (tests/unit/serving/test_ingress_fuzz.py takes its
+# How many examples the property tests draw (tests/unit/serving/http/test_ingress_fuzz.py takes its
 # volume from here): `thorough`, what scripts/test.sh (and so CI) runs, sends the fuzz tests
 # over 10,000 requests; the default keeps the fast tier (`pytest -m "not serve"`) fast with 50
 # per test. Pick one with pytest's `--hypothesis-profile`.
@@ -183,19 +183,28 @@ TESTS = Path(__file__).parent
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks every test in a serve folder as ``serve``, so ``pytest -m "not serve"`` is the tier
     that never starts Ray; a test elsewhere that needs the app is misplaced: it would start Ray
-    in the fast tier. Fault tests kill replicas of the shared app: run them last."""
-    misplaced = []
+    in the fast tier. So is a test module directly in tests/: the folders say what a test is
+    (docs/testing.md). Fault tests kill replicas of the shared app: run them last."""
+    needs_app, loose = [], set()
     for item in items:
-        folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
-        if folder in SERVE_FOLDERS:
+        parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+        if len(parts) == 1:
+            loose.add(parts[0])
+        if parts and parts[0] in SERVE_FOLDERS:
             item.add_marker(pytest.mark.serve)
         elif item.get_closest_marker("serve") is None and APP_FIXTURES.intersection(
             getattr(item, "fixturenames", ())  # the fixture closure: fixtures built on app_url too
         ):
-            misplaced.append(item.nodeid)
-    if misplaced:
+            needs_app.append(item.nodeid)
+    if needs_app:
         raise pytest.UsageError(
             "these tests use the running app: move them to tests/app/ or tests/clients/ "
-            f"(or mark them serve): {', '.join(misplaced)}"
+            f"(or mark them serve): {', '.join(needs_app)}"
+        )
+    if loose:
+        raise pytest.UsageError(
+            f"test modules directly in tests/: {', '.join(sorted(loose))}; a module's tests go "
+            "in tests/unit/<package>/test_<module>.py, the running app's in tests/app/, the "
+            "real clients' in tests/clients/ (docs/testing.md)"
         )
     items.sort(key=lambda item: item.get_closest_marker("faults") is not None)

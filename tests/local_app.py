@@ -22,7 +22,7 @@ from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.http.auth import ApiKeys
-from serve_app.serving.http.ingress import create_api
+from serve_app.serving.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
 from tests.support import ENGINE_SCRIPT
 

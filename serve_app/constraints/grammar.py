@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from serve_app.constraints import ijson
 from serve_app.constraints.spec import Body, CompletionConstraint, ToolCallRule
 
 # JSON bodies are compact (no free whitespace): gpt-oss writes tool arguments that way, and a
@@ -96,7 +97,8 @@ def _header_constrain(call: ToolCallRule) -> str:
 
 def _body(body: Body, options: dict[str, Any]) -> str:
     if body.kind == "json":
-        schema = json.loads(body.source)
+        # Numbers a client's JSON.parse reads back as they were written (constraints/ijson.py).
+        schema = ijson.bounded(json.loads(body.source))
         if isinstance(schema, dict):
             schema = {**schema, "x-guidance": options}
         return "%json " + json.dumps(schema)

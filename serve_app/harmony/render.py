@@ -93,6 +93,8 @@ def render_request(
     if tools is None:
         tools = ToolRegistry.from_request(request)
     leading, rest = split_leading_instructions(items)
+    # A server-side compaction item stands in for what came before it (instructions stay).
+    rest = rest[compaction.context_start(rest, vault, owner) :]
     messages = [
         *_developer_message(request, leading, tools),
         *_history_messages(rest, tools, vault, owner),

@@ -122,7 +122,8 @@ class ResponseStreamTranslator:
 
     @property
     def writer(self) -> ResponseEventWriter:
-        """The response's event writer (a turn answered without generating uses it alone)."""
+        """The response's event writer (a turn answered without generating uses it alone, a
+        compaction's item too)."""
         return self._writer
 
     @property

@@ -395,6 +395,15 @@ class ConversationRef(_Lenient):
     id: str = Field(min_length=1)
 
 
+class ContextManagement(_Lenient):
+    """One entry of ``context_management``: ``{"type": "compaction", "compact_threshold": N}``
+    compacts the history before generating once the prompt reaches N tokens (judged in
+    serve_app.serving.admission.responses; run by serve_app.serving.turn.context_management)."""
+
+    type: str
+    compact_threshold: int | None = None
+
+
 class ResponsesRequest(_Lenient):
     model: str = Field(min_length=1)
     input: str | list[InputItem] = Field(default_factory=list)
@@ -426,6 +435,7 @@ class ResponsesRequest(_Lenient):
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     safety_identifier: str | None = Field(default=None, max_length=128)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    context_management: list[ContextManagement] | None = None
 
     @field_validator("metadata")
     @classmethod

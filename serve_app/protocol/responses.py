@@ -87,6 +87,10 @@ def new_message_id() -> str:
     return new_item_id(ITEM_ID_PREFIXES["message"])
 
 
+def new_compaction_id() -> str:
+    return new_item_id(ITEM_ID_PREFIXES["compaction"])
+
+
 def new_reasoning_id() -> str:
     return new_item_id(ITEM_ID_PREFIXES["reasoning"])
 

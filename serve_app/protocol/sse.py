@@ -5,8 +5,8 @@ Each event is ``event: <type>`` then ``data: <json>`` and a blank line. There is
 (``response.completed``, ``response.incomplete`` or ``response.failed``).
 
 Delta events (one per engine chunk and open item, the bulk of a stream) are written from their
-fields directly, with no pydantic dump: the same bytes (tests/test_sse.py compares the two for
-every delta type), at a fraction of the CPU.
+fields directly, with no pydantic dump: the same bytes (tests/unit/protocol/test_sse.py compares
+the two for every delta type), at a fraction of the CPU.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from openai.types.responses import (
     Response,
+    ResponseCompactionCompactingEvent,
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
     ResponseCreatedEvent,
@@ -72,6 +73,7 @@ from serve_app.protocol.stream_items import (
     OpenItem,
     Phase,
     call_arguments,
+    compaction_item,
     delta_event,
     done_item,
     done_logprob,
@@ -314,6 +316,47 @@ class ResponseEventWriter:
             self._tool_calls += 1
         self._items.append(final)
         events.append(
+            ResponseOutputItemDoneEvent(
+                type="response.output_item.done",
+                output_index=item.output_index,
+                item=final,
+                sequence_number=self._seq(),
+            )
+        )
+
+    # --- server-side compaction ----------------------------------------------------------
+
+    def open_compaction(self) -> OpenItem:
+        """A ``compaction`` item, before the answer: ``output_item.added`` (its
+        ``encrypted_content`` empty until the summary is sealed)."""
+        item = OpenItem(ItemKind.COMPACTION, builders.new_compaction_id(), self._output_index())
+        self._events.append(
+            ResponseOutputItemAddedEvent(
+                type="response.output_item.added",
+                output_index=item.output_index,
+                item=compaction_item(item, ""),
+                sequence_number=self._seq(),
+            )
+        )
+        return item
+
+    def compacting(self, item: OpenItem) -> None:
+        """``response.compaction.compacting``: more of the summary was sampled (it carries
+        none of it)."""
+        self._events.append(
+            ResponseCompactionCompactingEvent(
+                type="response.compaction.compacting",
+                item_id=item.item_id,
+                output_index=item.output_index,
+                sequence_number=self._seq(),
+            )
+        )
+
+    def close_compaction(self, item: OpenItem, encrypted_content: str) -> None:
+        """``output_item.done`` with the sealed summary; the item is in ``output`` from now."""
+        final = compaction_item(item, encrypted_content)
+        self._items.append(final)
+        self._events.append(
             ResponseOutputItemDoneEvent(
                 type="response.output_item.done",
                 output_index=item.output_index,

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from openai.types.responses import (
     Response,
+    ResponseCompactionItem,
     ResponseCompletedEvent,
     ResponseCustomToolCall,
     ResponseCustomToolCallInputDeltaEvent,
@@ -52,6 +53,7 @@ class ItemKind(enum.Enum):
     MESSAGE = "message"
     FUNCTION_CALL = "function_call"
     CUSTOM_TOOL_CALL = "custom_tool_call"
+    COMPACTION = "compaction"
 
 
 @dataclass
@@ -117,6 +119,12 @@ def terminal_event(response: Response, sequence_number: int) -> ResponseStreamEv
         )
     return ResponseIncompleteEvent(
         type="response.incomplete", response=response, sequence_number=sequence_number
+    )
+
+
+def compaction_item(item: OpenItem, encrypted_content: str) -> ResponseCompactionItem:
+    return ResponseCompactionItem(
+        id=item.item_id, type="compaction", encrypted_content=encrypted_content
     )
 
 

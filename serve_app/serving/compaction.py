@@ -6,13 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from serve_app.engines.base import SERVER_ERROR
 from serve_app.harmony import compaction
-from serve_app.protocol.errors import ServerError
 from serve_app.protocol.requests import InputItem, MessageItem
 from serve_app.protocol.responses import ITEM_ID_PREFIXES, new_item_id
 from serve_app.serving import metrics
-from serve_app.serving.admission import responses as rules
+from serve_app.serving.turn import context_management
 from serve_app.serving.turn.persistence import stored_item
 from serve_app.serving.turn.service import ResponsesService
 from serve_app.serving.turn.state import Ask
@@ -23,34 +21,20 @@ async def compact(service: ResponsesService, ask: Ask) -> dict[str, Any]:
     request, owner = ask.request, ask.owner
     context = await service.context(ask)
     items = [*context.history, *context.request.input_items]
-    summary_ask = request.model_copy(
-        update={
-            "input": [*items, MessageItem(role="user", content=compaction.SUMMARY_REQUEST)],
-            "previous_response_id": None,
-            "conversation": None,
-            "tool_choice": "none",
-            "store": False,
-            "stream": False,
-            "background": False,
-            "include": [],
-            # As at OpenAI, compaction takes no output limit: a cut summary is no summary.
-            "max_output_tokens": None,
-        }
-    )
+    summary_ask = context_management.summary_request(request, items)
     # The ask holds the stored history and the summary request as input items too: its item
     # count is the server's doing, not the client's to keep within the limit.
     turn = await service.prepare(Ask(summary_ask, owner, check_limits=False))
     response = await service.run(turn)
-    if response.status == "failed" and response.error is not None:
-        raise rules.failed_response_error(response.error.message, response.error.code)
-    summary = response.output_text.strip()
-    if not summary and response.status == "incomplete":
-        raise rules.no_room_for_summary()
-    if not summary:
-        raise ServerError("The model wrote no summary.", code=SERVER_ERROR)
+    summary = context_management.summary_of(response)
     metrics.COMPACTIONS.inc()
     compaction_id = new_item_id(ITEM_ID_PREFIXES["compaction"])
-    kept = [stored_item(item) for item in items if _is_user_message(item)]
+    # Each an Open Responses `Message` (its compliance test `compact-response`).
+    kept = [
+        context_management.kept_message(stored_item(item))
+        for item in items
+        if _is_user_message(item)
+    ]
     sealed = compaction.seal_summary(service.vault, summary, owner)
     return {
         "id": compaction_id,

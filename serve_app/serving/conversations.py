@@ -8,12 +8,12 @@ from typing import Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_app.protocol.errors import NotFound
 from serve_app.protocol.requests import STRICT_TYPES, InputItem
 from serve_app.protocol.responses import new_conversation_id
+from serve_app.serving.admission import stored
 from serve_app.serving.admission.responses import check_text
 from serve_app.serving.http.auth import Owner
-from serve_app.serving.http.pagination import listing, unknown_after
+from serve_app.serving.http.pagination import listing
 from serve_app.serving.turn.persistence import stored_item, stored_or_fail
 from serve_app.store.base import ResponseStore, StoredConversation
 
@@ -42,11 +42,7 @@ def conversations_router(store: ResponseStore) -> APIRouter:
 
     async def existing(conversation_id: str, owner: str | None) -> StoredConversation:
         conversation = await store.get_conversation(conversation_id)
-        if conversation is None or conversation.owner != owner:
-            raise NotFound(
-                f"Conversation with id '{conversation_id}' not found.", param="conversation_id"
-            )
-        return conversation
+        return stored.owned_conversation(conversation_id, conversation, owner)
 
     @router.post("")
     async def create_conversation(body: ConversationCreate, owner: Owner) -> dict:
@@ -96,8 +92,7 @@ def conversations_router(store: ResponseStore) -> APIRouter:
         found = await store.conversation_page(
             conversation_id, after=after, limit=limit, order=order
         )
-        if found is None:
-            raise unknown_after(after)
+        stored.check_after(after, found is not None)
         return listing(found)
 
     @router.post("/{conversation_id}/items")
@@ -118,16 +113,15 @@ def conversations_router(store: ResponseStore) -> APIRouter:
     @router.get("/{conversation_id}/items/{item_id}")
     async def retrieve_item(conversation_id: str, item_id: str, owner: Owner) -> dict:
         await existing(conversation_id, owner)
-        for item in await store.conversation_items(conversation_id):
-            if item.get("id") == item_id:
-                return item
-        raise NotFound(f"Item with id '{item_id}' not found.", param="item_id")
+        items = await store.conversation_items(conversation_id)
+        item = next((item for item in items if item.get("id") == item_id), None)
+        return stored.found_item(item_id, item)
 
     @router.delete("/{conversation_id}/items/{item_id}")
     async def delete_item(conversation_id: str, item_id: str, owner: Owner) -> dict:
         conversation = await existing(conversation_id, owner)
         if not await store.delete_item(conversation_id, item_id):
-            raise NotFound(f"Item with id '{item_id}' not found.", param="item_id")
+            raise stored.item_not_found(item_id)
         return conversation.as_json()
 
     return router

@@ -22,7 +22,6 @@ HTTP body) and the bytes of messages queued behind a streaming response.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import Counter, OrderedDict
 from contextlib import aclosing
@@ -30,22 +29,20 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from openai.types.responses.responses_server_event import ResponseWsError, ResponseWsErrorError
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from serve_app.config import Limits
-from serve_app.protocol.body_errors import from_validation_errors
-from serve_app.protocol.errors import APIError, InvalidRequest
-from serve_app.protocol.requests import STRICT_TYPES, InputItem, ResponsesRequest
+from serve_app.protocol.errors import APIError
+from serve_app.protocol.requests import InputItem
 from serve_app.protocol.responses import usage
 from serve_app.protocol.sse import event_json
 from serve_app.serving import metrics
+from serve_app.serving.admission import websocket as rules
 from serve_app.serving.http.auth import ApiKeys
 from serve_app.serving.turn.service import ResponsesService
 from serve_app.serving.turn.state import Ask, Turn
 
 logger = logging.getLogger(__name__)
 
-CREATE = "response.create"
 # Close codes (RFC 6455): a refused key or a flooding client; an idle connection closed; a
 # connection over the limits, to be retried later.
 POLICY_VIOLATION = 1008
@@ -55,11 +52,6 @@ TRY_AGAIN_LATER = 1013
 # Their bytes are bounded too (`Limits.max_websocket_pending_bytes`): the count bounds the
 # per-message overhead of many tiny ones.
 MAX_PENDING_MESSAGES = 16
-
-
-class TooManyConnections(APIError):
-    status_code = 429
-    error_type = "rate_limit_error"
 
 
 class ConnectionSlots:
@@ -78,19 +70,10 @@ class ConnectionSlots:
 
     def take(self, owner: str | None) -> None:
         """One slot for ``owner``; raises `TooManyConnections` (429) when none is left."""
-        if self.total >= self.per_replica:
-            raise TooManyConnections(
-                f"Too many WebSocket connections on this server ({self.per_replica}): "
-                "close one or try again later.",
-                code="rate_limit_exceeded",
-            )
+        rules.check_connection_slot(self.total, self.per_replica, "on this server")
         # Without API keys every client is the same owner: only the total applies.
-        if owner is not None and self._by_owner[owner] >= self.per_key:
-            raise TooManyConnections(
-                f"Too many WebSocket connections for this API key ({self.per_key}): close one "
-                "or try again later.",
-                code="rate_limit_exceeded",
-            )
+        if owner is not None:
+            rules.check_connection_slot(self._by_owner[owner], self.per_key, "for this API key")
         self.total += 1
         if owner is not None:
             self._by_owner[owner] += 1
@@ -131,7 +114,7 @@ def websocket_router(service: ResponsesService, api_keys: ApiKeys, limits: Limit
             return
         try:
             slots.take(owner)
-        except TooManyConnections as refused:
+        except rules.TooManyConnections as refused:
             await _send_error(socket, refused)
             await socket.close(TRY_AGAIN_LATER)
             return
@@ -265,11 +248,8 @@ async def _serve_message(
     """One client message: a response streamed back, or an error event."""
     try:
         if isinstance(message, _TooLarge):
-            raise APIError(
-                f"Message too large: {message.size} bytes, at most {max_bytes}.",
-                status_code=413,
-            )
-        create = _parse_create(message)
+            raise rules.message_too_large(message.size, max_bytes)
+        create = rules.parse_create(message)
     except APIError as error:
         await _send_error(socket, error)
         return
@@ -310,67 +290,6 @@ async def _prewarm(
         events[-1] = failed
     for event in events:
         await socket.send_text(event_json(event))
-
-
-@dataclass
-class _Create:
-    """A ``response.create`` message: the request, and whether to generate its answer."""
-
-    request: ResponsesRequest
-    generate: bool
-
-
-def _parse_create(text: str) -> _Create:
-    try:
-        message = json.loads(text)
-    except ValueError as exc:
-        raise InvalidRequest(f"The message is not valid JSON: {exc}") from exc
-    if not isinstance(message, dict) or message.get("type") != CREATE:
-        kind = message.get("type") if isinstance(message, dict) else None
-        raise InvalidRequest(
-            f"Unsupported message type {kind!r}: send {{'type': '{CREATE}', ...}}.", param="type"
-        )
-    body = {key: value for key, value in message.items() if key != "type"}
-    if body.get("background"):
-        raise InvalidRequest(
-            "Background responses are created over HTTP, not WebSocket.", param="background"
-        )
-    generate = _generate(body)
-    if not generate and body.get("conversation") is not None:
-        # A prewarm's input would have to join the conversation with no answer after it.
-        raise InvalidRequest(
-            "`generate: false` is not supported with `conversation`.", param="generate"
-        )
-    try:
-        request = ResponsesRequest.model_validate({**body, "stream": True})
-    except ValidationError as exc:
-        raise from_validation_errors(list(exc.errors())) from exc
-    return _Create(request, generate)
-
-
-class _PromptCacheOptions(BaseModel):
-    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
-    prewarm: bool | None = None
-
-
-class _Generation(BaseModel):
-    """The WebSocket-only fields of ``response.create`` that say whether to generate."""
-
-    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
-    generate: bool | None = None  # default true
-    prompt_cache_options: _PromptCacheOptions | None = None  # `prewarm: true` overrides
-
-    @property
-    def wanted(self) -> bool:
-        prewarm = self.prompt_cache_options.prewarm if self.prompt_cache_options else None
-        return self.generate is not False and prewarm is not True
-
-
-def _generate(body: dict) -> bool:
-    try:
-        return _Generation.model_validate(body).wanted
-    except ValidationError as exc:
-        raise from_validation_errors(list(exc.errors())) from exc
 
 
 async def _send_error(socket: WebSocket, error: APIError) -> None:

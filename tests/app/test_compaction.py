@@ -7,7 +7,7 @@ import httpx
 import pytest
 from openai import BadRequestError, OpenAI
 
-from tests.support import MODEL
+from tests.support import MODEL, open_responses
 
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
 OLD_OUTPUT = "OLD-TOOL-OUTPUT " + "sunny and warm, " * 300
@@ -62,3 +62,58 @@ def test_compact_errors(app_url: str, client: OpenAI) -> None:
     with pytest.raises(BadRequestError) as error:
         client.responses.create(model=MODEL, input=[forged])
     assert error.value.body["code"] == "invalid_encrypted_content"
+
+
+# The Open Responses compliance suite's `compact-response` request (src/lib/compliance-tests.ts).
+COMPLIANCE_BODY = {
+    "model": MODEL,
+    "prompt_cache_key": "openresponses-compact-test",
+    "input": [
+        {
+            "type": "message",
+            "role": "user",
+            "content": "We agreed to launch on Tuesday and notify support first.",
+        },
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": "Understood. The launch is Tuesday, with support notified beforehand.",
+        },
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [COMPLIANCE_BODY, {"model": MODEL, "input": HISTORY, "tools": TOOLS}],
+    ids=["compliance-request", "tool-history"],
+)
+def test_compact_output_is_valid_open_responses(app_url: str, body: dict) -> None:
+    """The specification's compliance test `compact-response` (its schema of the answer, its
+    `object`, a `compaction` item): every kept message an item with id, status and content
+    parts, usage with its details. Checked against the vendored part of the specification in
+    CI (the whole document when it is here)."""
+    answer = httpx.post(f"{app_url}/v1/responses/compact", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    compacted = answer.json()
+    open_responses.check_compact_resource(compacted)
+    assert compacted["object"] == "response.compaction"
+    assert [item["type"] for item in compacted["output"]] == ["message", "compaction"]
+    message = compacted["output"][0]
+    assert message["status"] == "completed" and message["id"].startswith("msg_")
+    first = body["input"][0]["content"]
+    assert message["content"] == [{"type": "input_text", "text": first}]
+
+
+def test_compact_output_starts_a_new_websocket_chain(app_url: str, client: OpenAI) -> None:
+    """The compliance suite's `websocket-compact-new-chain`: /compact's output, as it came,
+    is the whole input of a new WebSocket response (no previous_response_id)."""
+    compacted = httpx.post(f"{app_url}/v1/responses/compact", json=COMPLIANCE_BODY, timeout=60)
+    assert compacted.status_code == 200, compacted.text
+    items = [*compacted.json()["output"], {"role": "user", "content": "When do we launch?"}]
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input=items, store=False)
+        while (event := connection.recv()).type not in ("response.completed", "error"):
+            assert event.type != "response.failed", event
+    assert event.type == "response.completed", event
+    assert event.response.usage.input_tokens > 0

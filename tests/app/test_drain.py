@@ -27,7 +27,7 @@ from ray import serve
 
 from serve_app.config import AppArgs
 from serve_app.serving.engine.deployment import EngineDeployment
-from serve_app.serving.http.ingress import ResponsesIngress
+from serve_app.serving.ingress import ResponsesIngress
 from tests.support import MODEL
 from tests.support.helpers import REPO
 

@@ -1,7 +1,7 @@
 """The channel between engine and ingress replicas through Serve: the session app streams its
 requests over channels (serve_app.serving.engine.channel) without losing a token, and a client
 leaving does not close the channel its request opened. Without Ray:
-tests/unit/serving/test_engine_channel.py."""
+tests/unit/serving/engine/test_channel.py."""
 
 from __future__ import annotations
 

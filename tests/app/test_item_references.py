@@ -4,7 +4,7 @@ resolves to the stored item of the same owner, which renders as if the client ha
 The Vercel AI SDK sends earlier reasoning, messages and tool calls back this way on every step
 when its responses are stored. Through the openai SDK: against the running app (scripted engine
 turns ``REF-*``); the parsing and the ownership check without Ray in
-tests/unit/serving/test_references.py.
+tests/unit/serving/turn/test_references.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 wire, with the scripted turns marked ``SUM-`` in tests/fixtures/engine_script.yaml. Every
 Response and event read here is also checked against the Open Responses specification when it is
 on this machine (tests/support/open_responses.py). What needs other app args:
-tests/unit/serving/test_responses_service.py."""
+tests/unit/serving/turn/test_service.py."""
 
 from __future__ import annotations
 

@@ -12,46 +12,21 @@ sends `reasoning.summary` only with `forceReasoning: true` beside `reasoningSumm
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.helpers import JS_DIR
+from tests.support import js_scenarios
 
-SCRIPT = JS_DIR / "ai_sdk_scenarios.mjs"
+SCRIPT = "ai_sdk_scenarios.mjs"
 TIMEOUT_S = 120
 
 CHAIN_OF_THOUGHT = "17 has no divisor between 2 and 4, so it is prime."
 
 
 def run_scenario(app_url: str, scenario: str) -> dict[str, Any]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed: the AI SDK tests need Node.js 20")
-    if not (JS_DIR / "node_modules" / "ai").is_dir():
-        pytest.skip("tests/js/node_modules is missing: run `npm ci --prefix tests/js`")
-    result = subprocess.run(
-        [node, str(SCRIPT), scenario, app_url],
-        cwd=JS_DIR,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-    try:
-        output = json.loads(result.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        pytest.fail(f"no JSON from the scenario (exit {result.returncode}):\n{result.stderr}")
-    assert output["ok"], (
-        f"the AI SDK failed: {json.dumps(output['error'], indent=1)}\n"
-        f"requests sent: {json.dumps(output['requests'], indent=1)}"
-    )
-    assert result.returncode == 0, result.stderr
-    return output
+    return js_scenarios.run(SCRIPT, scenario, app_url, timeout_s=TIMEOUT_S)
 
 
 def input_shape(request: dict[str, Any]) -> list[str]:

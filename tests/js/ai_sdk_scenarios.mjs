@@ -16,24 +16,13 @@
 import { createOpenAI } from '@ai-sdk/openai';
 import { generateText, stepCountIs, streamText, tool } from 'ai';
 import { z } from 'zod';
+import { recordingFetch, requests } from './recording_fetch.mjs';
 
 const MODEL = 'gpt-oss-120b';
 const [scenario, baseUrl] = process.argv.slice(2);
 if (!scenario || !baseUrl) {
   console.error('usage: node ai_sdk_scenarios.mjs <scenario> <base URL>');
   process.exit(2);
-}
-
-const requests = [];
-
-async function recordingFetch(url, init) {
-  const entry = { method: init?.method ?? 'GET', path: new URL(url).pathname };
-  if (typeof init?.body === 'string') entry.body = JSON.parse(init.body);
-  requests.push(entry);
-  const response = await fetch(url, init);
-  entry.status = response.status;
-  if (!response.ok) entry.error = await response.clone().text();
-  return response;
 }
 
 const openai = createOpenAI({ baseURL: `${baseUrl}/v1`, apiKey: 'sk-test', fetch: recordingFetch });

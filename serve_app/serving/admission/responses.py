@@ -54,6 +54,7 @@ def check_request(args: AppArgs, request: ResponsesRequest, *, check_limits: boo
     if check_limits:
         _check_limits(args, request)
     check_text(request)
+    check_context_management(request)
     if request.conversation_id is not None and request.previous_response_id is not None:
         raise InvalidRequest(
             "Use `conversation` or `previous_response_id`, not both.", param="conversation"
@@ -98,6 +99,40 @@ def check_text(value: object, param: str = "") -> None:
             stack.extend((child, f"{at}.{key}" if at else str(key)) for key, child in node.items())
         elif isinstance(node, list | tuple):
             stack.extend((child, f"{at}[{index}]") for index, child in enumerate(node))
+
+
+# The smallest `compact_threshold` OpenAI takes (and what a summary turn needs room for).
+MIN_COMPACT_THRESHOLD = 1000
+
+
+def check_context_management(request: ResponsesRequest) -> None:
+    """``context_management``: entries of a type we run (``compaction``, once), each
+    ``compact_threshold`` at least `MIN_COMPACT_THRESHOLD`."""
+    seen = False
+    for index, entry in enumerate(request.context_management or ()):
+        param = f"context_management[{index}]"
+        if entry.type != "compaction":
+            raise InvalidRequest(
+                f"Invalid value for '{param}.type': '{entry.type}'. Supported values are: "
+                "'compaction'.",
+                param=f"{param}.type",
+                code="invalid_value",
+            )
+        if seen:
+            raise InvalidRequest(
+                "Only one `compaction` entry is allowed in 'context_management'.",
+                param=param,
+                code="invalid_value",
+            )
+        seen = True
+        threshold = entry.compact_threshold
+        if threshold is not None and threshold < MIN_COMPACT_THRESHOLD:
+            raise InvalidRequest(
+                f"Invalid '{param}.compact_threshold': integer below minimum value. Expected a "
+                f"value >= {MIN_COMPACT_THRESHOLD}, but got {threshold} instead.",
+                param=f"{param}.compact_threshold",
+                code="integer_below_min_value",
+            )
 
 
 def _check_limits(args: AppArgs, request: ResponsesRequest) -> None:

@@ -258,6 +258,9 @@ class EngineDeployment:
     def _channel_idle_s(self) -> float:
         return CHANNEL_IDLE_S if self._streaming is None else self._streaming.channel_idle_s
 
+    def _heartbeat_s(self) -> float:
+        return HEARTBEAT_S if self._streaming is None else self._streaming.heartbeat_s
+
     async def generate(
         self, request: GenerateRequest, caller: str | None = None
     ) -> AsyncIterator[GenerateChunk | OnChannel | Heartbeat]:
@@ -287,7 +290,7 @@ class EngineDeployment:
                     yield OnChannel(self._replica_id)
                     finished = await self._ride(outbox, route, producer, caller)
                     return
-                chunk = await route.next_chunk()
+                chunk = await route.next_chunk(self._heartbeat_s())
                 if chunk is None:
                     break
                 if chunk is HEARTBEAT:  # nothing for a while: the caller learns we are alive
@@ -315,7 +318,7 @@ class EngineDeployment:
         """
         if replica != self._replica_id or caller in self._outboxes:
             return
-        outbox = Outbox(self._window_s(), self._channel_idle_s())
+        outbox = Outbox(self._window_s(), self._channel_idle_s(), self._heartbeat_s())
         self._outboxes[caller] = outbox
         watch_key = _CHANNEL + caller
         self._callers.add(caller, watch_key)

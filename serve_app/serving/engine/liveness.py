@@ -23,15 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from serve_app.config import StreamingArgs
+
 logger = logging.getLogger(__name__)
 
-HEARTBEAT_S = float(os.environ.get("SERVE_APP_ENGINE_HEARTBEAT_S", "0.25"))
-SILENCE_S = float(os.environ.get("SERVE_APP_ENGINE_SILENCE_S", "1.5"))
+# `StreamingArgs.heartbeat_s` and `.silence_s`: their values for a replica built without app args.
+_DEFAULTS = StreamingArgs().resolved()
+HEARTBEAT_S = _DEFAULTS.heartbeat_s
+SILENCE_S = _DEFAULTS.silence_s
 
 
 @dataclass(frozen=True, slots=True)

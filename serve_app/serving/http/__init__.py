@@ -1,2 +1,2 @@
-"""The HTTP face: the ingress deployment and its FastAPI routes (`ingress`), and the
-middlewares every request passes first (API keys, body limits, content encoding), pagination."""
+"""What every HTTP request passes before its route (pure ASGI middlewares: API keys, body
+limits, content encoding), and what the routes share (the caller's owner, pagination)."""

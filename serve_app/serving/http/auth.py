@@ -25,8 +25,9 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve_app.config import SecretArgs
-from serve_app.protocol.errors import APIError
 from serve_app.serving import metrics
+from serve_app.serving.admission import access
+from serve_app.serving.admission.access import Unauthorized
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +35,6 @@ logger = logging.getLogger(__name__)
 PUBLIC_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/redoc"})
 # Where `RequireKey` leaves the caller's owner digest, in the request's scope state.
 _OWNER = "serve_app.owner"
-
-
-class Unauthorized(APIError):
-    status_code = 401
 
 
 class ApiKeys:
@@ -69,16 +66,11 @@ class ApiKeys:
         if not self.enabled:
             return None
         scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise Unauthorized(
-                "You didn't provide an API key. Provide it in an Authorization header using "
-                "Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
-            )
+        access.check_bearer(scheme, token)
         candidate = token.strip().encode()
         # Compare with every key, always: how long this takes says nothing about which matched.
         matches = [hmac.compare_digest(candidate, key) for key in self._keys]
-        if not any(matches):
-            raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
+        access.check_key(any(matches))
         return hashlib.sha256(b"serve_app owner\x00" + candidate).hexdigest()[:32]
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from serve_app.protocol.errors import InvalidRequest, ServerError
+from serve_app.protocol.errors import ServerError
+from serve_app.serving.admission import stored
 from serve_app.store.base import ItemPage, cut_page
 
 logger = logging.getLogger(__name__)
@@ -24,8 +25,7 @@ def page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str
     start = 0
     if after is not None:
         ids = [item.get("id") for item in items]
-        if after not in ids:
-            raise unknown_after(after)
+        stored.check_after(after, after in ids)
         start = ids.index(after) + 1
     found = cut_page(entries[start:], limit)
     if found is None:  # never, with the whole rest of the list: a bug, this request's alone
@@ -44,7 +44,3 @@ def listing(found: ItemPage) -> dict[str, Any]:
         "last_id": data[-1]["id"] if data else None,
         "has_more": found.has_more,
     }
-
-
-def unknown_after(after: str) -> InvalidRequest:
-    return InvalidRequest(f"No item with id '{after}' in this list.", param="after")

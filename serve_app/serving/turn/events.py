@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from openai.types.responses import Response, ResponseStreamEvent
 
 from serve_app.engines.base import SERVER_ERROR, GenerateChunk
-from serve_app.protocol.errors import RATE_LIMITED, RateLimited
+from serve_app.protocol.errors import RATE_LIMITED, APIError, RateLimited
 from serve_app.routing import metrics as routing_metrics
 from serve_app.serving import metrics
 from serve_app.serving.engine.client import EngineClient
@@ -50,6 +50,10 @@ class EventLoop:
         first_token_seen = False
         replica = None
         try:
+            if turn.before_answer is not None:
+                async with contextlib.aclosing(turn.before_answer(turn)) as before:
+                    async for batch in before:
+                        yield batch
             async for chunk in self._engine_chunks(turn):
                 replica = replica or chunk.replica
                 prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
@@ -80,6 +84,8 @@ class EventLoop:
             # callers get 429 with Retry-After.
             logger.warning("response %s: engines at capacity", turn.response.id)
             terminal = translator.fail(busy.message, RATE_LIMITED)
+        except APIError as error:  # what runs before the answer could not be done
+            terminal = translator.fail(error.message, error.code or SERVER_ERROR)
         except Exception as exc:  # a replica died or the handle failed: never hang the client
             logger.exception("response %s: engine call failed", turn.response.id)
             terminal = translator.fail(f"The engine failed: {type(exc).__name__}", "server_error")

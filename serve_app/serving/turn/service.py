@@ -25,7 +25,7 @@ from serve_app.routing.keys import key_digest, routing_key
 from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
-from serve_app.serving.turn import history
+from serve_app.serving.turn import context_management, history
 from serve_app.serving.turn.admit import Door
 from serve_app.serving.turn.engine_request import engine_request
 from serve_app.serving.turn.events import EventLoop
@@ -96,6 +96,22 @@ class ResponsesService:
             translator=translator,
             owner=owner,
             history=context.history,
+            before_answer=(
+                functools.partial(context_management.compact_first, self)
+                if context_management.due(self._args, request, len(prompt.token_ids))
+                else None
+            ),
+        )
+
+    def retarget(self, turn: Turn, request: ResponsesRequest) -> None:
+        """Point ``turn``'s engine request at ``request`` rendered after ``turn.history`` (a
+        compacted context: serve_app.serving.turn.context_management)."""
+        context = Context(request, turn.history)
+        prompt = self._renderer.render(context, turn.owner, truncate=True)
+        max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
+        key = routing_key(request.prompt_cache_key, prompt.token_ids)
+        turn.generate = engine_request(
+            request, prompt, request_id=turn.response.id, max_tokens=max_tokens, session_id=key
         )
 
     async def render(self, ask: Ask) -> RenderedPrompt:

@@ -4,10 +4,10 @@ request with its history once admitted (`Context`), and the turn being generated
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
-from openai.types.responses import Response
+from openai.types.responses import Response, ResponseStreamEvent
 
 from serve_app.engines.base import GenerateRequest
 from serve_app.harmony.stream import ResponseStreamTranslator
@@ -53,6 +53,10 @@ class Turn:
     owner: str | None = None
     arrived_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+    # What runs after ``response.created`` and before the engine is asked for the answer
+    # (a compaction, serve_app.serving.turn.context_management): its event batches; it may point
+    # ``generate`` elsewhere. An `APIError` from it ends the turn failed.
+    before_answer: Callable[[Turn], AsyncIterator[list[ResponseStreamEvent]]] | None = None
 
     @property
     def response(self) -> Response:

@@ -142,6 +142,7 @@ MAIN_REQUEST: dict[str, Any] = {
     "stream": False,
     "background": False,
     "user": "tester",
+    "context_management": [{"type": "compaction", "compact_threshold": 2000}],
 }
 STATE_ITEMS = [
     {"type": "item_reference", "id": "msg_stored"},

@@ -36,7 +36,7 @@ from serve_app.config import AppArgs
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.serving.engine.client import InProcessEngineClient
-from serve_app.serving.http.ingress import create_api
+from serve_app.serving.ingress import create_api
 from serve_app.store.base import StoredResponse
 from serve_app.store.sql import WRITE_ATTEMPTS, SqlResponseStore
 from tests.support import MODEL

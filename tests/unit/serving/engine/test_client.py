@@ -16,7 +16,7 @@ from serve_app.engines.base import GenerateRequest, SamplingSettings
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.protocol.errors import RETRY_AFTER_S, RateLimited
 from serve_app.serving.engine.client import HandleEngineClient
-from serve_app.serving.http.ingress import create_api
+from serve_app.serving.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
 from tests.support import MODEL
 

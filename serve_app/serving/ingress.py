@@ -24,20 +24,19 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.protocol.body_errors import from_validation_errors
 from serve_app.protocol.errors import (
     APIError,
-    InvalidRequest,
-    NotFound,
     error_body,
-    model_not_found,
 )
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import dump_response
 from serve_app.protocol.sse import encode_event
 from serve_app.serving import metrics
+from serve_app.serving.admission import stored as rules
 from serve_app.serving.admission.responses import failed_response_error
 from serve_app.serving.background import BackgroundRunner
 from serve_app.serving.compaction import compact
 from serve_app.serving.conversations import conversations_router
 from serve_app.serving.engine.client import EngineClient, HandleEngineClient
+from serve_app.serving.engine.liveness import Watchdog
 from serve_app.serving.http.auth import ApiKeys, Owner, RequireKey, caller
 from serve_app.serving.http.body_limit import BodyLimits
 from serve_app.serving.http.pagination import page as _page
@@ -114,30 +113,20 @@ def create_api(
             stored = await _stored(store, response_id, owner)  # its runner was gone: ended now
         if not stream:
             return stored.response
-        if not stored.response.get("background"):
-            raise InvalidRequest(
-                "Only background responses can be streamed after they were created.",
-                param="stream",
-            )
+        rules.check_streamable(stored.response)
         return _event_stream(background.stream(response_id, starting_after))
 
     @api.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str, owner: Owner) -> dict:
         await _stored(store, response_id, owner)
         if not await store.delete(response_id):
-            raise _response_not_found(response_id)
+            raise rules.response_not_found(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     @api.post("/v1/responses/{response_id}/cancel")
     async def cancel_response(response_id: str, owner: Owner) -> dict:
         stored = await _stored(store, response_id, owner)
-        if not stored.response.get("background"):
-            raise InvalidRequest("Only background responses can be cancelled.", param="response_id")
-        if stored.response.get("status") not in ("queued", "in_progress"):
-            raise InvalidRequest(
-                f"Cannot cancel a response with status '{stored.response.get('status')}'.",
-                param="response_id",
-            )
+        rules.check_cancellable(stored.response)
         await store.request_cancel(response_id)
         return await _wait_until_settled(store, background, response_id, owner)
 
@@ -158,8 +147,7 @@ def create_api(
 
     @api.get("/v1/models/{model:path}", dependencies=[Depends(caller)])
     async def get_model(model: str) -> dict:
-        if model not in args.served_names():
-            raise model_not_found(model)
+        rules.check_model(args, model)
         return _model_card(model, created)
 
     # `/health` goes through the replica like any request. Ray Serve's proxy hands a request to
@@ -254,14 +242,7 @@ def _running_in_background(stored: StoredResponse) -> bool:
 
 
 async def _stored(store: ResponseStore, response_id: str, owner: str | None) -> StoredResponse:
-    stored = await store.get(response_id)
-    if stored is None or stored.owner != owner:  # another key's response is not found
-        raise _response_not_found(response_id)
-    return stored
-
-
-def _response_not_found(response_id: str) -> NotFound:
-    return NotFound(f"Response with id '{response_id}' not found.", param="response_id")
+    return rules.owned_response(response_id, await store.get(response_id), owner)
 
 
 def _names(args: AppArgs) -> list[str]:
@@ -308,6 +289,7 @@ class ResponsesIngress:
         logger.info("response store: %s", printable(store_url))
         self._store = SqlResponseStore(store_url)
         await self._store.start()
+        streaming = args.streaming.resolved()
         self._api = create_api(
             args,
             # Named so engine replicas abort this replica's requests should it die, and send
@@ -315,7 +297,8 @@ class ResponsesIngress:
             HandleEngineClient(
                 engine_handle,
                 caller=ray.get_runtime_context().get_actor_name(),
-                channels=args.streaming.resolved().channels,
+                channels=streaming.channels,
+                watchdog=Watchdog(streaming.silence_s, streaming.heartbeat_s),
             ),
             ReasoningVault.from_env(REASONING_KEY_ENV, args.secrets.reasoning_key),
             self._store,

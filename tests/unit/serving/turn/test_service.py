@@ -25,7 +25,7 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.truncation import truncate_to_fit
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.engine.client import InProcessEngineClient
-from serve_app.serving.http.ingress import create_api
+from serve_app.serving.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
 from tests.support import ENGINE_SCRIPT, MODEL
 from tests.support.helpers import EXEC_TOOL, decode, in_process_api, sdk_client

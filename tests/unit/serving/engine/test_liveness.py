@@ -2,7 +2,7 @@
 whose engine replica goes silent fails within 2 s, on a channel or on its own stream, and a
 stream that is only quiet (the engine pausing) lives on on its heartbeats. The real classes
 (`HandleEngineClient`, the engine deployment's class, the simulated engine), joined by the
-stand-in for Ray's streamed handle calls of tests/unit/serving/test_engine_channel.py, whose
+stand-in for Ray's streamed handle calls of tests/unit/serving/engine/test_channel.py, whose
 ``hang`` stops a call's items without an error, as the gRPC transport did with a killed replica
 (issue 31)."""
 
@@ -18,7 +18,7 @@ import pytest
 from serve_app.engines.base import GenerateChunk, GenerateRequest
 from serve_app.serving.engine.client import HandleEngineClient
 from serve_app.serving.engine.liveness import SILENCE_S, EngineSilent
-from tests.unit.serving.test_engine_channel import (
+from tests.unit.serving.engine.test_channel import (
     _CALLS,
     CALLER,
     _channel_open,

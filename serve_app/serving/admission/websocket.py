@@ -1,0 +1,97 @@
+"""The rules of a WebSocket connection (``/v1/responses``): how many connections a replica
+and a key may hold (429), and each message: at most the body limit (413), a
+``response.create`` of a request the HTTP route would take (400), with its WebSocket-only
+fields (``generate``, ``prompt_cache_options.prewarm``). The errors go back as error events."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from serve_app.protocol.body_errors import from_validation_errors
+from serve_app.protocol.errors import APIError, InvalidRequest
+from serve_app.protocol.requests import STRICT_TYPES, ResponsesRequest
+
+CREATE = "response.create"
+
+
+class TooManyConnections(APIError):
+    status_code = 429
+    error_type = "rate_limit_error"
+
+
+def check_connection_slot(held: int, limit: int, where: str) -> None:
+    """One more connection ``where`` (``on this server``, ``for this API key``), holding
+    ``held`` of its ``limit``: a 429 (close code 1013 follows) when none is left."""
+    if held >= limit:
+        raise TooManyConnections(
+            f"Too many WebSocket connections {where} ({limit}): close one or try again later.",
+            code="rate_limit_exceeded",
+        )
+
+
+def message_too_large(size: int, max_bytes: int) -> APIError:
+    return APIError(f"Message too large: {size} bytes, at most {max_bytes}.", status_code=413)
+
+
+@dataclass
+class Create:
+    """A ``response.create`` message: the request, and whether to generate its answer."""
+
+    request: ResponsesRequest
+    generate: bool
+
+
+def parse_create(text: str) -> Create:
+    try:
+        message = json.loads(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"The message is not valid JSON: {exc}") from exc
+    if not isinstance(message, dict) or message.get("type") != CREATE:
+        kind = message.get("type") if isinstance(message, dict) else None
+        raise InvalidRequest(
+            f"Unsupported message type {kind!r}: send {{'type': '{CREATE}', ...}}.", param="type"
+        )
+    body = {key: value for key, value in message.items() if key != "type"}
+    if body.get("background"):
+        raise InvalidRequest(
+            "Background responses are created over HTTP, not WebSocket.", param="background"
+        )
+    generate = _generate(body)
+    if not generate and body.get("conversation") is not None:
+        # A prewarm's input would have to join the conversation with no answer after it.
+        raise InvalidRequest(
+            "`generate: false` is not supported with `conversation`.", param="generate"
+        )
+    try:
+        request = ResponsesRequest.model_validate({**body, "stream": True})
+    except ValidationError as exc:
+        raise from_validation_errors(list(exc.errors())) from exc
+    return Create(request, generate)
+
+
+class _PromptCacheOptions(BaseModel):
+    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
+    prewarm: bool | None = None
+
+
+class _Generation(BaseModel):
+    """The WebSocket-only fields of ``response.create`` that say whether to generate."""
+
+    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
+    generate: bool | None = None  # default true
+    prompt_cache_options: _PromptCacheOptions | None = None  # `prewarm: true` overrides
+
+    @property
+    def wanted(self) -> bool:
+        prewarm = self.prompt_cache_options.prewarm if self.prompt_cache_options else None
+        return self.generate is not False and prewarm is not True
+
+
+def _generate(body: dict) -> bool:
+    try:
+        return _Generation.model_validate(body).wanted
+    except ValidationError as exc:
+        raise from_validation_errors(list(exc.errors())) from exc

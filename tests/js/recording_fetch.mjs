@@ -1,0 +1,15 @@
+// The `fetch` every scenario script gives its client: it records each request the client sends
+// (method, path, JSON body) with the app's HTTP status, and the body of an error answer, so the
+// script can print what was sent beside what the SDK returned.
+
+export const requests = [];
+
+export async function recordingFetch(url, init) {
+  const entry = { method: init?.method ?? 'GET', path: new URL(url).pathname };
+  if (typeof init?.body === 'string') entry.body = JSON.parse(init.body);
+  requests.push(entry);
+  const response = await fetch(url, init);
+  entry.status = response.status;
+  if (!response.ok) entry.error = await response.clone().text();
+  return response;
+}
