@@ -8,7 +8,9 @@ with the simulated engine, once per request router, on the same replica count:
 - ``ray-prefix-aware``: Ray Serve LLM's ``PrefixCacheAffinityRouter``, made to see the prompt
   (it matches text; here each prompt token id becomes one character, so it matches tokens);
 - ``serve_app-mbN``: ours (``serve_app.routing.router.PrefixAffinityRouter``, bounded load,
-  ``min_bound`` N; several with ``--min-bound 16 8``);
+  ``min_bound`` N; several with ``--min-bound 16 8``) as placed before issue 32, and
+  ``serve_app-mbN-ttftS``: ours placing by predicted time to first token, slack S
+  (``--ttft-slack-s``);
 - ``oracle``: one infinite prefix cache and no queueing (an upper bound, computed, not run).
 
 The trace is replayed through the deployment's handle, exactly as the ingress calls it (same
@@ -72,6 +74,7 @@ from serve_app.protocol.requests import ResponsesRequest
 from serve_app.routing.affinity import DEFAULT_NEW_LOAD_FACTOR, DEFAULT_SPILL_FACTOR
 from serve_app.routing.keys import routing_key
 from serve_app.routing.ring import DEFAULT_LOAD_FACTOR, DEFAULT_MIN_BOUND
+from serve_app.routing.ttft import DEFAULT_TTFT_SLACK_S
 from serve_app.serving.engine.client import HandleEngineClient
 from serve_app.serving.engine.deployment import EngineDeployment
 from serve_app.serving.turn.engine_request import engine_request
@@ -469,6 +472,14 @@ def add_placer_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--min-bound", type=int, nargs="+", default=[DEFAULT_MIN_BOUND], help="ours, each"
     )
+    parser.add_argument(
+        "--ttft-slack-s",
+        type=float,
+        nargs="+",
+        default=[-1.0, DEFAULT_TTFT_SLACK_S],
+        help="ours, each: placement by predicted TTFT with this slack; -1 is today's placer "
+        "(by the ring and the load bounds only)",
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -500,8 +511,9 @@ def main() -> None:
     args = parse_args()
     routers = [name for name in args.routers if name != "serve_app"]
     if "serve_app" in args.routers:
-        for min_bound in args.min_bound:
-            routers.append(f"serve_app-mb{min_bound}")
+        for min_bound, slack in itertools.product(args.min_bound, args.ttft_slack_s):
+            # serve_app-mbN: today's placer; serve_app-mbN-ttftS: by predicted TTFT, slack S.
+            routers.append(f"serve_app-mb{min_bound}" + ("" if slack < 0 else f"-ttft{slack}"))
             ROUTERS[routers[-1]] = RequestRouterConfig(
                 request_router_class="serve_app.routing.router.PrefixAffinityRouter",
                 request_router_kwargs={
@@ -509,8 +521,9 @@ def main() -> None:
                     "new_load_factor": args.new_load_factor or None,
                     "spill_factor": args.spill_factor,
                     "min_bound": min_bound,
+                    "ttft_slack_s": None if slack < 0 else slack,
                 },
-                # As in the configs: the replicas report their conversations every second.
+                # As in the configs: the replicas report every second.
                 request_routing_stats_period_s=1.0,
             )
     simulated = SimulatedEngineConfig(

@@ -44,11 +44,11 @@ from serve_app.engines.simulated import SimulatedEngineConfig
 from serve_app.routing.affinity import (
     ConversationPlacer,
 )
-from serve_app.routing.directory import ConversationDirectory, ServedConversations
+from serve_app.routing.replica_report import ReplicaReporter
 from serve_app.routing.ring import HashRing
 
-# (routing key, ongoing requests per replica, simulated time) -> replica
-Policy = Callable[[str, Mapping[str, int], float], str]
+# (routing key, ongoing requests per replica, simulated time, prompt tokens) -> replica
+Policy = Callable[[str, Mapping[str, int], float, int], str]
 _WAITED = "waited"  # marks an arrival event put back until a round of reports
 
 
@@ -63,13 +63,13 @@ class Result:
 
 def hash_owner(members: list[str]) -> Policy:
     ring = HashRing(members)
-    return lambda key, _loads, _now: ring.owner(key) or members[0]
+    return lambda key, _loads, _now, _tokens: ring.owner(key) or members[0]
 
 
 def power_of_two(members: list[str], seed: int = 0) -> Policy:
     rng = random.Random(seed)
 
-    def choose(_key: str, loads: Mapping[str, int], _now: float) -> str:
+    def choose(_key: str, loads: Mapping[str, int], _now: float, _tokens: int) -> str:
         first, second = rng.sample(members, 2)
         return first if loads[first] <= loads[second] else second
 
@@ -102,19 +102,20 @@ class Ours:
         ]
         for placer in self.placers:
             placer.set_members(members)
-        self.served = {member: ServedConversations(member, clock=self.clock) for member in members}
+        # Each replica's reports, as the engine deployment makes them: its KV-cache summary is
+        # fed by its cache model's events (`replay` wires them), its prefill ledger by `replay`.
+        self.reporters = {member: ReplicaReporter(member, clock=self.clock) for member in members}
         self.report_period_s = report_period_s
         self.next_report_s = 0.0
         self.rng = random.Random(0)
         # Later turns waiting for a round of reports, by key: the placer they reached.
         self.waiting: dict[str, ConversationPlacer] = {}
 
-    def __call__(self, key: str, loads: Mapping[str, int], now: float) -> str:
+    def __call__(self, key: str, loads: Mapping[str, int], now: float, tokens: int) -> str:
         self._catch_up(now)
         placer = self.waiting.pop(key, None) or self.rng.choice(self.placers)
-        choice = placer.choose(key, loads)
+        choice = placer.choose(key, loads, tokens)
         assert choice is not None
-        self.served[choice.replica].record(key)
         return choice.replica
 
     def ready_at(self, key: str, now: float) -> float:
@@ -136,11 +137,9 @@ class Ours:
             self.next_report_s = (now // self.report_period_s + 1) * self.report_period_s
 
     def _report(self) -> None:
-        directory = ConversationDirectory.from_reports(
-            {member: served.report() for member, served in self.served.items()}
-        )
+        reports = {member: reporter.report() for member, reporter in self.reporters.items()}
         for placer in self.placers:
-            placer.set_directory(directory)
+            placer.set_reports(reports)
 
 
 def replay(
@@ -151,14 +150,20 @@ def replay(
     engine: SimulatedEngineConfig,
     output_tokens: int,
 ) -> Result:
+    reporters: dict[str, ReplicaReporter] = getattr(policy, "reporters", {})
     caches = {
-        member: PrefixKVCache(engine.block_size, engine.kv_cache_tokens) for member in members
+        member: PrefixKVCache(
+            engine.block_size,
+            engine.kv_cache_tokens,
+            on_events=reporters[member].held if member in reporters else None,
+        )
+        for member in members
     }
     ongoing: Counter[str] = Counter()
     prefill_free_at: Counter[str] = Counter()
     work: Counter[str] = Counter()
     # (time, kind, session index, turn index, replica); kind 0 = a turn ends, 1 = one arrives,
-    # so at equal times the replica is freed first.
+    # so at equal times the replica is freed first, 2 = its first token (to the reports).
     events: list[tuple[float, int, int, int, str]] = [
         (session.start_s, 1, index, 0, "") for index, session in enumerate(sessions)
     ]
@@ -172,8 +177,14 @@ def replay(
     while events:
         now, kind, index, turn_index, replica = heapq.heappop(events)
         session = sessions[index]
+        request_id = f"{index}/{turn_index}"
+        if kind == 2:
+            reporters[replica].first_token(request_id, None, now)
+            continue
         if kind == 0:
             ongoing[replica] -= 1
+            if replica in reporters:
+                reporters[replica].ended(request_id)
             if turn_index + 1 < len(session.turns):
                 think = session.turns[turn_index + 1]["think_s"]
                 heapq.heappush(events, (now + think, 1, index, turn_index + 1, ""))
@@ -185,11 +196,17 @@ def replay(
                 waited += 1
                 heapq.heappush(events, (ready, 1, index, turn_index, _WAITED))
                 continue
-        replica = policy(turn.routing_key, {member: ongoing[member] for member in members}, now)
+        loads = {member: ongoing[member] for member in members}
+        replica = policy(turn.routing_key, loads, now, len(turn.token_ids))
+        if replica in reporters:
+            reporters[replica].arrived(request_id, turn.routing_key, len(turn.token_ids))
         cache = caches[replica]
-        hit = cache.lookup(turn.token_ids)
+        # The cache is looked up on arrival: the same here for every policy (the engine looks
+        # up when the prefill starts).
+        hit_keys = cache.lookup_blocks(turn.token_ids, turn.routing_key)
+        hit = len(hit_keys) * cache.block_size
         # The output is cached too, as the engine does; it never matches a later prompt.
-        cache.insert([*turn.token_ids, *[0] * output_tokens])
+        cache.insert([*turn.token_ids, *[0] * output_tokens], hit_keys, turn.routing_key)
         first_token = (
             max(now, prefill_free_at[replica])
             + (len(turn.token_ids) - hit) / engine.prefill_tokens_per_s
@@ -205,6 +222,9 @@ def replay(
         prompt += len(turn.token_ids)
         cached += hit
         ttfts.append((first_token - now + 1 / engine.decode_tokens_per_s) * 1000)
+        if replica in reporters:
+            first = first_token + 1 / engine.decode_tokens_per_s
+            heapq.heappush(events, (first, 2, index, turn_index, replica))
         heapq.heappush(events, (ends, 0, index, turn_index, replica))
     mean_work = statistics.mean(work[member] for member in members)
     return Result(
@@ -224,6 +244,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=5.0, help="sessions started per second")
     parser.add_argument("--output-tokens", type=int, default=64, help="per turn")
     parser.add_argument("--prefill-tokens-per-s", type=float, default=20_000)
+    parser.add_argument(
+        "--kv-cache-tokens", type=int, default=262_144, help="each replica's prefix cache"
+    )
     add_placer_options(parser)
     parser.add_argument(
         "--ingress-replicas", type=int, default=1, help="ours: routers, each with its own table"
@@ -239,22 +262,29 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    engine = SimulatedEngineConfig(prefill_tokens_per_s=args.prefill_tokens_per_s)
+    engine = SimulatedEngineConfig(
+        prefill_tokens_per_s=args.prefill_tokens_per_s, kv_cache_tokens=args.kv_cache_tokens
+    )
     members = [f"replica-{index}" for index in range(args.replicas)]
     policies: dict[str, Callable[[], Policy]] = {
         "hash (Ray ConsistentHashRouter)": lambda: hash_owner(members),
         "pow2 (Ray default)": lambda: power_of_two(members),
     }
     for min_bound in args.min_bound:
-        policies[f"ours, min_bound {min_bound}"] = lambda min_bound=min_bound: Ours(
-            members,
-            report_period_s=args.report_period,
-            load_factor=args.load_factor,
-            new_load_factor=args.new_load_factor or None,
-            spill_factor=args.spill_factor,
-            min_bound=min_bound,
-            ingress_replicas=args.ingress_replicas,
-        )
+        for slack in args.ttft_slack_s:
+            name = "ours, today's placer" if slack < 0 else f"ours, by TTFT (slack {slack} s)"
+            if len(args.min_bound) > 1:
+                name += f", min_bound {min_bound}"
+            policies[name] = lambda min_bound=min_bound, slack=slack: Ours(
+                members,
+                report_period_s=args.report_period,
+                load_factor=args.load_factor,
+                new_load_factor=args.new_load_factor or None,
+                spill_factor=args.spill_factor,
+                min_bound=min_bound,
+                ttft_slack_s=None if slack < 0 else slack,
+                ingress_replicas=args.ingress_replicas,
+            )
     columns = [
         "hit rate",
         "hit / oracle",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from serve_app.constraints.spec import CompletionConstraint
+from serve_app.engines.kv_events import KVEventSink
 
 # Part of the contract (sampling defaults, chunk logprobs), defined where the protocol and
 # harmony layers can use them too.
@@ -146,6 +147,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def num_ongoing_requests(self) -> int:
         """Requests admitted and not yet finished or aborted."""
+
+    def subscribe_kv_events(self, sink: KVEventSink) -> bool:
+        """Hand this engine's KV-cache events (``serve_app.engines.kv_events``) to ``sink``
+        from now on; whether the engine publishes any (the default: none)."""
+        return False
 
     async def check_health(self) -> None:  # noqa: B027 - optional hook
         """Raise if the engine cannot serve; Ray Serve restarts the replica then."""

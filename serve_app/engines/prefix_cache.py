@@ -14,6 +14,11 @@ What is modelled (after vLLM v1's ``KVCacheManager``/``BlockPool``):
   made older than the head blocks (vLLM frees a request's blocks tail first), so eviction eats a
   cold prefix from its end and never leaves an unreachable tail behind a missing head.
 
+Events: given ``on_events``, the cache reports what it stores and evicts as vLLM's KV-cache
+events do (``serve_app.engines.kv_events``): a ``BlockStored`` for the blocks a lookup hits
+and for those an insert adds, each naming the request's session, a ``BlockRemoved`` for the
+blocks evicted, an ``AllBlocksCleared`` on `clear`.
+
 What is not: KV held by running requests does not reduce the capacity here (vLLM's pool is
 shared between running requests and cached blocks), and hash collisions are ignored (Python's
 64-bit tuple hash; vLLM uses sha256 only as an option).
@@ -24,6 +29,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+from serve_app.engines.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventSink,
+)
 
 # Parent key of a sequence's first block.
 _ROOT_KEY = hash("serve_app.prefix_cache.root")
@@ -56,7 +69,12 @@ class PrefixCacheStats:
 class PrefixKVCache:
     """Block-level prefix cache of one engine replica (token ids only, no tensors)."""
 
-    def __init__(self, block_size: int = 16, capacity_tokens: int = 262_144) -> None:
+    def __init__(
+        self,
+        block_size: int = 16,
+        capacity_tokens: int = 262_144,
+        on_events: KVEventSink | None = None,
+    ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if capacity_tokens < block_size:
@@ -72,6 +90,7 @@ class PrefixKVCache:
         self._hit_tokens = 0
         self._inserted_blocks = 0
         self._evicted_blocks = 0
+        self._on_events = on_events
 
     @property
     def used_blocks(self) -> int:
@@ -109,10 +128,13 @@ class PrefixKVCache:
         """
         return len(self.lookup_blocks(token_ids)) * self.block_size
 
-    def lookup_blocks(self, token_ids: Sequence[int]) -> list[int]:
-        """`lookup` returning the keys of the blocks hit, to pass to `insert` as known keys."""
+    def lookup_blocks(self, token_ids: Sequence[int], session_id: str | None = None) -> list[int]:
+        """`lookup` returning the keys of the blocks hit, to pass to `insert` as known keys.
+        The hit blocks are reported stored for ``session_id``, as vLLM reports a prefix hit."""
         hits = self._hit_keys(token_ids)
         self._touch(hits)
+        if hits:
+            self._emit(BlockStored(tuple(hits), None, self.block_size, session_id))
         self._lookups += 1
         self._queried_tokens += len(token_ids)
         self._hit_tokens += len(hits) * self.block_size
@@ -126,7 +148,12 @@ class PrefixKVCache:
             hits.append(key)
         return hits
 
-    def insert(self, token_ids: Sequence[int], known_keys: Sequence[int] = ()) -> list[int]:
+    def insert(
+        self,
+        token_ids: Sequence[int],
+        known_keys: Sequence[int] = (),
+        session_id: str | None = None,
+    ) -> list[int]:
         """Cache the full blocks of a computed sequence (prompt + output), evicting LRU blocks.
 
         Returns the sequence's block keys. ``known_keys`` are keys of its leading blocks already
@@ -136,8 +163,14 @@ class PrefixKVCache:
         if len(known_keys) * self.block_size > len(token_ids):
             raise ValueError("known_keys cover more blocks than token_ids has")
         keys = list(self._iter_keys(token_ids, known_keys))
-        self._inserted_blocks += sum(1 for key in keys if key not in self._blocks)
+        new = [index for index, key in enumerate(keys) if key not in self._blocks]
+        self._inserted_blocks += len(new)
         self._touch(keys)
+        if new and self._on_events is not None:
+            # New blocks of one sequence follow its cached head: one run from the first new one.
+            first = new[0]
+            parent = keys[first - 1] if first else None
+            self._emit(BlockStored(tuple(keys[first:]), parent, self.block_size, session_id))
         self._evict()
         return keys
 
@@ -152,13 +185,21 @@ class PrefixKVCache:
             blocks.move_to_end(key)
 
     def _evict(self) -> None:
+        evicted = []
         while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
-            self._evicted_blocks += 1
+            evicted.append(self._blocks.popitem(last=False)[0])
+        self._evicted_blocks += len(evicted)
+        if evicted:
+            self._emit(BlockRemoved(tuple(evicted)))
 
     def clear(self) -> None:
         """Drop every block (like vLLM's ``reset_prefix_cache``); stats are kept."""
         self._blocks.clear()
+        self._emit(AllBlocksCleared())
+
+    def _emit(self, event: KVEvent) -> None:
+        if self._on_events is not None:
+            self._on_events((event,))
 
     def stats(self) -> PrefixCacheStats:
         return PrefixCacheStats(

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from serve_app.engines.vllm_kv_events import kv_events_config
+
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
     from vllm.config import VllmConfig
@@ -18,7 +20,7 @@ _CONFIG_TASK_GPUS = 0.001
 # tokens), applied from the completion's first token, analysis included (docs/vllm.md).
 _STRUCTURED_OUTPUTS: dict[str, Any] = {"backend": "guidance", "enable_in_reasoning": True}
 # A reasoning parser may be set (enable_in_reasoning makes it irrelevant to our grammars).
-_OWNED_ENGINE_ARGS = frozenset({"structured_outputs_config"})
+_OWNED_ENGINE_ARGS = frozenset({"structured_outputs_config", "kv_events_config"})
 
 
 class VLLMEngineConfig(BaseModel):
@@ -44,6 +46,9 @@ class VLLMEngineConfig(BaseModel):
     # None: "ray" when tensor_parallel_size > 1 (workers on the replica's placement group, see
     # engines/placement.py), else vLLM's in-process executor on the replica's own GPU.
     distributed_executor_backend: Literal["ray", "mp", "uni"] | None = None
+    # vLLM publishes its KV-cache events and the replica reads them, to tell the routers what
+    # its prefix cache holds per conversation (serve_app.engines.vllm_kv_events).
+    kv_cache_events: bool = True
     # Any other AsyncEngineArgs field, passed as is (e.g. async_scheduling, kv_cache_dtype).
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -89,6 +94,13 @@ class VLLMEngineConfig(BaseModel):
         args.update(self.engine_kwargs)
         return args
 
+    def engine_args_with_events(self, endpoint: str | None) -> dict[str, Any]:
+        """`engine_args`, with vLLM's KV-event publisher on ``endpoint`` if given."""
+        args = self.engine_args()
+        if endpoint is not None:
+            args["kv_events_config"] = kv_events_config(endpoint)
+        return args
+
 
 async def engine_config(args: dict[str, Any]) -> VllmConfig:
     """The ``VllmConfig``; for the Ray executor, built on a GPU of the replica's group."""
@@ -116,6 +128,11 @@ def _build_vllm_config(args: dict[str, Any]) -> VllmConfig:
     structured = args.get("structured_outputs_config")
     if isinstance(structured, dict):  # a plain dict until here: it crosses Ray pickled
         args["structured_outputs_config"] = StructuredOutputsConfig(**structured)
+    events = args.get("kv_events_config")
+    if isinstance(events, dict):
+        from vllm.config import KVEventsConfig
+
+        args["kv_events_config"] = KVEventsConfig(**events)
     return AsyncEngineArgs(**args).create_engine_config(
         usage_context=UsageContext.OPENAI_API_SERVER
     )

@@ -28,7 +28,9 @@ from serve_app.engines.base import (
     SamplingSettings,
     TokenLogprob,
 )
+from serve_app.engines.kv_events import KVEventSink
 from serve_app.engines.vllm_config import VLLMEngineConfig, engine_config
+from serve_app.engines.vllm_kv_events import KVEventSubscriber, new_endpoint
 from serve_app.harmony.encoding import get_encoding
 
 if TYPE_CHECKING:
@@ -53,6 +55,8 @@ class VLLMEngine(Engine):
         self._config = config
         self._engine: AsyncLLM | None = None
         self._in_flight: set[str] = set()
+        self._kv_sinks: list[KVEventSink] = []
+        self._kv_events: KVEventSubscriber | None = None
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -60,7 +64,11 @@ class VLLMEngine(Engine):
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = self._config.engine_args()
+        endpoint = new_endpoint() if self._config.kv_cache_events else None
+        args = self._config.engine_args_with_events(endpoint)
+        if endpoint is not None:
+            self._kv_events = KVEventSubscriber(endpoint, self._kv_sinks)
+            self._kv_events.start()
         vllm_config = await engine_config(args)
         disable_log_stats = bool(args.get("disable_log_stats", False))
         self._engine = AsyncLLM.from_vllm_config(
@@ -78,6 +86,10 @@ class VLLMEngine(Engine):
         )
         if self._config.constrains:
             await self._warm_up_constraints()
+
+    def subscribe_kv_events(self, sink: KVEventSink) -> bool:
+        self._kv_sinks.append(sink)
+        return self._config.kv_cache_events
 
     async def _warm_up_constraints(self) -> None:
         """One constrained token before Serve routes traffic here: the first request with
@@ -115,7 +127,10 @@ class VLLMEngine(Engine):
         try:
             # aclosing: if we are closed at a yield, vLLM's generator is closed (and aborts) now,
             # not whenever it is garbage-collected.
-            async with contextlib.aclosing(engine.generate(prompt, params, request_id)) as stream:
+            # session_id: vLLM names it in the KV events of the blocks this request stores or
+            # finds cached, which is how the KV summary knows them per conversation.
+            outputs = engine.generate(prompt, params, request_id, session_id=request.session_id)
+            async with contextlib.aclosing(outputs) as stream:
                 async for output in stream:
                     chunk = _to_chunk(
                         output, num_prompt_tokens, guard, request.sampling.logprobs or 0
@@ -183,6 +198,8 @@ class VLLMEngine(Engine):
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
+        if self._kv_events is not None:
+            await self._kv_events.stop()
 
     def _running_engine(self) -> AsyncLLM:
         if self._engine is None:

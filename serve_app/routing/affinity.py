@@ -58,6 +58,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from serve_app.routing.directory import (
     DEFAULT_IDLE_S,
@@ -74,6 +75,12 @@ from serve_app.routing.ring import (
     choose_bounded,
     load_bound,
     validate_bounds,
+)
+from serve_app.routing.ttft import (
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    DEFAULT_TTFT_SLACK_S,
+    TTFTPredictor,
+    choose_fastest,
 )
 
 DEFAULT_SPILL_FACTOR = 2.0
@@ -93,6 +100,8 @@ class ConversationPlacer:
         virtual_nodes: int = DEFAULT_VIRTUAL_NODES,
         idle_s: float = DEFAULT_IDLE_S,
         max_conversations: int = DEFAULT_MAX_CONVERSATIONS,
+        ttft_slack_s: float | None = DEFAULT_TTFT_SLACK_S,
+        prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         validate_bounds(load_factor, min_bound)
@@ -100,6 +109,10 @@ class ConversationPlacer:
             validate_bounds(new_load_factor, 0)
         if spill_factor < load_factor:
             raise ValueError("spill_factor must be at least load_factor")
+        if ttft_slack_s is not None and ttft_slack_s < 0:
+            raise ValueError("ttft_slack_s must not be negative")
+        if prefill_tokens_per_s <= 0:
+            raise ValueError("prefill_tokens_per_s must be positive")
         self.load_factor = load_factor
         self.min_bound = min_bound
         self.new_load_factor = new_load_factor
@@ -111,6 +124,9 @@ class ConversationPlacer:
         # Conversations this router placed or moved that the replicas have not reported since:
         # the counts behind balanced placement include them at once, not a period later.
         self._unreported: dict[str, Sighting] = {}
+        # Placement by predicted time to first token (``ttft.py``); None: by the ring alone.
+        self.ttft_slack_s = ttft_slack_s
+        self.predictor = TTFTPredictor(prefill_tokens_per_s, clock)
 
     def set_members(self, members: Iterable[str]) -> None:
         self.ring.set_members(members)
@@ -127,18 +143,33 @@ class ConversationPlacer:
             if horizon <= placed.last_seen >= directory.reported_at.get(placed.replica, horizon)
         }
 
+    def set_reports(self, reports: Mapping[str, Mapping[str, Any]]) -> None:
+        """The replicas' latest routing stats, whole: the conversations they served (the
+        directory) and what a turn would wait for there (the TTFT predictor)."""
+        self.set_directory(ConversationDirectory.from_reports(reports))
+        self.predictor.update(reports)
+
     def knows(self, key: str) -> bool:
         """Whether ``key`` has a home: it was served recently, by this router's table or by
         the replicas' reports."""
         return self._home(key) is not None
 
-    def choose(self, key: str, loads: Mapping[str, int]) -> Choice | None:
-        """The replica for this request of conversation ``key``, given ongoing requests."""
+    def choose(
+        self,
+        key: str,
+        loads: Mapping[str, int],
+        prompt_tokens: int | None = None,
+        request_id: str | None = None,
+    ) -> Choice | None:
+        """The replica for this request of conversation ``key``, given ongoing requests (and
+        the prompt's length, to place by predicted time to first token)."""
         members = self.ring.members
         if not members:
             return None
         home = self._home(key)
-        if home is None:
+        if self.ttft_slack_s is not None and prompt_tokens is not None:
+            choice = self._place_by_ttft(key, loads, home, prompt_tokens)
+        elif home is None:
             choice = self._place_new(key, loads)
         elif loads.get(home, 0) + 1 <= load_bound(
             loads, members, self.spill_factor, self.min_bound
@@ -150,6 +181,8 @@ class ConversationPlacer:
         if choice is None:  # the ring had none to walk (`choose_bounded`): the router falls
             return None  # back as for an empty ring
         self.table.assign(key, choice.replica)
+        if prompt_tokens is not None:
+            self.predictor.sent(choice.replica, key, prompt_tokens, request_id)
         if choice.replica != home:
             self._unreported[key] = Sighting(choice.replica, self._clock())
         return choice
@@ -167,6 +200,44 @@ class ConversationPlacer:
         ]
         latest = max(sightings, key=lambda sighting: sighting.last_seen, default=None)
         return latest.replica if latest else None
+
+    def _place_by_ttft(
+        self, key: str, loads: Mapping[str, int], home: str | None, prompt_tokens: int
+    ) -> Choice | None:
+        """The lowest predicted TTFT among the replicas the bounds allow; within
+        ``ttft_slack_s`` of it, the home, else the first on the ring from the key.
+
+        The bounds are today's: a known conversation may stay home under ``spill_factor``
+        times the mean ongoing requests (floor ``min_bound``) and go elsewhere under
+        ``load_factor`` (same floor); a new one goes under ``load_factor`` with no floor, and
+        under ``new_load_factor`` times the mean conversations where any replica is."""
+        members = self.ring.members
+        ring = list(self.ring.walk(key))
+        if home is None:
+            bound = load_bound(loads, members, self.load_factor, 0)
+            under = [replica for replica in ring if loads.get(replica, 0) + 1 <= bound]
+            factor = self.new_load_factor
+            if factor is not None:
+                fits = self._under_conversations_bound(factor)
+                under = [replica for replica in under if fits(replica)] or under
+        else:
+            bound = load_bound(loads, members, self.load_factor, self.min_bound)
+            stay = load_bound(loads, members, self.spill_factor, self.min_bound)
+            under = [
+                replica
+                for replica in [home, *(replica for replica in ring if replica != home)]
+                if loads.get(replica, 0) + 1 <= (stay if replica == home else bound)
+            ]
+        chosen = choose_fastest(
+            under or ring,
+            lambda replica: self.predictor.predict(replica, key, prompt_tokens),
+            self.ttft_slack_s or 0.0,
+        )
+        if chosen is None:
+            return None
+        if home is None:
+            return Choice(chosen, spilled=False, balanced=chosen != ring[0])
+        return Choice(chosen, spilled=chosen != home)
 
     def _place_new(self, key: str, loads: Mapping[str, int]) -> Choice | None:
         """Bounded loads counted in ongoing requests, and in active conversations if asked.

@@ -18,7 +18,7 @@ and ``report_wait_s``):
     request_router_config:
       request_router_class: serve_app.routing.router.PrefixAffinityRouter
       request_router_kwargs: {load_factor: 1.25, spill_factor: 2.0, min_bound: 16,
-                              report_wait_s: 1}
+                              ttft_slack_s: 0.05, report_wait_s: 1}
       request_routing_stats_period_s: 1
 """
 
@@ -35,7 +35,6 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 from serve_app.engines.base import GenerateRequest
 from serve_app.routing import metrics
 from serve_app.routing.affinity import ConversationPlacer
-from serve_app.routing.directory import ConversationDirectory
 from serve_app.routing.keys import continues_conversation, key_digest
 
 logger = logging.getLogger(__name__)
@@ -79,9 +78,8 @@ class PrefixAffinityRouter(RequestRouter):
         # replica reports the conversations it serves, so this router learns where the other
         # ingress replicas' routers placed them.
         reports = {replica.replica_id.unique_id: replica.routing_stats for replica in replicas}
-        directory = ConversationDirectory.from_reports(reports)
-        self._placer.set_directory(directory)
-        metrics.record_reported_conversations(reports, directory.active)
+        self._placer.set_reports(reports)
+        metrics.record_reported_conversations(reports, self._placer.directory.active)
         self._reports_arrived.set()
         self._reports_arrived = asyncio.Event()
 
@@ -110,7 +108,10 @@ class PrefixAffinityRouter(RequestRouter):
             metrics.ROUTING_DECISIONS.labels("no_key").inc()
             least_loaded = min(by_id, key=lambda unique_id: loads.get(unique_id, 0))
             return [[by_id[least_loaded]]]
-        choice = self._placer.choose(key, loads)
+        prompt = _prompt_token_ids(pending_request)
+        # Ray asks again for a request its first choice turned away: counted once.
+        request_id = pending_request.metadata.internal_request_id
+        choice = self._placer.choose(key, loads, len(prompt) if prompt else None, request_id)
         # The candidates in ring order from the key: fallbacks, or the walk when the chosen
         # replica is full or not yet known to the ring.
         ranked = [unique_id for unique_id in self._placer.ring.walk(key) if unique_id in by_id]

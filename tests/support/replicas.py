@@ -43,7 +43,7 @@ def engine_replica_serving(key: str) -> dict | None:
     serving = [
         actor
         for actor in engine_replica_actors()
-        if stable_hash(key) in _routing_stats(actor).get(REPORT_KEY, {})
+        if stable_hash(key) in routing_stats(actor).get(REPORT_KEY, {})
     ]
     assert len(serving) <= 1, f"{len(serving)} engine replicas report serving {key}"
     return serving[0] if serving else None
@@ -78,7 +78,7 @@ def replica_started(actor: dict) -> bool:
     return True
 
 
-def _routing_stats(actor: dict) -> dict:
+def routing_stats(actor: dict) -> dict:
     """As the Serve controller collects them, with the replica actor's own method."""
     return ray.get(replica_actor(actor).record_routing_stats.remote(), timeout=CALL_TIMEOUT_S)
 

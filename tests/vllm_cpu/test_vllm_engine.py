@@ -16,10 +16,13 @@ from openai import OpenAI
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
+from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY
+from serve_app.routing.ring import stable_hash
 from tests.conftest import ENGINE
 from tests.support import MODEL
 from tests.support.helpers import wait_for
-from tests.support.replicas import engine_ongoing
+from tests.support.replicas import engine_ongoing, engine_replica_serving, routing_stats
 
 pytestmark = [
     pytest.mark.serve,  # the running app, in its own stage (the tier is by folder elsewhere)
@@ -120,3 +123,28 @@ def test_output_text_logprobs_come_from_vllm(client: OpenAI) -> None:
             if part.type == "output_text" and "\ufffd" not in part.text:
                 # The text's tokens, at its end (a header salvaged as text has no entries).
                 assert part.text.encode().endswith(b"".join(bytes(e.bytes) for e in part.logprobs))
+
+
+def test_the_engines_kv_events_reach_the_routing_report(client: OpenAI, app_cluster: None) -> None:
+    """vLLM publishes its KV-cache events, the engine replica reads them and reports, per
+    conversation, the prompt tokens it holds (serve_app/routing/kv_summary.py)."""
+    key = str(uuid.uuid4())
+    for _ in range(2):
+        client.responses.create(
+            model=MODEL, input=LONG_PROMPT, max_output_tokens=4, prompt_cache_key=key
+        )
+    reports: list[dict] = []
+
+    def held() -> bool:
+        actor = engine_replica_serving(key)
+        reports[:] = [routing_stats(actor)] if actor is not None else []
+        return bool(reports) and reports[0].get(HELD_KEY, {}).get(stable_hash(key), 0) > 0
+
+    assert wait_for(held, timeout_s=30), reports
+    events = reports[0][KV_EVENTS_KEY]
+    print(
+        f"KV events reported: {events}; held tokens of the conversation: "
+        f"{reports[0][HELD_KEY][stable_hash(key)]}; queued prefill tokens: "
+        f"{reports[0][QUEUED_KEY]}, prefill rate: {reports[0].get(RATE_KEY)}"
+    )
+    assert events.get("BlockStored", 0) >= 2  # the first turn's blocks, then the second's hit

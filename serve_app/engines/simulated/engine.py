@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from serve_app.constraints.sampling import MaskedSampler
 from serve_app.constraints.spec import CompletionConstraint
 from serve_app.engines.base import Engine, EngineError, GenerateChunk, GenerateRequest, TokenLogprob
+from serve_app.engines.kv_events import KVEvent, KVEventSink
 from serve_app.engines.prefix_cache import PrefixCacheStats, PrefixKVCache
 from serve_app.engines.simulated.config import SimulatedEngineConfig
 from serve_app.engines.simulated.constrained import (
@@ -33,7 +34,11 @@ class SimulatedEngine(Engine):
 
     def __init__(self, config: SimulatedEngineConfig | None = None) -> None:
         self.config = config or SimulatedEngineConfig()
-        self.cache = PrefixKVCache(self.config.block_size, self.config.kv_cache_tokens)
+        # Its KV-cache events go to whoever subscribed (the engine deployment's summary).
+        self._kv_sinks: list[KVEventSink] = []
+        self.cache = PrefixKVCache(
+            self.config.block_size, self.config.kv_cache_tokens, on_events=self._publish
+        )
         self.script = load_script(self.config.script)
         self.timing = TimingModel(self.config, self.cache)
         self._plans: dict[int, list[Step]] = {}
@@ -58,6 +63,14 @@ class SimulatedEngine(Engine):
 
     def num_ongoing_requests(self) -> int:
         return len(self._running)
+
+    def subscribe_kv_events(self, sink: KVEventSink) -> bool:
+        self._kv_sinks.append(sink)
+        return True
+
+    def _publish(self, events: Sequence[KVEvent]) -> None:
+        for sink in self._kv_sinks:
+            sink(events)
 
     async def abort(self, request_id: str) -> None:
         running = self._running.get(request_id)
@@ -98,7 +111,9 @@ class SimulatedEngine(Engine):
                     yield chunk
         finally:
             if running.prompt_keys is not None:  # aborted before prefill: nothing to cache
-                self.cache.insert([*prompt, *running.output], running.prompt_keys)
+                self.cache.insert(
+                    [*prompt, *running.output], running.prompt_keys, request.session_id
+                )
             self.timing.finished(running)
             del self._running[request.request_id]
 

@@ -40,7 +40,7 @@ from serve_app.engines.base import (
     error_chunk,
 )
 from serve_app.engines.factory import make_engine
-from serve_app.routing.directory import ServedConversations
+from serve_app.routing.replica_report import ReplicaReporter
 from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS
 from serve_app.serving.engine.channel import (
     CHANNEL_IDLE_S,
@@ -239,7 +239,13 @@ class EngineDeployment:
         self._streaming = streaming
         self._engine = engine
         self._replica_id = replica_id
-        self._served = ServedConversations(replica_id)
+        # What the routers are told (record_routing_stats): conversations served, the prefix
+        # cache per conversation from the engine's own KV-cache events, queued prefill.
+        self._reporter = ReplicaReporter(replica_id)
+        # (Test engines that are not `Engine`s may lack the hook: they publish nothing.)
+        subscribe = getattr(engine, "subscribe_kv_events", None)
+        if subscribe is None or not subscribe(self._reporter.held):
+            logger.info("the engine publishes no KV-cache events; routers get none from here")
         self._producers: dict[str, asyncio.Task] = {}
         self._outboxes: dict[str, Outbox] = {}  # caller -> its open channel (engine_channel)
         self._callers = CallerWatch(
@@ -269,8 +275,9 @@ class EngineDeployment:
 
         ``caller``: the name of the calling replica's actor, watched while the request runs.
         """
-        if request.session_id:
-            self._served.record(request.session_id)
+        self._reporter.arrived(
+            request.request_id, request.session_id, len(request.prompt_token_ids)
+        )
         route = _Route(request.request_id, self._replica_id)
         producer = asyncio.create_task(self._produce_routed(request, route))
         self._watch(caller, request.request_id, producer)
@@ -355,6 +362,8 @@ class EngineDeployment:
         if caller:
             self._callers.discard(caller, request_id)
             self._producers.pop(request_id, None)
+        # The producer says so too, unless it was cancelled before it ever ran.
+        self._reporter.ended(request_id)
         if not finished:
             # Cancelled by the caller (client disconnect), or the caller died (the watch
             # stopped the producer): stop generating and free KV.
@@ -381,9 +390,19 @@ class EngineDeployment:
         return await asyncio.to_thread(_live_actor_names)
 
     async def _produce_routed(self, request: GenerateRequest, route: _Route) -> None:
+        arrived = self._reporter.now()
+
+        def send(chunk: GenerateChunk, first_token: bool) -> None:
+            if first_token and chunk.engine_ttft_s is not None:  # to the prefill ledger
+                uncached = chunk.num_prompt_tokens - chunk.num_cached_tokens
+                at = arrived + chunk.engine_ttft_s
+                self._reporter.first_token(request.request_id, uncached, at)
+            route.send(chunk, first_token)
+
         try:
-            await self._produce(request, route.send)
+            await self._produce(request, send)
         finally:
+            self._reporter.ended(request.request_id)
             route.queue.put_nowait(_END)  # for the own stream, if it is still reading
 
     async def _produce(
@@ -421,9 +440,10 @@ class EngineDeployment:
         return self._engine.num_ongoing_requests()
 
     async def record_routing_stats(self) -> dict[str, Any]:
-        """Ray Serve hands this to every request router (see ``serve_app.routing.directory``).
-        Async, so it runs on the event loop that records conversations, not in a thread."""
-        return self._served.report()
+        """Ray Serve hands this to every request router (``serve_app.routing.replica_report``:
+        conversations served, the prefix cache per conversation from the engine's KV-cache
+        events, queued prefill). Async, so it runs on the event loop that records them."""
+        return self._reporter.report()
 
     async def record_autoscaling_stats(self) -> dict[str, int]:
         """Ray Serve's custom autoscaling metric: the requests the engine holds, which the

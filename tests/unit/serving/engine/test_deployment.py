@@ -13,6 +13,9 @@ import pytest
 
 from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
+from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
+from serve_app.routing.prefill import DECODING_KEY, QUEUED_KEY, RATE_KEY
+from serve_app.routing.ring import stable_hash
 from serve_app.serving.engine.channel import Outbox
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.engine.deployment import _END, EngineDeployment, _Route
@@ -233,3 +236,31 @@ async def test_an_unexpected_item_met_moving_onto_a_channel_fails_that_request_a
     assert batch["r2"].token_ids == [9] and not other.done()  # the other request rides on
     assert "request r1: its queue held a str" in caplog.text
     other.cancel()
+
+
+# --- what the replica reports to the routers (issue 32) ---------------------------------------
+
+
+async def test_the_routing_report_holds_the_engines_kv_events_and_its_prefill_queue() -> None:
+    """The simulated engine's KV events reach the report through the deployment's own
+    subscription; a request waiting for its first token is queued prefill until it has it."""
+    engine = SimulatedEngine(
+        SimulatedEngineConfig(prefill_tokens_per_s=2000, default_output_tokens=8)
+    )
+    await engine.start()
+    replica = _replica_with(engine, {"ingress-1"})
+    prompt = [200006, 1428, 200008, *range(1000, 1600), 200007]
+    request = GenerateRequest("r1", prompt, SamplingSettings(8), session_id="conversation-1")
+    try:
+        reading = asyncio.create_task(_read(replica.generate(request, caller="ingress-1")))
+        await asyncio.sleep(0.05)  # 604 tokens at 2,000 tokens/s: still prefilling
+        waiting = await replica.record_routing_stats()
+        assert waiting[QUEUED_KEY] == len(prompt)  # nothing of it cached yet
+        await asyncio.wait_for(reading, timeout=5)
+        report = await replica.record_routing_stats()
+    finally:
+        await engine.shutdown()
+    assert report[QUEUED_KEY] == 0 and report[DECODING_KEY] == 0
+    assert report[RATE_KEY] == pytest.approx(2000, rel=0.2)
+    assert report[KV_EVENTS_KEY] == {"BlockStored": 2}  # the prompt's blocks, then the output's
+    assert report[HELD_KEY] == {stable_hash("conversation-1"): 16 * ((len(prompt) + 8) // 16)}

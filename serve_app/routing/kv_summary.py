@@ -1,0 +1,117 @@
+"""What an engine replica holds in its prefix cache, per conversation, from its KV-cache events.
+
+The engine deployment subscribes to its engine's KV-cache events (``serve_app.engines.
+kv_events``: vLLM's, or the simulated engine's cache model) and keeps this summary, which goes
+in its routing-stats report (``HELD_KEY``): for each conversation it holds blocks of, how many
+prompt tokens of it are cached. A router then knows what a turn would find cached on each
+replica, rather than assuming the conversation's home still holds it: under KV-cache pressure
+the home may have evicted the prefix it would be sent back for.
+
+The bookkeeping, from the events alone:
+
+- ``BlockStored`` names the session that stored, or found cached, each block: the block is
+  added to that conversation's blocks (a block shared by several conversations, like the
+  system prompt, counts for each);
+- ``BlockRemoved`` (no session) takes the block from every conversation that had it;
+- ``AllBlocksCleared`` forgets everything.
+
+A conversation's held tokens are its cached blocks times the block size. vLLM evicts a cold
+sequence tail first, so the blocks left are its prefix, and the count is what a turn would hit.
+Only one KV-cache group is counted (gpt-oss has a full-attention and a sliding-window group,
+each with its own events): the first full-attention one seen, or every event from an engine
+that names no group.
+
+Conversations are keyed by the routing key's ``stable_hash``, as in the conversations report
+(``serve_app.routing.directory``), and the report keeps the ``max_reported`` most recently
+stored ones. Pure Python, no Ray.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+
+from serve_app.engines.kv_events import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+)
+from serve_app.routing.directory import DEFAULT_MAX_REPORTED
+from serve_app.routing.ring import stable_hash
+
+HELD_KEY = "held_tokens"  # {conversation hash: prompt tokens cached}
+KV_EVENTS_KEY = "kv_events"  # {event name: events seen}
+# vLLM's KVCacheSpecKind values of groups whose blocks are a whole prefix.
+_FULL_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+
+
+class HeldPrefixes:
+    """On an engine replica: its prefix cache per conversation, from its KV-cache events.
+    An instance is a ``KVEventSink``: the engine calls it with each batch."""
+
+    def __init__(self, max_reported: int = DEFAULT_MAX_REPORTED) -> None:
+        self.max_reported = max_reported
+        self.event_counts: Counter[str] = Counter()
+        self._owners: dict[BlockHash, set[int]] = {}  # block -> conversations using it
+        self._blocks: Counter[int] = Counter()  # conversation -> its cached blocks
+        self._recent: OrderedDict[int, None] = OrderedDict()  # by last store, oldest first
+        self._block_size = 0
+        self._group: int | None = None  # the KV-cache group counted, once one is seen
+
+    def __call__(self, events: Sequence[KVEvent]) -> None:
+        for event in events:
+            self.event_counts[type(event).__name__] += 1
+            match event:
+                case BlockStored():
+                    self._stored(event)
+                case BlockRemoved():
+                    if self._counts(event.group_idx):
+                        self._removed(event.block_hashes)
+                case AllBlocksCleared():
+                    self._owners.clear()
+                    self._blocks.clear()
+                    self._recent.clear()
+
+    def held_tokens(self, session_id: str) -> int:
+        return self._blocks.get(stable_hash(session_id), 0) * self._block_size
+
+    def report(self) -> dict[int, int]:
+        """Held tokens of the most recently stored conversations, at most ``max_reported``."""
+        size = self._block_size
+        recent = list(self._recent)[-self.max_reported :]
+        return {conversation: self._blocks[conversation] * size for conversation in recent}
+
+    def _counts(self, group_idx: int | None) -> bool:
+        return group_idx is None or group_idx == self._group
+
+    def _stored(self, event: BlockStored) -> None:
+        group = event.group_idx
+        if group is not None and self._group is None:
+            if event.kv_cache_spec_kind not in (None, *_FULL_KINDS):
+                return
+            self._group = group
+        if not self._counts(group) or event.session_id is None:
+            return
+        self._block_size = max(self._block_size, event.block_size)
+        conversation = stable_hash(event.session_id)
+        added = 0
+        for block in event.block_hashes:
+            owners = self._owners.setdefault(block, set())
+            if conversation not in owners:
+                owners.add(conversation)
+                added += 1
+        if added:
+            self._blocks[conversation] += added
+        if conversation in self._blocks:
+            self._recent.pop(conversation, None)
+            self._recent[conversation] = None
+
+    def _removed(self, blocks: Sequence[BlockHash]) -> None:
+        for block in blocks:
+            for conversation in self._owners.pop(block, ()):
+                self._blocks[conversation] -= 1
+                if self._blocks[conversation] <= 0:
+                    del self._blocks[conversation]
+                    self._recent.pop(conversation, None)

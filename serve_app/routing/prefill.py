@@ -1,0 +1,82 @@
+"""What a turn sent to an engine replica would wait for: its queued uncached prefill.
+
+On an engine replica, `PrefillLedger` follows the requests that have not had their first token
+yet, each with the prompt tokens it will compute (its prompt minus what the KV summary says the
+replica holds of its conversation), and measures the replica's prefill rate from the requests
+that did: uncached tokens over the time from when its prefill could start (its arrival, or the
+previous first token, whichever is later) to its first token. Prefills share the accelerator,
+so that is the rate the queue drains at. It goes in the routing-stats report (`report`):
+
+- ``queued_prefill_tokens``: uncached prompt tokens of the requests waiting for a first token;
+- ``prefill_tokens_per_s``: the measured rate (absent until measured);
+- ``decoding``: requests past their first token (the decode load).
+
+Engine-neutral, from what the deployment sees of its requests (their first chunks), so vLLM and
+the simulated engine report alike; the routing simulator keeps one per replica the same way.
+Pure Python; times are the caller's clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+QUEUED_KEY = "queued_prefill_tokens"
+RATE_KEY = "prefill_tokens_per_s"
+DECODING_KEY = "decoding"
+# Prefills shorter than this measure the decode step and the transport more than the prefill.
+MIN_MEASURED_TOKENS = 256
+MEASURED_PREFILLS = 64  # the rate is over the latest this many
+
+
+@dataclass
+class _Waiting:
+    uncached_tokens: int
+    arrived: float
+
+
+class PrefillLedger:
+    def __init__(self) -> None:
+        self._waiting: dict[str, _Waiting] = {}
+        self._decoding: set[str] = set()
+        self._last_first_token = float("-inf")
+        # (tokens, seconds) of the latest measured prefills.
+        self._measured: deque[tuple[int, float]] = deque(maxlen=MEASURED_PREFILLS)
+
+    def arrived(self, request_id: str, uncached_tokens: int, now: float) -> None:
+        self._waiting[request_id] = _Waiting(max(uncached_tokens, 0), now)
+
+    def first_token(self, request_id: str, uncached_tokens: int | None, now: float) -> None:
+        """The request's first token came at ``now``; ``uncached_tokens`` as the engine counted
+        them (None: as estimated on arrival)."""
+        waiting = self._waiting.pop(request_id, None)
+        if waiting is None:
+            return
+        self._decoding.add(request_id)
+        tokens = waiting.uncached_tokens if uncached_tokens is None else uncached_tokens
+        began = max(waiting.arrived, self._last_first_token)
+        self._last_first_token = max(self._last_first_token, now)
+        if tokens >= MIN_MEASURED_TOKENS and now > began:
+            self._measured.append((tokens, now - began))
+
+    def ended(self, request_id: str) -> None:
+        """Finished, failed or aborted (before or after its first token)."""
+        self._waiting.pop(request_id, None)
+        self._decoding.discard(request_id)
+
+    @property
+    def queued_tokens(self) -> int:
+        return sum(waiting.uncached_tokens for waiting in self._waiting.values())
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        seconds = sum(seconds for _, seconds in self._measured)
+        return sum(tokens for tokens, _ in self._measured) / seconds if seconds else None
+
+    def report(self) -> dict[str, Any]:
+        report: dict[str, Any] = {QUEUED_KEY: self.queued_tokens, DECODING_KEY: len(self._decoding)}
+        rate = self.tokens_per_s
+        if rate is not None:
+            report[RATE_KEY] = rate
+        return report

@@ -1,0 +1,176 @@
+"""Predicted time to first token of a turn on each engine replica, from the replicas' reports.
+
+A turn's first token waits for the uncached prompt tokens queued ahead of it on its replica,
+then for its own uncached prefill; prefills share the accelerator, so both go at the replica's
+prefill rate:
+
+    TTFT(replica) = (queued_prefill_tokens(replica) + uncached(turn, replica)) / rate(replica)
+
+- ``queued_prefill_tokens``: the replica's report (``serve_app.routing.prefill``), drained at
+  its rate for the time since the report, plus the uncached tokens of the turns this router sent
+  there since (the report does not have them yet);
+- ``uncached``: the turn's prompt tokens minus what the replica holds of its conversation, by
+  its KV-cache summary (``serve_app.routing.kv_summary``), or, if this router sent the
+  conversation there after the replica's last report, the prompt it sent (the replica holds it
+  now). At least one token: the last prompt token is always computed;
+- ``rate``: the replica's measured prefill rate; one that has not measured it yet (just
+  started) is taken at the mean of the others', and with none measured at
+  ``prefill_tokens_per_s`` (then only the token counts matter).
+
+`choose_fastest` sends the turn to the lowest prediction among the replicas the load bounds
+allow (``affinity.py``), preferring, among those within ``slack_s`` of the lowest, the first in
+affinity order (the conversation's home, then the ring from its key). Pure Python, no Ray.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from serve_app.routing.directory import REPORTED_AT_KEY
+from serve_app.routing.kv_summary import HELD_KEY
+from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY
+from serve_app.routing.ring import stable_hash
+
+# Until a replica has measured its rate (only the ratio of tokens matters while none has).
+DEFAULT_PREFILL_TOKENS_PER_S = 20_000.0
+# Predictions this close to the lowest count as a tie, which affinity breaks (docs/routing.md).
+DEFAULT_TTFT_SLACK_S = 0.05
+# A turn sent to a replica that has not reported since is remembered at most this long.
+MAX_UNREPORTED_S = 30.0
+
+
+@dataclass
+class _Backlog:
+    """A replica's queued uncached prefill tokens as of ``at``."""
+
+    tokens: float
+    at: float
+
+
+@dataclass(frozen=True)
+class _Sent:
+    replica: str
+    conversation: int
+    prompt_tokens: int
+    uncached_tokens: int
+    at: float
+    request_id: str | None = None
+
+
+@dataclass
+class TTFTPredictor:
+    default_rate: float = DEFAULT_PREFILL_TOKENS_PER_S
+    clock: Callable[[], float] = time.time
+    _backlogs: dict[str, _Backlog] = field(default_factory=dict)
+    _rates: dict[str, float] = field(default_factory=dict)
+    _held: dict[str, Mapping[int, int]] = field(default_factory=dict)
+    _reported_at: dict[str, float] = field(default_factory=dict)
+    _sent: list[_Sent] = field(default_factory=list)  # since the replica's latest report
+    _reports: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # the latest each
+
+    def update(self, reports: Mapping[str, Mapping[str, Any]]) -> None:
+        """The replicas' latest routing-stats reports. A replica listed without one (Serve
+        lists a replica before its first report, and may pass a replica's stats on late)
+        keeps the latest this predictor had: forgetting what its home holds would send a
+        conversation away from its prefix. A replica no longer listed is forgotten."""
+        latest = {
+            replica: self._reports[replica] for replica in reports if replica in self._reports
+        }
+        for replica, stats in reports.items():
+            reported_at = stats.get(REPORTED_AT_KEY)
+            if reported_at is None or QUEUED_KEY not in stats:
+                continue
+            if reported_at >= latest.get(replica, {}).get(REPORTED_AT_KEY, float("-inf")):
+                latest[replica] = stats
+        self._reports = latest
+        self._backlogs.clear()
+        self._rates.clear()
+        self._held.clear()
+        self._reported_at.clear()
+        for replica, stats in latest.items():
+            reported_at = stats[REPORTED_AT_KEY]
+            self._reported_at[replica] = reported_at
+            self._backlogs[replica] = _Backlog(float(stats[QUEUED_KEY]), reported_at)
+            if stats.get(RATE_KEY):
+                self._rates[replica] = float(stats[RATE_KEY])
+            self._held[replica] = stats.get(HELD_KEY) or {}
+        # Kept until the replica reports after it; bounded for a replica that never reports.
+        oldest = self.clock() - MAX_UNREPORTED_S
+        self._sent = [
+            sent
+            for sent in self._sent
+            if sent.at > max(self._reported_at.get(sent.replica, oldest), oldest)
+        ]
+        for sent in self._sent:
+            self._backlog(sent.replica, sent.at).tokens += sent.uncached_tokens
+
+    def predict(self, replica: str, key: str, prompt_tokens: int) -> float:
+        """Seconds to the first token of a turn of ``key`` with ``prompt_tokens`` on ``replica``."""
+        now = self.clock()
+        queued = self._queued(replica, now)
+        return (queued + self.uncached(replica, key, prompt_tokens)) / self.rate(replica)
+
+    def uncached(self, replica: str, key: str, prompt_tokens: int) -> int:
+        conversation = stable_hash(key)
+        held = self._held.get(replica, {}).get(conversation, 0)
+        reported_at = self._reported_at.get(replica, float("-inf"))
+        for sent in self._sent:  # few: the turns this router sent within one report period
+            if (sent.replica, sent.conversation) == (replica, conversation) and (
+                sent.at > reported_at
+            ):
+                held = max(held, sent.prompt_tokens)
+        return max(prompt_tokens - held, 1)
+
+    def rate(self, replica: str) -> float:
+        rate = self._rates.get(replica)
+        if rate is not None:
+            return rate
+        if self._rates:
+            return sum(self._rates.values()) / len(self._rates)
+        return self.default_rate
+
+    def sent(
+        self, replica: str, key: str, prompt_tokens: int, request_id: str | None = None
+    ) -> None:
+        """This router sent a turn of ``key`` to ``replica`` now. Ray's routing loop may ask
+        again for the same request (its first choice was full): with ``request_id``, the
+        latest choice replaces the earlier, so a turn is counted once."""
+        now = self.clock()
+        if request_id is not None:
+            for earlier in [sent for sent in self._sent if sent.request_id == request_id]:
+                self._sent.remove(earlier)
+                backlog = self._backlog(earlier.replica, now)
+                backlog.tokens = max(0.0, backlog.tokens - earlier.uncached_tokens)
+        uncached = self.uncached(replica, key, prompt_tokens)
+        self._backlog(replica, now).tokens += uncached
+        conversation = stable_hash(key)
+        self._sent.append(_Sent(replica, conversation, prompt_tokens, uncached, now, request_id))
+
+    def _queued(self, replica: str, now: float) -> float:
+        backlog = self._backlog(replica, now)
+        return backlog.tokens
+
+    def _backlog(self, replica: str, now: float) -> _Backlog:
+        """The replica's backlog drained to ``now`` at its rate."""
+        backlog = self._backlogs.get(replica)
+        if backlog is None:
+            backlog = self._backlogs[replica] = _Backlog(0.0, now)
+        if now > backlog.at:
+            backlog.tokens = max(0.0, backlog.tokens - self.rate(replica) * (now - backlog.at))
+            backlog.at = now
+        return backlog
+
+
+def choose_fastest(
+    candidates: Iterable[str], predict: Callable[[str], float], slack_s: float
+) -> str | None:
+    """The first of ``candidates`` (in affinity order) predicted within ``slack_s`` of the
+    lowest prediction; None if there are none."""
+    predictions = {replica: predict(replica) for replica in candidates}
+    if not predictions:
+        return None
+    best = min(predictions.values())
+    return next(replica for replica, ttft in predictions.items() if ttft <= best + slack_s)

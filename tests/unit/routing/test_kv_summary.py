@@ -1,0 +1,63 @@
+"""The KV summary (routing/kv_summary.py) on the real prefix-cache model's events, and on
+vLLM-shaped events with KV-cache groups: what an engine replica reports it holds."""
+
+from __future__ import annotations
+
+from serve_app.engines.kv_events import BlockRemoved, BlockStored
+from serve_app.engines.prefix_cache import PrefixKVCache
+from serve_app.routing.kv_summary import HeldPrefixes
+from serve_app.routing.ring import stable_hash
+
+SHARED = list(range(1000, 1032))  # two blocks every conversation starts with
+
+
+def _prompt(conversation: int, blocks: int) -> list[int]:
+    return [*SHARED, *(conversation * 10_000 + token for token in range(16 * blocks))]
+
+
+def _serve(cache: PrefixKVCache, prompt: list[int], session: str) -> None:
+    """As the simulated engine serves a request: look up (hits reported), then insert."""
+    hits = cache.lookup_blocks([*prompt, 7], session)
+    cache.insert(prompt, hits, session)
+
+
+def test_the_summary_counts_each_conversations_cached_blocks_from_the_cache_events() -> None:
+    held = HeldPrefixes()
+    cache = PrefixKVCache(block_size=16, capacity_tokens=16 * 100, on_events=held)
+    cache.insert(_prompt(1, 3), session_id="a")
+    # b finds the shared head cached (a BlockStored for the hit, as vLLM sends) and adds its own
+    hits = cache.lookup_blocks([*_prompt(2, 4), 7], "b")
+    cache.insert(_prompt(2, 4), hits, "b")
+    assert held.held_tokens("a") == 16 * 5
+    assert held.held_tokens("b") == 16 * 6
+    assert held.held_tokens("c") == 0
+    assert held.report() == {stable_hash("a"): 80, stable_hash("b"): 96}
+    assert held.event_counts == {"BlockStored": 3}
+
+
+def test_evicted_blocks_leave_the_conversations_that_held_them() -> None:
+    held = HeldPrefixes()
+    cache = PrefixKVCache(block_size=16, capacity_tokens=16 * 8, on_events=held)
+    _serve(cache, _prompt(1, 4), "a")  # 6 blocks
+    _serve(cache, _prompt(2, 4), "b")  # 4 new: a's 2 deepest blocks are evicted
+    assert held.held_tokens("a") == 16 * 4
+    assert held.held_tokens("b") == 16 * 6
+    _serve(cache, _prompt(3, 6), "c")  # 6 new: b's and a's tails go
+    assert held.held_tokens("c") == 16 * 8
+    assert held.held_tokens("a") + held.held_tokens("b") == 16 * 4  # the shared head, each
+    assert held.event_counts == {"BlockStored": 5, "BlockRemoved": 2}
+    cache.clear()
+    assert held.held_tokens("c") == 0
+    assert held.report() == {}
+    assert held.event_counts["AllBlocksCleared"] == 1
+
+
+def test_only_the_first_full_attention_group_is_counted() -> None:
+    """gpt-oss on vLLM has a sliding-window and a full-attention group, each with its events."""
+    held = HeldPrefixes()
+    window = BlockStored((1, 2), None, 16, "a", group_idx=0, kv_cache_spec_kind="sliding_window")
+    full = BlockStored((3, 4, 5), None, 16, "a", group_idx=1, kv_cache_spec_kind="full_attention")
+    held([window, full, BlockRemoved((1, 2), group_idx=0)])
+    assert held.held_tokens("a") == 48
+    held([BlockRemoved((5,), group_idx=1)])
+    assert held.held_tokens("a") == 32

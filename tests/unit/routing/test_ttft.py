@@ -1,0 +1,120 @@
+"""The TTFT predictor (routing/ttft.py) and the placer's choice by it, on reports made by the
+engine replicas' own `ReplicaReporter` (KV summary fed real events, prefill ledger)."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve_app.engines.kv_events import BlockStored
+from serve_app.routing.affinity import ConversationPlacer
+from serve_app.routing.replica_report import ReplicaReporter
+from serve_app.routing.ttft import TTFTPredictor
+
+RATE = 5000  # tokens/s, as each replica measures it below
+
+
+class Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _report(clock: Clock, replica: str, queued: int, held: dict[str, int]) -> dict:
+    """A replica that measured 5,000 tokens/s, has ``queued`` uncached tokens waiting and
+    holds ``held`` tokens of each conversation (by its KV events)."""
+    reporter = ReplicaReporter(replica, clock=clock)
+    reporter.prefills.arrived("measured", RATE, clock() - 1)
+    reporter.prefills.first_token("measured", RATE, clock())
+    if queued:
+        reporter.prefills.arrived("waiting", queued, clock())
+    for key, tokens in held.items():
+        blocks = tuple(hash((replica, key, index)) for index in range(tokens // 16))
+        reporter.held([BlockStored(blocks, None, 16, key)])
+    return reporter.report()
+
+
+def test_a_prediction_is_the_queue_ahead_plus_the_uncached_prompt_at_the_measured_rate() -> None:
+    clock = Clock()
+    predictor = TTFTPredictor(clock=clock)
+    predictor.update(
+        {
+            "busy": _report(clock, "busy", queued=5000, held={"c": 4800}),
+            "idle": _report(clock, "idle", queued=0, held={}),
+        }
+    )
+    assert predictor.predict("busy", "c", 5000) == pytest.approx((5000 + 200) / RATE)
+    assert predictor.predict("idle", "c", 5000) == pytest.approx(5000 / RATE)
+    clock.now += 0.5  # the queue drains at the rate meanwhile
+    assert predictor.predict("busy", "c", 5000) == pytest.approx((2500 + 200) / RATE)
+    # What this router sends counts at once, before the replica reports it.
+    predictor.sent("idle", "d", 3000)
+    assert predictor.predict("idle", "c", 5000) == pytest.approx((3000 + 5000) / RATE)
+    assert predictor.predict("idle", "d", 3100) == pytest.approx((3000 + 100) / RATE)
+
+
+def _placer(clock: Clock) -> ConversationPlacer:
+    placer = ConversationPlacer(clock=clock, ttft_slack_s=0.05)
+    placer.set_members(["r1", "r2"])
+    return placer
+
+
+def test_a_turn_stays_home_while_home_is_fastest_and_leaves_a_home_that_evicted_it() -> None:
+    clock = Clock()
+    placer = _placer(clock)
+    loads = {"r1": 1, "r2": 1}
+    # Home holds the conversation and has a short queue: the full prefill elsewhere is slower.
+    placer.set_reports(
+        {
+            "r1": _report(clock, "r1", queued=1000, held={"c": 6000}),
+            "r2": _report(clock, "r2", queued=0, held={}),
+        }
+    )
+    assert placer.choose("c", loads, 6100).replica == "r1"
+    # Under KV pressure home evicted it: the same prefill everywhere, and r1's queue ahead.
+    clock.now += 1
+    placer.set_reports(
+        {
+            "r1": _report(clock, "r1", queued=3000, held={}),
+            "r2": _report(clock, "r2", queued=0, held={}),
+        }
+    )
+    choice = placer.choose("c", loads, 6100)
+    assert (choice.replica, choice.spilled) == ("r2", True)
+
+
+def test_equal_predictions_go_by_affinity_and_without_a_prompt_nothing_is_predicted() -> None:
+    clock = Clock()
+    placer = _placer(clock)
+    placer.set_reports({replica: _report(clock, replica, 0, {}) for replica in ("r1", "r2")})
+    owner = placer.ring.owner("new")
+    assert placer.choose("new", {"r1": 0, "r2": 0}, 500).replica == owner
+    today = ConversationPlacer(clock=clock, ttft_slack_s=None)
+    today.set_members(["r1", "r2"])
+    assert today.choose("new", {"r1": 0, "r2": 0}, 500).replica == owner
+
+
+def test_a_replica_listed_without_its_report_keeps_what_it_reported_last() -> None:
+    """Serve lists replicas whose stats it has not passed on (yet): what a home holds is not
+    forgotten then, or its conversations would leave their prefix."""
+    clock = Clock()
+    predictor = TTFTPredictor(clock=clock)
+    predictor.update({"home": _report(clock, "home", queued=0, held={"c": 4800})})
+    predictor.update({"home": {}, "other": _report(clock, "other", queued=0, held={})})
+    assert predictor.predict("home", "c", 5000) == pytest.approx(200 / RATE)
+    predictor.update({"other": _report(clock, "other", queued=0, held={})})  # home is gone
+    assert predictor.uncached("home", "c", 5000) == 5000
+
+
+def test_a_request_ray_routes_again_is_counted_once() -> None:
+    """Ray's routing loop calls the router again for a request its first choice turned away:
+    the latest choice replaces the earlier in the backlog."""
+    clock = Clock()
+    predictor = TTFTPredictor(clock=clock)
+    predictor.update({r: _report(clock, r, queued=0, held={}) for r in ("r1", "r2")})
+    predictor.sent("r1", "c", 3000, "request-1")
+    predictor.sent("r1", "c", 3000, "request-1")
+    assert predictor.predict("r1", "d", 1000) == pytest.approx((3000 + 1000) / RATE)
+    predictor.sent("r2", "c", 3000, "request-1")
+    assert predictor.predict("r1", "d", 1000) == pytest.approx(1000 / RATE)
+    assert predictor.predict("r2", "d", 1000) == pytest.approx((3000 + 1000) / RATE)
