@@ -34,20 +34,12 @@ from fastapi import WebSocketDisconnect
 
 from serve_app.config import Limits
 from serve_app.protocol.errors import APIError
+from serve_app.serving.admission import websocket as rules
 
 logger = logging.getLogger(__name__)
 
-# The longest `stream_id` taken (a longer one is a 400 naming it).
-MAX_STREAM_ID_LENGTH = 256
 # Event messages the outbox holds before a lane waits for the socket to take them.
 OUTBOX_HIGH_WATER = 512
-
-
-class LaneRefused(APIError):
-    """A request over the connection's lane or queue bounds: refused on its lane."""
-
-    status_code = 429
-    error_type = "rate_limit_error"
 
 
 class Socket(Protocol):
@@ -212,18 +204,9 @@ class Lanes:
         if (overflow := self._pending.fits(size, request=True)) is not None:
             if stream_id is None:
                 return overflow
-            return LaneRefused(
-                f"Too many requests queued on this connection ({overflow}): wait for a "
-                "response to end.",
-                code="rate_limit_exceeded",
-            )
+            return rules.queue_full(overflow)
         if lane is None:
-            return LaneRefused(
-                f"Too many lanes busy on this connection (at most {self._max_lanes}): wait "
-                "for one to finish, or queue on a busy lane.",
-                param="stream_id",
-                code="rate_limit_exceeded",
-            )
+            return rules.too_many_lanes(self._max_lanes)
         self._pending.take(size, request=True)
         lane.queue.append((message, size))
         return None

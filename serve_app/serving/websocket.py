@@ -35,7 +35,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from openai.types.responses.responses_server_event import ResponseWsError, ResponseWsErrorError
 
 from serve_app.config import Limits
-from serve_app.protocol.errors import APIError, InvalidRequest
+from serve_app.protocol.errors import APIError
 from serve_app.protocol.requests import InputItem
 from serve_app.protocol.responses import usage
 from serve_app.protocol.sse import event_json
@@ -43,7 +43,6 @@ from serve_app.serving import metrics
 from serve_app.serving.admission import websocket as rules
 from serve_app.serving.http.auth import ApiKeys
 from serve_app.serving.lanes import (
-    MAX_STREAM_ID_LENGTH,
     Lane,
     Lanes,
     LaneSink,
@@ -171,16 +170,6 @@ def _read(text: str) -> _Message:
         return _Message(text, None)
 
 
-def _lane_of(message: _Message) -> str | None:
-    """The lane a message names: its ``stream_id`` when it is a usable one (else the default
-    lane, where a bad one is answered with a 400)."""
-    body = message.body
-    stream_id = body.get("stream_id") if isinstance(body, dict) else None
-    if isinstance(stream_id, str) and 0 < len(stream_id) <= MAX_STREAM_ID_LENGTH:
-        return stream_id
-    return None
-
-
 async def _serve_connection(
     socket: WebSocket,
     service: ResponsesService,
@@ -218,7 +207,7 @@ async def _serve_connection(
                 lanes.last_activity = time.monotonic()
                 desk.steer(body, size)
                 continue
-            stream_id = _lane_of(message) if isinstance(message, _Message) else None
+            stream_id = rules.usable_stream_id(body)
             refused = lanes.offer(stream_id, message, size if isinstance(message, _Message) else 0)
             if isinstance(refused, str):
                 logger.warning("websocket: %s, closing", refused)
@@ -356,12 +345,7 @@ async def _prewarm(
 
 def _parse_create(read: _Message) -> rules.Create:
     """A ``response.create`` (the door's `rules.parse_create`), its ``stream_id`` checked."""
-    body = read.body
-    if isinstance(body, dict) and "stream_id" in body and _lane_of(read) is None:
-        raise InvalidRequest(
-            f"`stream_id` must be a string of 1 to {MAX_STREAM_ID_LENGTH} characters.",
-            param="stream_id",
-        )
+    rules.check_stream_id(read.body)
     return rules.parse_create(read.text)
 
 

@@ -1,7 +1,8 @@
 """The rules of a WebSocket connection (``/v1/responses``): how many connections a replica
 and a key may hold (429), and each message: at most the body limit (413), a
 ``response.create`` of a request the HTTP route would take (400), with its WebSocket-only
-fields (``generate``, ``prompt_cache_options.prewarm``). The errors go back as error events."""
+fields (``generate``, ``prompt_cache_options.prewarm``, ``stream_id``), and room for it on its
+lane (429: the connection's lanes and queue are bounded). The errors go back as error events."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from serve_app.protocol.errors import APIError, InvalidRequest
 from serve_app.protocol.requests import STRICT_TYPES, ResponsesRequest
 
 CREATE = "response.create"
+# The longest `stream_id` taken (a longer one is a 400 naming it).
+MAX_STREAM_ID_LENGTH = 256
 
 
 class TooManyConnections(APIError):
@@ -30,6 +33,50 @@ def check_connection_slot(held: int, limit: int, where: str) -> None:
             f"Too many WebSocket connections {where} ({limit}): close one or try again later.",
             code="rate_limit_exceeded",
         )
+
+
+class LaneRefused(APIError):
+    """A request over the connection's lane or queue bounds: refused on its lane."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+
+def usable_stream_id(body: object) -> str | None:
+    """The lane a message's body names: its ``stream_id`` when it is a usable one (else the
+    default lane, where `check_stream_id` answers a bad one)."""
+    stream_id = body.get("stream_id") if isinstance(body, dict) else None
+    if isinstance(stream_id, str) and 0 < len(stream_id) <= MAX_STREAM_ID_LENGTH:
+        return stream_id
+    return None
+
+
+def check_stream_id(body: object) -> None:
+    """A ``stream_id`` that is there must be usable: a 400 naming it."""
+    if isinstance(body, dict) and "stream_id" in body and usable_stream_id(body) is None:
+        raise InvalidRequest(
+            f"`stream_id` must be a string of 1 to {MAX_STREAM_ID_LENGTH} characters.",
+            param="stream_id",
+        )
+
+
+def queue_full(overflow: str) -> LaneRefused:
+    """The refusal of a request the connection's queue has no room for (``overflow``: which
+    bound it would cross)."""
+    return LaneRefused(
+        f"Too many requests queued on this connection ({overflow}): wait for a response to end.",
+        code="rate_limit_exceeded",
+    )
+
+
+def too_many_lanes(max_lanes: int) -> LaneRefused:
+    """The refusal of a request for a new lane when ``max_lanes`` are busy."""
+    return LaneRefused(
+        f"Too many lanes busy on this connection (at most {max_lanes}): wait for one to "
+        "finish, or queue on a busy lane.",
+        param="stream_id",
+        code="rate_limit_exceeded",
+    )
 
 
 def message_too_large(size: int, max_bytes: int) -> APIError:
