@@ -19,6 +19,7 @@ from openai import BadRequestError, OpenAI
 
 from tests.support import MODEL, open_responses
 from tests.support.helpers import wait_for
+from tests.support.websocket import until_terminal
 
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
 LONG_OUTPUT = "OLD-TOOL-OUTPUT " + "sunny and warm, " * 300
@@ -39,12 +40,6 @@ RESUMED = "Resuming from the summary: Paris is sunny."
 THRESHOLD = 1000  # HISTORY renders to about 1,300 tokens: over it
 COMPACT = [{"type": "compaction", "compact_threshold": THRESHOLD}]
 CM0 = "context_management[0]"
-TERMINAL = ("response.completed", "response.incomplete", "response.failed")
-
-
-@pytest.fixture
-def client(app_url: str) -> OpenAI:
-    return OpenAI(base_url=f"{app_url}/v1", api_key="unused")
 
 
 def as_input(items: list[Any]) -> list[dict[str, Any]]:
@@ -162,7 +157,7 @@ def test_websocket_compacts_and_continues_on_the_socket(client: OpenAI) -> None:
             prompt_cache_key=key,
             context_management=COMPACT,
         )
-        first = until_done(connection)
+        first = until_terminal(connection)
         kinds = [event.type for event in first]
         assert "response.compaction.compacting" in kinds
         response = first[-1].response
@@ -179,19 +174,10 @@ def test_websocket_compacts_and_continues_on_the_socket(client: OpenAI) -> None:
             prompt_cache_key=key,
             context_management=COMPACT,
         )
-        second = until_done(connection)[-1].response
+        second = until_terminal(connection)[-1].response
         assert second.status == "completed", second.error
         assert "compaction" not in [item.type for item in second.output]
         assert second.usage.input_tokens < THRESHOLD
-
-
-def until_done(connection: Any) -> list[Any]:
-    events = []
-    while True:
-        event = connection.recv()
-        events.append(event)
-        if event.type in TERMINAL or event.type == "error":
-            return events
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from serve_app.serving.websocket import MAX_PENDING_MESSAGES
 from tests.support import MODEL
 from tests.support.helpers import wait_for
 from tests.support.replicas import engine_ongoing
+from tests.support.websocket import TERMINAL, until_terminal
 
-TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 WEATHER_TOOL = {
     "type": "function",
     "name": "get_weather",
@@ -29,20 +29,10 @@ def socket_url(app_url: str) -> str:
     return app_url.replace("http://", "ws://", 1) + "/v1/responses"
 
 
-def until_done(connection) -> list:
-    """Events of one response, through its terminal event (or an error event)."""
-    events = []
-    while True:
-        event = connection.recv()
-        events.append(event)
-        if event.type in TERMINAL or event.type == "error":
-            return events
-
-
 def respond(connection, **create):
     """Create a response on the socket and return it as its terminal event carries it."""
     connection.response.create(model=MODEL, **create)
-    return until_done(connection)[-1].response
+    return until_terminal(connection)[-1].response
 
 
 def test_two_responses_in_sequence_on_one_socket_continue_with_store_false(client) -> None:
@@ -51,7 +41,7 @@ def test_two_responses_in_sequence_on_one_socket_continue_with_store_false(clien
         connection.response.create(
             model=MODEL, input="SDK-REASON: hello", store=False, prompt_cache_key=key
         )
-        first = until_done(connection)
+        first = until_terminal(connection)
         assert [event.type for event in first][:2] == ["response.created", "response.in_progress"]
         assert first[-1].type == "response.completed"
         first_response = first[-1].response
@@ -65,7 +55,7 @@ def test_two_responses_in_sequence_on_one_socket_continue_with_store_false(clien
             prompt_cache_key=key,
             previous_response_id=first_response.id,
         )
-        second = until_done(connection)
+        second = until_terminal(connection)
     done = second[-1]
     assert done.type == "response.completed", done
     assert done.response.output_text == "Hello from the scripted engine."
@@ -91,7 +81,7 @@ def test_after_a_reconnect_a_store_false_response_is_not_found(client) -> None:
         assert error.error.param == "previous_response_id"
         # The connection stays usable after an error.
         connection.response.create(model=MODEL, input="SDK-TEXT", store=False)
-        assert until_done(connection)[-1].type == "response.completed"
+        assert until_terminal(connection)[-1].type == "response.completed"
 
 
 def test_a_failed_continuation_evicts_what_it_continued(client) -> None:
@@ -119,7 +109,7 @@ def test_stored_responses_continue_on_a_new_socket_and_over_http(client) -> None
         connection.response.create(
             model=MODEL, input="SDK-REASON", store=False, previous_response_id=response_id
         )
-        assert until_done(connection)[-1].type == "response.completed"
+        assert until_terminal(connection)[-1].type == "response.completed"
     assert client.responses.retrieve(response_id).status == "completed"
 
 
@@ -213,12 +203,12 @@ def test_a_prewarm_is_continued_by_its_id_with_its_whole_context(client) -> None
         # The same context sent whole: the prompt the continuation must render.
         whole = respond(connection, input=context, store=False)
         connection.response.create(model=MODEL, input=context, generate=False, store=False)
-        prewarm = until_done(connection)[-1].response
+        prewarm = until_terminal(connection)[-1].response
         # As Codex does next: the prewarm's id and only the items added since (none).
         connection.response.create(
             model=MODEL, input=[], store=False, previous_response_id=prewarm.id
         )
-        events = until_done(connection)
+        events = until_terminal(connection)
     done = events[-1]
     assert done.type == "response.completed", done
     # The engine saw the prewarm's messages: it answered the last one, from the same prompt.
@@ -261,7 +251,7 @@ def test_blobs_the_server_cannot_open_over_a_socket(client) -> None:
         connection.response.create(
             model=MODEL, input=[question, thought, call, result], tools=[WEATHER_TOOL], store=False
         )
-        done = until_done(connection)[-1]
+        done = until_terminal(connection)[-1]
         assert done.type == "response.completed", done
         served = done.response
         assert served.usage.input_tokens == bare.usage.input_tokens
@@ -274,7 +264,7 @@ def test_blobs_the_server_cannot_open_over_a_socket(client) -> None:
         connection.response.create(
             model=MODEL, input=[question, {"type": "compaction", "encrypted_content": blob}]
         )
-        (refused,) = until_done(connection)
+        (refused,) = until_terminal(connection)
         assert isinstance(refused, ResponseWsError) and refused.status == 400
         assert refused.error.model_dump(exclude_unset=True) == {
             "type": "invalid_request_error",

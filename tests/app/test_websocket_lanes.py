@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
-from openai import OpenAI
 from openai.types.responses import (
     ResponseSteerAcceptedEvent,
     ResponseSteerFailedEvent,
@@ -21,46 +17,14 @@ from openai.types.responses import (
 )
 
 from tests.support import MODEL
+from tests.support.websocket import TERMINAL, connected, until, until_terminal
 
-TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 WEATHER_TOOL = {
     "type": "function",
     "name": "get_weather",
     "strict": False,
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
-
-
-@pytest.fixture
-def client(app_url: str) -> OpenAI:
-    return OpenAI(base_url=f"{app_url}/v1", api_key="unused")
-
-
-@contextmanager
-def connected(client: OpenAI, deadline_s: float = 60) -> Iterator:
-    """``client.responses.connect()``, closed after ``deadline_s``: an event that never comes
-    fails the test (the SDK's ``recv`` has no timeout of its own) instead of hanging it."""
-    with client.responses.connect() as connection:
-        timer = threading.Timer(deadline_s, connection.close)
-        timer.start()
-        try:
-            yield connection
-        finally:
-            timer.cancel()
-
-
-def until(connection, done) -> list:
-    """Events until ``done(event)`` (that one included)."""
-    events = []
-    while True:
-        event = connection.recv()
-        events.append(event)
-        if done(event):
-            return events
-
-
-def until_terminal(connection) -> list:
-    return until(connection, lambda event: event.type in TERMINAL or event.type == "error")
 
 
 def numbered_in_order(events: list) -> None:

@@ -22,8 +22,7 @@ from serve_app.serving.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
 from tests.support import ENGINE_SCRIPT, MODEL
 from tests.support.helpers import on_uvicorn
-
-TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+from tests.support.websocket import TERMINAL
 
 
 @asynccontextmanager
