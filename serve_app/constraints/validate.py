@@ -19,12 +19,8 @@ from serve_app.constraints.build import call_rule, final_body
 from serve_app.constraints.grammar import to_lark
 from serve_app.constraints.spec import Body, CompletionConstraint
 from serve_app.harmony.tools import ToolRegistry
-from serve_app.protocol.requests import (
-    CustomTool,
-    FunctionTool,
-    NamespaceTool,
-    ResponsesRequest,
-)
+from serve_app.protocol.request_tools import CustomTool, FunctionTool, NamespaceTool
+from serve_app.protocol.requests import ResponsesRequest
 
 _CACHE_SIZE = 1024
 

@@ -41,6 +41,7 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec, recipient
 from serve_app.harmony.typescript import NamespaceText, ToolText, tools_section
 from serve_app.protocol import json_schema
+from serve_app.protocol.request_tools import NamedToolChoice
 from serve_app.protocol.requests import (
     CompactionItem,
     CustomToolCallItem,
@@ -50,7 +51,6 @@ from serve_app.protocol.requests import (
     InputItem,
     ItemReference,
     MessageItem,
-    NamedToolChoice,
     ReasoningItem,
     ResponsesRequest,
 )

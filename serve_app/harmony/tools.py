@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from serve_app.protocol import strict_schema
-from serve_app.protocol.requests import (
+from serve_app.protocol.request_tools import (
     CustomTool,
     FunctionTool,
     HostedTool,
     NamedToolChoice,
     NamespaceTool,
-    ResponsesRequest,
     allowed_tools,
 )
+from serve_app.protocol.requests import ResponsesRequest
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from serve_app.protocol import requests
+from serve_app.protocol import request_tools, requests
 from serve_app.protocol.errors import InvalidRequest, param_path
 
 # Pydantic names union branches in error locations ("str", "list[...]", a model's class name,
@@ -17,10 +17,11 @@ _TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
 def _client_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
-    tags = {*requests.INPUT_ITEM_TYPES, *requests.TOOL_TAGS}
+    tags = {*requests.INPUT_ITEM_TYPES, *request_tools.TOOL_TAGS}
     models = {
         name
-        for name, value in vars(requests).items()
+        for module in (requests, request_tools)
+        for name, value in vars(module).items()
         if isinstance(value, type) and issubclass(value, BaseModel)
     }
     cleaned: list[int | str] = []

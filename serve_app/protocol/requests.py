@@ -12,50 +12,20 @@ never coerced (JSON's integers still pass for numbers).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+from pydantic import Discriminator as PydanticDiscriminator
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
-    ModelWrapValidatorHandler,
-    PrivateAttr,
     Tag,
-    ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic import Discriminator as PydanticDiscriminator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from serve_app.protocol.request_base import OPAQUE, Lenient
+from serve_app.protocol.request_tools import HostedTool, Tool, ToolChoice
 
 logger = logging.getLogger(__name__)
-
-
-# Pydantic's strict mode: no coercion between JSON types (a boolean is not a number, a number
-# not a string), as OpenAI answers; an integer still passes where a number is expected. Every
-# request model sets it, so fields added later inherit it.
-STRICT_TYPES = ConfigDict(strict=True)
-
-
-class _Lenient(BaseModel):
-    """Ignore fields we do not use (clients send many: ids, status, client_metadata...), but
-    take the ones we use only with their JSON type."""
-
-    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
-
-
-class Opaque:
-    """Marks a field the model never reads as text (``Annotated[str, OPAQUE]``): a sealed blob,
-    which the server opens with its key or treats as one it cannot open. It is never tokenized,
-    so the rule for text the tokenizer reads (serve_app.serving.admission.responses.check_text)
-    passes over it."""
-
-    def __repr__(self) -> str:
-        return "OPAQUE"
-
-
-OPAQUE = Opaque()
 
 
 # --- content parts -------------------------------------------------------------------------
@@ -65,7 +35,7 @@ TEXT_PART_TYPES = {"input_text", "output_text", "text", "summary_text", "reasoni
 NON_TEXT_PART_TYPES = {"input_image", "input_file", "input_audio", "image_url"}
 
 
-class ContentPart(_Lenient):
+class ContentPart(Lenient):
     type: str
     text: str | None = None
     refusal: str | None = None
@@ -101,7 +71,7 @@ MAX_ITEM_ID_LENGTH = 256
 ItemId = Annotated[str, Field(max_length=MAX_ITEM_ID_LENGTH)]
 
 
-class MessageItem(_Lenient):
+class MessageItem(Lenient):
     type: Literal["message"] = "message"
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]
@@ -114,17 +84,17 @@ class MessageItem(_Lenient):
         return join_parts(self.content)
 
 
-class ReasoningSummary(_Lenient):
+class ReasoningSummary(Lenient):
     type: str = "summary_text"
     text: str
 
 
-class ReasoningContent(_Lenient):
+class ReasoningContent(Lenient):
     type: str = "reasoning_text"
     text: str
 
 
-class ReasoningItem(_Lenient):
+class ReasoningItem(Lenient):
     type: Literal["reasoning"]
     id: ItemId | None = None
     summary: list[ReasoningSummary] = Field(default_factory=list)
@@ -132,14 +102,14 @@ class ReasoningItem(_Lenient):
     encrypted_content: Annotated[str | None, OPAQUE] = None
 
 
-class _ToolCall(_Lenient):
+class _ToolCall(Lenient):
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     namespace: str | None = None
     id: ItemId | None = None
 
 
-class _ToolOutput(_Lenient):
+class _ToolOutput(Lenient):
     call_id: str = Field(min_length=1)
     output: str | list[ContentPart]
     id: ItemId | None = None
@@ -167,7 +137,7 @@ class CustomToolCallOutputItem(_ToolOutput):
     type: Literal["custom_tool_call_output"]
 
 
-class ItemReference(_Lenient):
+class ItemReference(Lenient):
     """A stored item named by its id; the service replaces it with that item before rendering.
     ``type`` is optional (the openai SDK's ``ItemReference``): an item with only an id is one."""
 
@@ -181,7 +151,7 @@ class ItemReference(_Lenient):
         return "item_reference" if value is None else value
 
 
-class CompactionItem(_Lenient):
+class CompactionItem(Lenient):
     """A summary from ``POST /v1/responses/compact`` standing in for the history it replaced;
     the summary is sealed in ``encrypted_content`` with the server's key."""
 
@@ -236,135 +206,6 @@ ToolCallItem = FunctionCallItem | CustomToolCallItem
 ToolOutputItem = FunctionCallOutputItem | CustomToolCallOutputItem
 
 
-# --- tools ---------------------------------------------------------------------------------
-
-
-def _validate_function_form(value: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
-    """Validate the Chat-Completions form ``{"type": "function", "function": {...}}`` as its
-    flat Responses twin, with errors located where the client wrote the field
-    (``tools[0].function.strict``, not ``tools[0].strict``)."""
-    if not (isinstance(value, dict) and isinstance(value.get("function"), dict)):
-        return handler(value)
-    try:
-        return handler({"type": "function", **value["function"]})
-    except ValidationError as exc:
-        moved = [
-            InitErrorDetails(
-                type=PydanticCustomError(error["type"], error["msg"]),
-                loc=("function", *error["loc"]),
-                input=error["input"],
-            )
-            for error in exc.errors()
-        ]
-        raise ValidationError.from_exception_data(exc.title, moved) from None
-
-
-class FunctionTool(_Lenient):
-    """A function tool, flat (Responses) or nested ``{"function": {...}}`` (Chat Completions)."""
-
-    type: Literal["function"] = "function"
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-.]+$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-    # Sent in the Chat-Completions form: errors about its fields name `tools[i].function.X`.
-    _chat_form: bool = PrivateAttr(default=False)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _flatten_nested(cls, value: Any, handler: ModelWrapValidatorHandler[FunctionTool]) -> Any:
-        tool = _validate_function_form(value, handler)
-        if isinstance(value, dict) and isinstance(value.get("function"), dict):
-            tool._chat_form = True
-        return tool
-
-    @property
-    def chat_form(self) -> bool:
-        return self._chat_form
-
-
-class CustomToolFormat(_Lenient):
-    type: Literal["text", "grammar"] = "text"
-    syntax: str | None = None
-    definition: str | None = None
-
-
-class CustomTool(_Lenient):
-    """A freeform tool whose input is raw text (Codex's apply_patch with a lark grammar)."""
-
-    type: Literal["custom"]
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-.]+$")
-    description: str | None = None
-    format: CustomToolFormat | None = None
-
-
-class NamespaceTool(_Lenient):
-    type: Literal["namespace"]
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-]+$")
-    description: str | None = None
-    tools: list[Annotated[FunctionTool | CustomTool, Field(discriminator="type")]] = Field(
-        default_factory=list
-    )
-
-
-class HostedTool(BaseModel):
-    """A tool OpenAI runs server-side (web_search, file_search...): accepted, not rendered, so
-    its settings are opaque (an ``image_generation`` tool's mask is a base64 data URL)."""
-
-    model_config = ConfigDict(**STRICT_TYPES, extra="allow")
-    type: str
-
-
-TOOL_TAGS = ("function", "custom", "namespace", "hosted")
-
-
-def _tool_tag(value: Any) -> str:
-    tool_type = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return tool_type if tool_type in ("function", "custom", "namespace") else "hosted"
-
-
-Tool = Annotated[
-    Annotated[FunctionTool, Tag("function")]
-    | Annotated[CustomTool, Tag("custom")]
-    | Annotated[NamespaceTool, Tag("namespace")]
-    | Annotated[HostedTool, Tag("hosted")],
-    PydanticDiscriminator(_tool_tag),
-]
-
-
-class NamedToolChoice(_Lenient):
-    """``{"type": "function", "name": ...}``, nested ``{"function": {"name"}}``, or custom."""
-
-    type: Literal["function", "custom"]
-    name: str
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _flatten_nested(
-        cls, value: Any, handler: ModelWrapValidatorHandler[NamedToolChoice]
-    ) -> Any:
-        return _validate_function_form(value, handler)
-
-
-class OtherToolChoice(BaseModel):
-    """Hosted tool choices...: accepted and treated as ``auto``; ``allowed_tools`` is read
-    from its extra fields (``allowed_tools()``) and enforced."""
-
-    model_config = ConfigDict(**STRICT_TYPES, extra="allow")
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _not_a_named_choice(cls, value: str) -> str:
-        # A malformed function or custom choice is the client's error, not `auto`.
-        if value in ("function", "custom"):
-            raise ValueError(f"a {value} tool choice needs a string `name`")
-        return value
-
-
-ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice | OtherToolChoice
-
-
 # --- the request ---------------------------------------------------------------------------
 
 ReasoningEffortName = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
@@ -373,12 +214,12 @@ ReasoningEffortName = Literal["none", "minimal", "low", "medium", "high", "xhigh
 ReasoningSummaryName = Literal["auto", "concise", "detailed"]
 
 
-class ReasoningOptions(_Lenient):
+class ReasoningOptions(Lenient):
     effort: ReasoningEffortName | None = None
     summary: ReasoningSummaryName | None = None
 
 
-class TextFormat(_Lenient):
+class TextFormat(Lenient):
     type: Literal["text", "json_object", "json_schema"] = "text"
     name: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
@@ -386,16 +227,16 @@ class TextFormat(_Lenient):
     strict: bool | None = None
 
 
-class TextOptions(_Lenient):
+class TextOptions(Lenient):
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-class ConversationRef(_Lenient):
+class ConversationRef(Lenient):
     id: str = Field(min_length=1)
 
 
-class ContextManagement(_Lenient):
+class ContextManagement(Lenient):
     """One entry of ``context_management``: ``{"type": "compaction", "compact_threshold": N}``
     compacts the history before generating once the prompt reaches N tokens (judged in
     serve_app.serving.admission.responses; run by serve_app.serving.turn.context_management)."""
@@ -404,7 +245,7 @@ class ContextManagement(_Lenient):
     compact_threshold: int | None = None
 
 
-class ResponsesRequest(_Lenient):
+class ResponsesRequest(Lenient):
     model: str = Field(min_length=1)
     input: str | list[InputItem] = Field(default_factory=list)
     instructions: str | None = None
@@ -471,31 +312,3 @@ class ResponsesRequest(_Lenient):
 
     def hosted_tool_types(self) -> list[str]:
         return [tool.type for tool in self.tools if isinstance(tool, HostedTool)]
-
-
-@dataclass(frozen=True)
-class AllowedTools:
-    """``tool_choice: {"type": "allowed_tools", "mode": ..., "tools": [...]}``: the model may
-    call only these function or custom tools (by name), and must call one when ``required``.
-    Hosted tools among them are left out, as hosted tools are."""
-
-    names: frozenset[str]
-    required: bool
-
-
-def allowed_tools(choice: ToolChoice) -> AllowedTools | None:
-    """The ``allowed_tools`` choice, else None. Parsing only: a malformed one is a 400 at the
-    door (serve_app.serving.admission.tools) before anything reads it; its malformed entries
-    are skipped here."""
-    if not isinstance(choice, OtherToolChoice) or choice.type != "allowed_tools":
-        return None
-    extra = choice.model_extra or {}
-    tools = extra.get("tools")
-    names = {
-        tool["name"]
-        for tool in (tools if isinstance(tools, list) else [])
-        if isinstance(tool, dict)
-        and tool.get("type") in ("function", "custom")
-        and isinstance(tool.get("name"), str)
-    }
-    return AllowedTools(frozenset(names), required=extra.get("mode") == "required")

@@ -25,14 +25,14 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from openai.types.shared import Reasoning
 from pydantic import TypeAdapter, ValidationError
 
-from serve_app.protocol.requests import (
+from serve_app.protocol.request_tools import (
     CustomTool,
     FunctionTool,
     NamedToolChoice,
     NamespaceTool,
     OtherToolChoice,
-    ResponsesRequest,
 )
+from serve_app.protocol.requests import ResponsesRequest
 
 # The sampling defaults the engine uses when the request leaves them out: echoed like OpenAI does.
 from serve_app.values import DEFAULT_TEMPERATURE, DEFAULT_TOP_P

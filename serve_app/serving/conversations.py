@@ -8,7 +8,8 @@ from typing import Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_app.protocol.requests import STRICT_TYPES, InputItem
+from serve_app.protocol.request_base import STRICT_TYPES
+from serve_app.protocol.requests import InputItem
 from serve_app.protocol.responses import new_conversation_id
 from serve_app.serving.admission import stored
 from serve_app.serving.admission.responses import check_text

@@ -55,13 +55,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serve_app.config import Limits
 from serve_app.protocol.body_errors import from_validation_errors
-from serve_app.protocol.requests import (
-    STRICT_TYPES,
-    ContentPart,
-    InputItem,
-    MessageItem,
-    ResponsesRequest,
-)
+from serve_app.protocol.request_base import STRICT_TYPES
+from serve_app.protocol.requests import ContentPart, InputItem, MessageItem, ResponsesRequest
 from serve_app.serving.lanes import Outbox, PendingInput, with_stream_id
 from serve_app.serving.turn.state import Turn
 

@@ -34,14 +34,9 @@ from serve_app.protocol.errors import (
     ServerError,
     model_not_found,
 )
-from serve_app.protocol.requests import (
-    OPAQUE,
-    CompactionItem,
-    HostedTool,
-    InputItem,
-    ItemReference,
-    ResponsesRequest,
-)
+from serve_app.protocol.request_base import OPAQUE
+from serve_app.protocol.request_tools import HostedTool
+from serve_app.protocol.requests import CompactionItem, InputItem, ItemReference, ResponsesRequest
 from serve_app.serving.admission import tools as tool_rules
 
 

@@ -13,19 +13,21 @@ from serve_app.constraints.validate import first_unenforceable
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol import json_schema
 from serve_app.protocol.errors import InvalidRequest
-from serve_app.protocol.requests import (
+from serve_app.protocol.request_tools import (
     CustomTool,
+    FunctionTool,
+    NamedToolChoice,
+    NamespaceTool,
+    OtherToolChoice,
+    allowed_tools,
+)
+from serve_app.protocol.requests import (
     CustomToolCallItem,
     CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
-    FunctionTool,
     InputItem,
-    NamedToolChoice,
-    NamespaceTool,
-    OtherToolChoice,
     ResponsesRequest,
-    allowed_tools,
 )
 from serve_app.protocol.strict_schema import StrictSchemaError, check_schema
 

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from serve_app.protocol.body_errors import from_validation_errors
 from serve_app.protocol.errors import APIError, InvalidRequest
-from serve_app.protocol.requests import STRICT_TYPES, ResponsesRequest
+from serve_app.protocol.request_base import STRICT_TYPES
+from serve_app.protocol.requests import ResponsesRequest
 
 CREATE = "response.create"
 # The longest `stream_id` taken (a longer one is a 400 naming it).

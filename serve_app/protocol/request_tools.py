@@ -1,0 +1,178 @@
+"""The tools of a ``POST /v1/responses`` request and its ``tool_choice``: function tools flat
+(Responses) or nested (Chat Completions), custom (freeform) tools, namespaces, hosted tools
+accepted and not run, and the ``allowed_tools`` choice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic import Discriminator as PydanticDiscriminator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from serve_app.protocol.request_base import STRICT_TYPES, Lenient
+
+
+def _validate_function_form(value: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+    """Validate the Chat-Completions form ``{"type": "function", "function": {...}}`` as its
+    flat Responses twin, with errors located where the client wrote the field
+    (``tools[0].function.strict``, not ``tools[0].strict``)."""
+    if not (isinstance(value, dict) and isinstance(value.get("function"), dict)):
+        return handler(value)
+    try:
+        return handler({"type": "function", **value["function"]})
+    except ValidationError as exc:
+        moved = [
+            InitErrorDetails(
+                type=PydanticCustomError(error["type"], error["msg"]),
+                loc=("function", *error["loc"]),
+                input=error["input"],
+            )
+            for error in exc.errors()
+        ]
+        raise ValidationError.from_exception_data(exc.title, moved) from None
+
+
+class FunctionTool(Lenient):
+    """A function tool, flat (Responses) or nested ``{"function": {...}}`` (Chat Completions)."""
+
+    type: Literal["function"] = "function"
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-.]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    # Sent in the Chat-Completions form: errors about its fields name `tools[i].function.X`.
+    _chat_form: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _flatten_nested(cls, value: Any, handler: ModelWrapValidatorHandler[FunctionTool]) -> Any:
+        tool = _validate_function_form(value, handler)
+        if isinstance(value, dict) and isinstance(value.get("function"), dict):
+            tool._chat_form = True
+        return tool
+
+    @property
+    def chat_form(self) -> bool:
+        return self._chat_form
+
+
+class CustomToolFormat(Lenient):
+    type: Literal["text", "grammar"] = "text"
+    syntax: str | None = None
+    definition: str | None = None
+
+
+class CustomTool(Lenient):
+    """A freeform tool whose input is raw text (Codex's apply_patch with a lark grammar)."""
+
+    type: Literal["custom"]
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-.]+$")
+    description: str | None = None
+    format: CustomToolFormat | None = None
+
+
+class NamespaceTool(Lenient):
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-]+$")
+    description: str | None = None
+    tools: list[Annotated[FunctionTool | CustomTool, Field(discriminator="type")]] = Field(
+        default_factory=list
+    )
+
+
+class HostedTool(BaseModel):
+    """A tool OpenAI runs server-side (web_search, file_search...): accepted, not rendered, so
+    its settings are opaque (an ``image_generation`` tool's mask is a base64 data URL)."""
+
+    model_config = ConfigDict(**STRICT_TYPES, extra="allow")
+    type: str
+
+
+TOOL_TAGS = ("function", "custom", "namespace", "hosted")
+
+
+def _tool_tag(value: Any) -> str:
+    tool_type = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return tool_type if tool_type in ("function", "custom", "namespace") else "hosted"
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("function")]
+    | Annotated[CustomTool, Tag("custom")]
+    | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[HostedTool, Tag("hosted")],
+    PydanticDiscriminator(_tool_tag),
+]
+
+
+class NamedToolChoice(Lenient):
+    """``{"type": "function", "name": ...}``, nested ``{"function": {"name"}}``, or custom."""
+
+    type: Literal["function", "custom"]
+    name: str
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _flatten_nested(
+        cls, value: Any, handler: ModelWrapValidatorHandler[NamedToolChoice]
+    ) -> Any:
+        return _validate_function_form(value, handler)
+
+
+class OtherToolChoice(BaseModel):
+    """Hosted tool choices...: accepted and treated as ``auto``; ``allowed_tools`` is read
+    from its extra fields (``allowed_tools()``) and enforced."""
+
+    model_config = ConfigDict(**STRICT_TYPES, extra="allow")
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _not_a_named_choice(cls, value: str) -> str:
+        # A malformed function or custom choice is the client's error, not `auto`.
+        if value in ("function", "custom"):
+            raise ValueError(f"a {value} tool choice needs a string `name`")
+        return value
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice | OtherToolChoice
+
+
+@dataclass(frozen=True)
+class AllowedTools:
+    """``tool_choice: {"type": "allowed_tools", "mode": ..., "tools": [...]}``: the model may
+    call only these function or custom tools (by name), and must call one when ``required``.
+    Hosted tools among them are left out, as hosted tools are."""
+
+    names: frozenset[str]
+    required: bool
+
+
+def allowed_tools(choice: ToolChoice) -> AllowedTools | None:
+    """The ``allowed_tools`` choice, else None. Parsing only: a malformed one is a 400 at the
+    door (serve_app.serving.admission.tools) before anything reads it; its malformed entries
+    are skipped here."""
+    if not isinstance(choice, OtherToolChoice) or choice.type != "allowed_tools":
+        return None
+    extra = choice.model_extra or {}
+    tools = extra.get("tools")
+    names = {
+        tool["name"]
+        for tool in (tools if isinstance(tools, list) else [])
+        if isinstance(tool, dict)
+        and tool.get("type") in ("function", "custom")
+        and isinstance(tool.get("name"), str)
+    }
+    return AllowedTools(frozenset(names), required=extra.get("mode") == "required")
