@@ -293,7 +293,10 @@ class EngineDeployment:
                 chunk = await route.next_chunk(self._heartbeat_s())
                 if chunk is None:
                     break
-                if chunk is HEARTBEAT:  # nothing for a while: the caller learns we are alive
+                # Nothing for a while: the caller learns we are alive. By type, not identity:
+                # Serve ships this class by value, and the singletons its methods name arrive
+                # as copies (tests/unit/serving/engine/test_liveness.py).
+                if isinstance(chunk, Heartbeat):
                     yield chunk
                     continue
                 # A failed route's error chunk is its last, but the engine still runs: the

@@ -14,9 +14,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from ray import cloudpickle
 
 from serve_app.engines.base import GenerateChunk, GenerateRequest
 from serve_app.serving.engine.client import HandleEngineClient
+from serve_app.serving.engine.deployment import EngineDeployment
 from serve_app.serving.engine.liveness import SILENCE_S, EngineSilent
 from tests.unit.serving.engine.test_channel import (
     _CALLS,
@@ -94,7 +96,16 @@ class _Pausing(_Recording):
                 await asyncio.sleep(self.pause_s)
 
 
-async def test_a_quiet_stream_lives_on_its_heartbeats_on_a_channel_and_on_its_own() -> None:
+@pytest.mark.parametrize("shipped", [False, True], ids=["as-defined", "as-serve-ships-it"])
+async def test_a_quiet_stream_lives_on_its_heartbeats_on_a_channel_and_on_its_own(
+    shipped: bool,
+) -> None:
+    if shipped:
+        # Serve ships the deployment's class to its replicas by value (cloudpickle: the
+        # module's name is bound to the Deployment, not the class), and its methods' globals go
+        # as copies: a module-level singleton such as `HEARTBEAT` is then another object there.
+        # Unpickled in this process, cloudpickle puts those copies on the class itself.
+        cloudpickle.loads(cloudpickle.dumps(EngineDeployment.func_or_class))
     replicas = [await _replica(decode_tokens_per_s=200, output_tokens=20) for _ in range(2)]
     for replica in replicas:
         replica._engine.__class__ = _Pausing  # the same engine, pausing mid-answer
