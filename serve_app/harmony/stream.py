@@ -1,16 +1,8 @@
 """Engine token ids -> harmony messages -> Responses output items and stream events.
 
 The prompt ends with ``<|start|>assistant``, so the completion starts inside a message header
-(``<|channel|>analysis<|message|>...``). Each harmony message becomes one output item:
-
-- ``analysis`` without a recipient: a ``reasoning`` item (``content: [reasoning_text]``; with
-  ``summarize_reasoning``, also ``summary: [summary_text]`` holding the same text, since gpt-oss
-  writes no summary and clients that show reasoning read only summaries);
-- ``final`` (or no channel): a ``message`` with ``phase: "final_answer"``;
-- ``commentary`` without a recipient: a ``message`` with ``phase: "commentary"`` (a preamble);
-- any channel with a recipient: a ``custom_tool_call`` when the recipient resolves to a custom
-  tool, else a ``function_call`` (unknown recipients too: the client answers them with an error
-  output, which the model can read, rather than the turn vanishing).
+(``<|channel|>analysis<|message|>...``). Each harmony message becomes one output item (which
+one: ``items.py``).
 
 The events themselves (their order, sequence numbers, output indices, the Response) are
 written by `ResponseEventWriter` (``protocol/stream_events.py``); this module decodes
@@ -32,15 +24,11 @@ from collections.abc import Callable, Sequence
 
 from openai.types.responses import Response, ResponseOutputItem, ResponseStreamEvent
 from openai.types.responses.response_output_text import Logprob as TextLogprob
-from openai_harmony import HarmonyEncoding, Message, Role, StreamableParser
+from openai_harmony import HarmonyEncoding, Role, StreamableParser
 
 from serve_app.harmony.encoding import CALL_TOKEN, FIRST_SPECIAL_TOKEN, get_encoding
-from serve_app.harmony.recovery import (
-    ROLE_RECIPIENTS,
-    LooseHeader,
-    bare_name,
-    parse_loose_header,
-)
+from serve_app.harmony.items import current_text, final_text, open_item
+from serve_app.harmony.recovery import LooseHeader, parse_loose_header
 from serve_app.harmony.token_text import structural_tokens, text_logprob, valid_token
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol import responses as builders
@@ -64,10 +52,6 @@ class _State(enum.Enum):
     HEADER = "header"  # reading a message header
     CONTENT = "content"  # streaming a message's content into an open item
     DONE = "done"  # a terminal event was emitted
-
-
-def _message_text(message: Message) -> str:
-    return "".join(getattr(part, "text", "") or "" for part in message.content)
 
 
 class ResponseStreamTranslator:
@@ -444,27 +428,8 @@ class ResponseStreamTranslator:
     # --- items -----------------------------------------------------------------------------
 
     def _open_item(self, channel: str | None, recipient: str | None) -> None:
-        """Open the item a header names (see the module docstring)."""
-        writer = self._writer
-        target = (recipient or "").strip()
-        if target.startswith("<|"):
-            # `<|channel|>final <|constrain|>json<|message|>`: harmony's parser reports the
-            # content type as the recipient. A recipient is a name (`to=NAME`), never a token.
-            target = ""
-        if target and target not in ROLE_RECIPIENTS:
-            spec = self._tools.resolve(target)
-            if spec is None:
-                item = writer.open_function_call(bare_name(target))
-            elif spec.kind == "custom":
-                item = writer.open_custom_tool_call(spec.name, spec.namespace)
-            else:
-                item = writer.open_function_call(spec.name, spec.namespace)
-        elif channel == "analysis":
-            item = writer.open_reasoning()
-        else:
-            item = writer.open_message("commentary" if channel == "commentary" else "final_answer")
         # Open only once announced, so recovery never closes an item the client never saw.
-        self._item = item
+        self._item = open_item(self._writer, self._tools, channel, recipient)
         self._pending = []
 
     def _flush(self) -> None:
@@ -513,23 +478,12 @@ class ResponseStreamTranslator:
 
     def _final_text(self, stop_token: int | None) -> str | None:
         """The message's whole text per harmony (includes a trailing partial character)."""
-        parser = self._require_parser()
-        try:
-            if stop_token is None:
-                parser.process_eos()
-            else:
-                parser.process(stop_token)
-            messages = parser.messages
-        except Exception as exc:
-            logger.info("response %s: message not finalised (%s)", self._response_id, exc)
-            return None
-        return self._prefix + _message_text(messages[-1]) if messages else None
+        text = final_text(self._require_parser(), stop_token, self._response_id)
+        return None if text is None else self._prefix + text
 
     def _current_text(self) -> str | None:
-        try:
-            return self._prefix + self._require_parser().current_content
-        except Exception:
-            return None
+        text = current_text(self._parser)
+        return None if text is None else self._prefix + text
 
     def _require_parser(self) -> StreamableParser:
         if self._parser is None:

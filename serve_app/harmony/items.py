@@ -1,0 +1,75 @@
+"""Which output item a harmony message becomes, and the message's text.
+
+Each harmony message of a completion becomes one output item:
+
+- ``analysis`` without a recipient: a ``reasoning`` item (``content: [reasoning_text]``; with
+  ``summarize_reasoning``, also ``summary: [summary_text]`` holding the same text, since gpt-oss
+  writes no summary and clients that show reasoning read only summaries);
+- ``final`` (or no channel): a ``message`` with ``phase: "final_answer"``;
+- ``commentary`` without a recipient: a ``message`` with ``phase: "commentary"`` (a preamble);
+- any channel with a recipient: a ``custom_tool_call`` when the recipient resolves to a custom
+  tool, else a ``function_call`` (unknown recipients too: the client answers them with an error
+  output, which the model can read, rather than the turn vanishing).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from openai_harmony import Message, StreamableParser
+
+from serve_app.harmony.recovery import ROLE_RECIPIENTS, bare_name
+from serve_app.harmony.tools import ToolRegistry
+from serve_app.protocol.stream_events import OpenItem, ResponseEventWriter
+
+logger = logging.getLogger(__name__)
+
+
+def open_item(
+    writer: ResponseEventWriter, tools: ToolRegistry, channel: str | None, recipient: str | None
+) -> OpenItem:
+    """Open (announce) the item a message's header names."""
+    target = (recipient or "").strip()
+    if target.startswith("<|"):
+        # `<|channel|>final <|constrain|>json<|message|>`: harmony's parser reports the
+        # content type as the recipient. A recipient is a name (`to=NAME`), never a token.
+        target = ""
+    if target and target not in ROLE_RECIPIENTS:
+        spec = tools.resolve(target)
+        if spec is None:
+            return writer.open_function_call(bare_name(target))
+        if spec.kind == "custom":
+            return writer.open_custom_tool_call(spec.name, spec.namespace)
+        return writer.open_function_call(spec.name, spec.namespace)
+    if channel == "analysis":
+        return writer.open_reasoning()
+    return writer.open_message("commentary" if channel == "commentary" else "final_answer")
+
+
+def message_text(message: Message) -> str:
+    return "".join(getattr(part, "text", "") or "" for part in message.content)
+
+
+def final_text(parser: StreamableParser, stop_token: int | None, response_id: str) -> str | None:
+    """The message's whole text once ``parser`` reads its stop token (``None``: the end of
+    generation); None when harmony cannot finalise it."""
+    try:
+        if stop_token is None:
+            parser.process_eos()
+        else:
+            parser.process(stop_token)
+        messages = parser.messages
+    except Exception as exc:
+        logger.info("response %s: message not finalised (%s)", response_id, exc)
+        return None
+    return message_text(messages[-1]) if messages else None
+
+
+def current_text(parser: StreamableParser | None) -> str | None:
+    """What ``parser`` has decoded of the open message so far (None: nothing to read)."""
+    if parser is None:
+        return None
+    try:
+        return parser.current_content
+    except Exception:
+        return None
