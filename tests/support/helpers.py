@@ -73,20 +73,23 @@ async def in_process_api(
     """The ingress's own FastAPI app (the one every ingress replica serves) in this process.
 
     ``db``: an SQLite file, or a store URL (e.g. the session's PostgreSQL). ``engine``: the
-    simulated engine's config (default: fast and unscripted). ``options`` go to ``create_api``.
+    simulated engine's config (default: fast and unscripted); the engine itself is the app's
+    ``state.engine``, for tests that look inside it. ``options`` go to ``create_api``.
     """
     store = SqlResponseStore(db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}")
     await store.start()
     simulated = SimulatedEngine(engine or SimulatedEngineConfig(decode_tokens_per_s=50_000))
     await simulated.start()
     try:
-        yield create_api(
+        api = create_api(
             args or AppArgs(),
             InProcessEngineClient(simulated),
             ReasoningVault("k"),
             store,
             **options,
         )
+        api.state.engine = simulated
+        yield api
     finally:
         await simulated.shutdown()
         await store.close()

@@ -15,13 +15,8 @@ from openai.types.responses import ResponseSteerAcceptedEvent
 
 from serve_app.config import AppArgs, Limits
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
-from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.serving.engine.client import InProcessEngineClient
-from serve_app.serving.http.auth import ApiKeys
-from serve_app.serving.ingress import create_api
-from serve_app.store.sql import SqlResponseStore
 from tests.support import ENGINE_SCRIPT, MODEL
-from tests.support.helpers import on_uvicorn
+from tests.support.helpers import in_process_api, on_uvicorn
 from tests.support.websocket import TERMINAL
 
 
@@ -31,25 +26,13 @@ async def small_app(
 ) -> AsyncIterator[tuple[AsyncOpenAI, SimulatedEngine]]:
     """The app on uvicorn with these `Limits` and the scripted engine: an SDK client for it,
     and the engine."""
-    store = SqlResponseStore(f"sqlite+aiosqlite:///{tmp_path / 'lanes.db'}")
-    await store.start()
-    engine = SimulatedEngine(
-        SimulatedEngineConfig(script=str(ENGINE_SCRIPT), decode_tokens_per_s=50_000)
-    )
-    await engine.start()
-    api = create_api(
-        AppArgs(limits=Limits(**limits)),
-        InProcessEngineClient(engine),
-        ReasoningVault("k"),
-        store,
-        api_keys=ApiKeys([]),
-    )
-    try:
-        async with on_uvicorn(api) as url:
-            yield AsyncOpenAI(base_url=f"{url}/v1", api_key="unused"), engine
-    finally:
-        await engine.shutdown()
-        await store.close()
+    scripted = SimulatedEngineConfig(script=str(ENGINE_SCRIPT), decode_tokens_per_s=50_000)
+    args = AppArgs(limits=Limits(**limits))
+    async with (
+        in_process_api(tmp_path / "lanes.db", args, engine=scripted) as api,
+        on_uvicorn(api) as url,
+    ):
+        yield AsyncOpenAI(base_url=f"{url}/v1", api_key="unused"), api.state.engine
 
 
 async def test_lanes_and_queued_requests_are_bounded_per_connection(tmp_path: Path) -> None:

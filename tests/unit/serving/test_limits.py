@@ -26,14 +26,10 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from serve_app.config import AppArgs, Limits
-from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
-from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.serving.engine.client import InProcessEngineClient
+from serve_app.engines.simulated import SimulatedEngineConfig
 from serve_app.serving.http.auth import ApiKeys
-from serve_app.serving.ingress import create_api
-from serve_app.store.sql import SqlResponseStore
 from tests.support import ENGINE_SCRIPT, MODEL
-from tests.support.helpers import on_uvicorn
+from tests.support.helpers import in_process_api, on_uvicorn
 
 ALICE, BOB = "key-alice", "key-bob"
 # The replica's request slots in the model (Serve's `max_ongoing_requests`: 256 on the ingress).
@@ -63,26 +59,15 @@ class RequestSlots:
 @contextlib.asynccontextmanager
 async def running_app(tmp_path: Path, **limits: float) -> AsyncIterator[str]:
     """The app with these `Limits`, keys for Alice and Bob, behind `RequestSlots`; its URL."""
-    store = SqlResponseStore(f"sqlite+aiosqlite:///{tmp_path / 'limits.db'}")
-    await store.start()
-    engine = SimulatedEngine(
-        SimulatedEngineConfig(script=str(ENGINE_SCRIPT), decode_tokens_per_s=50_000)
-    )
-    await engine.start()
-    api = create_api(
-        AppArgs(limits=Limits(**limits)),
-        InProcessEngineClient(engine),
-        ReasoningVault("k"),
-        store,
-        api_keys=ApiKeys([ALICE, BOB]),
-    )
-    try:
+    scripted = SimulatedEngineConfig(script=str(ENGINE_SCRIPT), decode_tokens_per_s=50_000)
+    args = AppArgs(limits=Limits(**limits))
+    keys = ApiKeys([ALICE, BOB])
+    async with (
+        in_process_api(tmp_path / "limits.db", args, engine=scripted, api_keys=keys) as api,
         # keep-alive longer than any test waits: a connection closed was closed by the app.
-        async with on_uvicorn(RequestSlots(api, SLOTS), timeout_keep_alive=60) as url:
-            yield url
-    finally:
-        await engine.shutdown()
-        await store.close()
+        on_uvicorn(RequestSlots(api, SLOTS), timeout_keep_alive=60) as url,
+    ):
+        yield url
 
 
 def _socket_url(url: str) -> str:
