@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
-import os
 import secrets
 
 from cryptography.exceptions import InvalidTag
@@ -39,21 +38,18 @@ class ReasoningVault:
         self._aead = AESGCM(_derive_key(secret))
 
     @classmethod
-    def from_env(
-        cls, variable: str = "SERVE_APP_REASONING_KEY", secret: str | None = None
-    ) -> ReasoningVault:
-        """The key from the environment's ``variable``, else ``secret`` (the app's setting);
-        a random one if neither is set.
+    def from_secret(cls, secret: str | None) -> ReasoningVault:
+        """The vault of ``secret`` (the app's ``secrets.reasoning_key``, which
+        $SERVE_APP_REASONING_KEY overrides); a random key when there is none.
 
         Every ingress replica must share the key for blobs to open on any replica: a random
         key only suits a single replica (blobs from before a restart are then ignored).
         """
-        secret = os.environ.get(variable) or secret
         if not secret:
             logger.warning(
-                "%s is not set: using a random key; encrypted reasoning will not survive a "
-                "restart or open on other ingress replicas",
-                variable,
+                "no reasoning key is set (secrets.reasoning_key or $SERVE_APP_REASONING_KEY): "
+                "using a random key; encrypted reasoning will not survive a restart or open on "
+                "other ingress replicas"
             )
             secret = secrets.token_hex(32)
         return cls(secret)

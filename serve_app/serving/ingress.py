@@ -19,7 +19,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve_app.config import REASONING_KEY_ENV, AppArgs
+from serve_app.config import AppArgs
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.protocol.body_errors import from_validation_errors
 from serve_app.protocol.errors import (
@@ -300,7 +300,7 @@ class ResponsesIngress:
                 channels=streaming.channels,
                 watchdog=Watchdog(streaming.silence_s, streaming.heartbeat_s),
             ),
-            ReasoningVault.from_env(REASONING_KEY_ENV, args.secrets.reasoning_key),
+            ReasoningVault.from_secret(args.secrets.resolved().reasoning_key),
             self._store,
             replica_id=serve.get_replica_context().replica_id.unique_id,
             api_keys=ApiKeys.from_env(args.secrets),
