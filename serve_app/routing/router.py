@@ -176,7 +176,8 @@ class PrefixAffinityRouter(RequestRouter):
                 return "timed_out"
             # A broadcast replaces the event after setting it; this waits on the current one.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._reports_arrived.wait(), remaining)
+                async with asyncio.timeout(remaining):  # not wait_for: see engine/channel.py
+                    await self._reports_arrived.wait()
         return "found"
 
     def _loads(self) -> dict[str, int]:

@@ -103,7 +103,10 @@ class Outbox:
             if not self._pending:
                 self._ready.clear()
                 try:
-                    await asyncio.wait_for(self._ready.wait(), self._heartbeat_s)
+                    # asyncio.timeout, not wait_for (Python 3.11's may swallow a cancellation
+                    # that comes as its timeout fires: the channel would not close).
+                    async with asyncio.timeout(self._heartbeat_s):
+                        await self._ready.wait()
                 except TimeoutError:
                     now = time.monotonic()
                     if self.requests:
@@ -120,7 +123,8 @@ class Outbox:
             wait_s = self._window_s - (time.monotonic() - last_send)
             if wait_s > 0 and not self._urgent.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._urgent.wait(), wait_s)
+                    async with asyncio.timeout(wait_s):
+                        await self._urgent.wait()
                 if self.closed:
                     return
             batch = list(self._pending.items())

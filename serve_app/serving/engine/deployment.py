@@ -156,8 +156,11 @@ class _Route:
         (None: the producer ended without one). An unexpected item ends it with an error.
         `HEARTBEAT` if nothing came for ``heartbeat_s`` (``serve_app.serving.engine.liveness``)."""
         if self.queue.empty():
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for may swallow a cancellation
+            # that comes as its timeout fires, and the request would never be aborted.
             try:
-                first = await asyncio.wait_for(self.queue.get(), heartbeat_s)
+                async with asyncio.timeout(heartbeat_s):
+                    first = await self.queue.get()
             except TimeoutError:
                 return HEARTBEAT
         else:
