@@ -128,25 +128,19 @@ def test_output_text_logprobs_come_from_vllm(client: OpenAI) -> None:
 def test_the_engines_kv_events_reach_the_routing_report(client: OpenAI, app_cluster: None) -> None:
     """vLLM publishes its KV-cache events, the engine replica reads them and reports, per
     conversation, the prompt tokens it holds (serve_app/routing/kv_summary.py)."""
+    key = str(uuid.uuid4())
+    for _ in range(2):
+        client.responses.create(
+            model=MODEL, input=LONG_PROMPT, max_output_tokens=4, prompt_cache_key=key
+        )
     reports: list[dict] = []
-    # The GPU smoke's last check kills an engine core: Serve may replace that replica while
-    # this test runs, and a conversation served by the replica it replaced is held nowhere.
-    # So a new conversation each try, on whichever replica serves it; each try asserts alike.
-    for _ in range(3):
-        key = str(uuid.uuid4())
-        for _ in range(2):
-            client.responses.create(
-                model=MODEL, input=LONG_PROMPT, max_output_tokens=4, prompt_cache_key=key
-            )
 
-        def held(key: str = key) -> bool:
-            actor = engine_replica_serving(key)
-            reports[:] = [routing_stats(actor)] if actor is not None else []
-            return bool(reports) and reports[0].get(HELD_KEY, {}).get(stable_hash(key), 0) > 0
+    def held() -> bool:
+        actor = engine_replica_serving(key)
+        reports[:] = [routing_stats(actor)] if actor is not None else []
+        return bool(reports) and reports[0].get(HELD_KEY, {}).get(stable_hash(key), 0) > 0
 
-        if wait_for(held, timeout_s=30):
-            break
-    assert reports and reports[0].get(HELD_KEY, {}).get(stable_hash(key), 0) > 0, reports
+    assert wait_for(held, timeout_s=30), reports
     events = reports[0][KV_EVENTS_KEY]
     print(
         f"KV events reported: {events}; held tokens of the conversation: "
