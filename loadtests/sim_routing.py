@@ -169,6 +169,7 @@ def replay(
     ]
     heapq.heapify(events)
     prompt = cached = 0
+    computed: dict[str, int] = {}  # request id -> its uncached tokens, until its first token
     ttfts = []
     started, now, prefilling = events[0][0], 0.0, 0.0
     # Only ours waits, for a later turn of a conversation its router does not know.
@@ -179,7 +180,9 @@ def replay(
         session = sessions[index]
         request_id = f"{index}/{turn_index}"
         if kind == 2:
-            reporters[replica].first_token(request_id, None, now)
+            # With the uncached tokens the engine computed, as the engine deployment passes
+            # them (`num_prompt_tokens - num_cached_tokens`): the measured rate comes from them.
+            reporters[replica].first_token(request_id, computed.pop(request_id), now)
             continue
         if kind == 0:
             ongoing[replica] -= 1
@@ -223,6 +226,7 @@ def replay(
         cached += hit
         ttfts.append((first_token - now + 1 / engine.decode_tokens_per_s) * 1000)
         if replica in reporters:
+            computed[request_id] = len(turn.token_ids) - hit
             first = first_token + 1 / engine.decode_tokens_per_s
             heapq.heappush(events, (first, 2, index, turn_index, replica))
         heapq.heappush(events, (ends, 0, index, turn_index, replica))
