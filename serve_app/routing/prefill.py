@@ -9,7 +9,14 @@ so that is the rate the queue drains at. It goes in the routing-stats report (`r
 
 - ``queued_prefill_tokens``: uncached prompt tokens of the requests waiting for a first token;
 - ``prefill_tokens_per_s``: the measured rate (absent until measured);
-- ``decoding``: requests past their first token (the decode load).
+- ``decoding``: requests past their first token (the decode load);
+- ``shared_prefix_tokens``: what a turn of a conversation the replica holds none of finds
+  cached (the system and developer prompt every conversation of an app shares): the median of
+  the engine's own counts over the latest such turns. A router needs it to price moving a
+  conversation here (only its own history is computed again, not the shared prompt), and the
+  ledger to estimate such a turn's uncached tokens before the engine counts them: without it, a
+  new conversation's first turn counted its whole prompt (nearly 5,000 tokens of Codex's
+  prompt, a second at 5,000 tokens/s) where it computed about 60.
 
 Engine-neutral, from what the deployment sees of its requests (their first chunks), so vLLM and
 the simulated engine report alike; the routing simulator keeps one per replica the same way.
@@ -18,6 +25,7 @@ Pure Python; times are the caller's clock.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -25,15 +33,18 @@ from typing import Any
 QUEUED_KEY = "queued_prefill_tokens"
 RATE_KEY = "prefill_tokens_per_s"
 DECODING_KEY = "decoding"
+SHARED_KEY = "shared_prefix_tokens"
 # Prefills shorter than this measure the decode step and the transport more than the prefill.
 MIN_MEASURED_TOKENS = 256
 MEASURED_PREFILLS = 64  # the rate is over the latest this many
+SHARED_SAMPLES = 64  # the shared prefix is the median over the latest this many cold turns
 
 
 @dataclass
 class _Waiting:
     uncached_tokens: int
     arrived: float
+    prompt_tokens: int | None  # a turn of a conversation the replica held none of: its prompt
 
 
 class PrefillLedger:
@@ -43,9 +54,22 @@ class PrefillLedger:
         self._last_first_token = float("-inf")
         # (tokens, seconds) of the latest measured prefills.
         self._measured: deque[tuple[int, float]] = deque(maxlen=MEASURED_PREFILLS)
+        # Cached tokens the engine counted for the latest turns that arrived cold.
+        self._cold_cached: deque[int] = deque(maxlen=SHARED_SAMPLES)
 
-    def arrived(self, request_id: str, uncached_tokens: int, now: float) -> None:
-        self._waiting[request_id] = _Waiting(max(uncached_tokens, 0), now)
+    def arrived(
+        self, request_id: str, uncached_tokens: int, now: float, cold_prompt: int | None = None
+    ) -> None:
+        """A request with ``uncached_tokens`` to compute (an estimate) arrived; ``cold_prompt``:
+        its prompt tokens, if the replica holds nothing of its conversation (the engine's
+        count at its first token then says what such a turn finds cached)."""
+        self._waiting[request_id] = _Waiting(max(uncached_tokens, 0), now, cold_prompt)
+
+    @property
+    def shared_prefix_tokens(self) -> int:
+        """What a turn of a conversation this replica holds none of finds cached (0 until
+        one was counted)."""
+        return int(statistics.median(self._cold_cached)) if self._cold_cached else 0
 
     def first_token(self, request_id: str, uncached_tokens: int | None, now: float) -> None:
         """The request's first token came at ``now``; ``uncached_tokens`` as the engine counted
@@ -54,6 +78,8 @@ class PrefillLedger:
         if waiting is None:
             return
         self._decoding.add(request_id)
+        if uncached_tokens is not None and waiting.prompt_tokens is not None:
+            self._cold_cached.append(max(waiting.prompt_tokens - uncached_tokens, 0))
         tokens = waiting.uncached_tokens if uncached_tokens is None else uncached_tokens
         began = max(waiting.arrived, self._last_first_token)
         self._last_first_token = max(self._last_first_token, now)
@@ -75,7 +101,11 @@ class PrefillLedger:
         return sum(tokens for tokens, _ in self._measured) / seconds if seconds else None
 
     def report(self) -> dict[str, Any]:
-        report: dict[str, Any] = {QUEUED_KEY: self.queued_tokens, DECODING_KEY: len(self._decoding)}
+        report: dict[str, Any] = {
+            QUEUED_KEY: self.queued_tokens,
+            DECODING_KEY: len(self._decoding),
+            SHARED_KEY: self.shared_prefix_tokens,
+        }
         rate = self.tokens_per_s
         if rate is not None:
             report[RATE_KEY] = rate

@@ -12,7 +12,10 @@ prefill rate:
 - ``uncached``: the turn's prompt tokens minus what the replica holds of its conversation, by
   its KV-cache summary (``serve_app.routing.kv_summary``), or, if this router sent the
   conversation there after the replica's last report, the prompt it sent (the replica holds it
-  now). At least one token: the last prompt token is always computed;
+  now); and never less than the replica's shared prefix, what a conversation it holds none of
+  finds cached (``serve_app.routing.prefill``): moving a conversation costs its own history,
+  not the system prompt every replica holds. At least one token: the last prompt token is
+  always computed;
 - ``rate``: the replica's measured prefill rate; one that has not measured it yet (just
   started) is taken at the mean of the others', and with none measured at
   ``prefill_tokens_per_s`` (then only the token counts matter).
@@ -31,7 +34,7 @@ from typing import Any
 
 from serve_app.routing.directory import REPORTED_AT_KEY
 from serve_app.routing.kv_summary import HELD_KEY
-from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY
+from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY, SHARED_KEY
 from serve_app.routing.ring import stable_hash
 
 # Until a replica has measured its rate (only the ratio of tokens matters while none has).
@@ -67,6 +70,7 @@ class TTFTPredictor:
     _backlogs: dict[str, _Backlog] = field(default_factory=dict)
     _rates: dict[str, float] = field(default_factory=dict)
     _held: dict[str, Mapping[int, int]] = field(default_factory=dict)
+    _shared: dict[str, int] = field(default_factory=dict)
     _reported_at: dict[str, float] = field(default_factory=dict)
     _sent: list[_Sent] = field(default_factory=list)  # since the replica's latest report
     _reports: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # the latest each
@@ -89,6 +93,7 @@ class TTFTPredictor:
         self._backlogs.clear()
         self._rates.clear()
         self._held.clear()
+        self._shared.clear()
         self._reported_at.clear()
         for replica, stats in latest.items():
             reported_at = stats[REPORTED_AT_KEY]
@@ -97,6 +102,7 @@ class TTFTPredictor:
             if stats.get(RATE_KEY):
                 self._rates[replica] = float(stats[RATE_KEY])
             self._held[replica] = stats.get(HELD_KEY) or {}
+            self._shared[replica] = int(stats.get(SHARED_KEY) or 0)
         # Kept until the replica reports after it; bounded for a replica that never reports.
         oldest = self.clock() - MAX_UNREPORTED_S
         self._sent = [
@@ -115,7 +121,7 @@ class TTFTPredictor:
 
     def uncached(self, replica: str, key: str, prompt_tokens: int) -> int:
         conversation = stable_hash(key)
-        held = self._held.get(replica, {}).get(conversation, 0)
+        held = max(self._held.get(replica, {}).get(conversation, 0), self._shared.get(replica, 0))
         reported_at = self._reported_at.get(replica, float("-inf"))
         for sent in self._sent:  # few: the turns this router sent within one report period
             if (sent.replica, sent.conversation) == (replica, conversation) and (

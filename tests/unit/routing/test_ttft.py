@@ -7,7 +7,10 @@ import pytest
 
 from serve_app.engines.kv_events import BlockStored
 from serve_app.routing.affinity import ConversationPlacer
+from serve_app.routing.kv_summary import HELD_KEY
+from serve_app.routing.prefill import QUEUED_KEY
 from serve_app.routing.replica_report import ReplicaReporter
+from serve_app.routing.ring import Choice
 from serve_app.routing.ttft import TTFTPredictor
 
 RATE = 5000  # tokens/s, as each replica measures it below
@@ -118,3 +121,45 @@ def test_a_request_ray_routes_again_is_counted_once() -> None:
     predictor.sent("r2", "c", 3000, "request-1")
     assert predictor.predict("r1", "d", 1000) == pytest.approx(1000 / RATE)
     assert predictor.predict("r2", "d", 1000) == pytest.approx((3000 + 1000) / RATE)
+
+
+def _report_shared(clock: Clock, replica: str, queued: int, held: dict[str, int]) -> dict:
+    """As `_report`, from a replica that served ``held``'s conversations and whose cold turns
+    found Codex's 4,800-token prompt cached."""
+    reporter = ReplicaReporter(replica, clock=clock)
+    reporter.arrived("cold", "cold", 4860)
+    reporter.first_token("cold", 60, clock())
+    reporter.ended("cold")
+    for key in held:
+        reporter.served.record(key)
+    shared = {key: value for key, value in reporter.report().items() if key not in (HELD_KEY,)}
+    return {**_report(clock, replica, queued, held), **shared, QUEUED_KEY: queued}
+
+
+def test_moving_a_conversation_costs_its_own_history_not_the_shared_prompt() -> None:
+    """Every replica holds the shared system prompt: a turn sent where its conversation is not
+    held computes the rest of its prompt, not all of it. So a young conversation leaves a home
+    whose queue ahead costs more than its own history elsewhere, and a long one stays."""
+    clock = Clock()
+    predictor = TTFTPredictor(clock=clock)
+    predictor.update(
+        {
+            "home": _report_shared(clock, "home", queued=2500, held={"c": 5200, "d": 9900}),
+            "idle": _report_shared(clock, "idle", queued=0, held={}),
+        }
+    )
+    assert predictor.uncached("idle", "c", 5300) == 500
+    assert predictor.predict("idle", "c", 5300) == pytest.approx(500 / RATE)
+    assert predictor.predict("home", "c", 5300) == pytest.approx((2500 + 100) / RATE)
+    placer = _placer(clock)
+    placer.set_members(["home", "idle"])
+    placer.set_reports(
+        {
+            "home": _report_shared(clock, "home", queued=2500, held={"c": 5200, "d": 9900}),
+            "idle": _report_shared(clock, "idle", queued=0, held={}),
+        }
+    )
+    loads = {"home": 2, "idle": 2}
+    assert placer.knows("c") and placer.knows("d")
+    assert placer.choose("c", loads, 5300) == Choice("idle", spilled=True)
+    assert placer.choose("d", loads, 10_000) == Choice("home", spilled=False)  # 5,100 its own
