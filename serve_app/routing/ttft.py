@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serve_app.routing.directory import REPORTED_AT_KEY
-from serve_app.routing.kv_summary import HELD_KEY
+from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
 from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY, SHARED_KEY
 from serve_app.routing.ring import stable_hash
 
@@ -71,6 +71,10 @@ class TTFTPredictor:
     _rates: dict[str, float] = field(default_factory=dict)
     _held: dict[str, Mapping[int, int]] = field(default_factory=dict)
     _shared: dict[str, int] = field(default_factory=dict)
+    # Each replica's BlockRemoved count at its latest report, and whether it grew since the
+    # report before (the replica evicts: its cache is full).
+    _removed: dict[str, tuple[float, int]] = field(default_factory=dict)
+    _evicting: set[str] = field(default_factory=set)
     _reported_at: dict[str, float] = field(default_factory=dict)
     _sent: list[_Sent] = field(default_factory=list)  # since the replica's latest report
     _reports: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # the latest each
@@ -103,6 +107,9 @@ class TTFTPredictor:
                 self._rates[replica] = float(stats[RATE_KEY])
             self._held[replica] = stats.get(HELD_KEY) or {}
             self._shared[replica] = int(stats.get(SHARED_KEY) or 0)
+            self._note_evictions(replica, reported_at, stats)
+        self._evicting &= latest.keys()
+        self._removed = {r: seen for r, seen in self._removed.items() if r in latest}
         # Kept until the replica reports after it; bounded for a replica that never reports.
         oldest = self.clock() - MAX_UNREPORTED_S
         self._sent = [
@@ -112,6 +119,20 @@ class TTFTPredictor:
         ]
         for sent in self._sent:
             self._backlog(sent.replica, sent.at).tokens += sent.uncached_tokens
+
+    def _note_evictions(self, replica: str, reported_at: float, stats: Mapping[str, Any]) -> None:
+        removed = int((stats.get(KV_EVENTS_KEY) or {}).get("BlockRemoved", 0))
+        before = self._removed.get(replica)
+        if before is not None and reported_at <= before[0]:
+            return  # the same report again
+        self._removed[replica] = (reported_at, removed)
+        if before is not None and removed > before[1]:
+            self._evicting.add(replica)
+        elif before is not None:
+            self._evicting.discard(replica)
+
+    def evicting(self, replica: str) -> bool:
+        return replica in self._evicting
 
     def predict(self, replica: str, key: str, prompt_tokens: int) -> float:
         """Seconds to the first token of a turn of ``key`` with ``prompt_tokens`` on ``replica``."""

@@ -7,10 +7,11 @@ import pytest
 
 from serve_app.engines.kv_events import BlockStored
 from serve_app.routing.affinity import ConversationPlacer
-from serve_app.routing.kv_summary import HELD_KEY
+from serve_app.routing.directory import REPORT_KEY
+from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
 from serve_app.routing.prefill import QUEUED_KEY
 from serve_app.routing.replica_report import ReplicaReporter
-from serve_app.routing.ring import Choice
+from serve_app.routing.ring import Choice, stable_hash
 from serve_app.routing.ttft import TTFTPredictor
 
 RATE = 5000  # tokens/s, as each replica measures it below
@@ -163,3 +164,52 @@ def test_moving_a_conversation_costs_its_own_history_not_the_shared_prompt() -> 
     assert placer.knows("c") and placer.knows("d")
     assert placer.choose("c", loads, 5300) == Choice("idle", spilled=True)
     assert placer.choose("d", loads, 10_000) == Choice("home", spilled=False)  # 5,100 its own
+
+
+def _evicting_reports(clock: Clock, evicting: bool) -> list[dict[str, dict]]:
+    """Two reports a second apart: "home" holds conversation "c" and queues 2,000 tokens,
+    "idle" holds none of it and queues nothing, and evicted blocks in between, or not."""
+    reports = []
+    for removed in (0, 1 if evicting else 0):
+        clock.now += 1
+        home = _report_shared(clock, "home", queued=2000, held={"c": 6000})
+        idle = _report_shared(clock, "idle", queued=0, held={})
+        idle[KV_EVENTS_KEY] = {"BlockStored": 3, "BlockRemoved": 5 + removed}
+        reports.append({"home": home, "idle": idle})
+    return reports
+
+
+@pytest.mark.parametrize("evicting", [False, True])
+def test_a_move_to_a_replica_that_evicts_pays_for_the_prefix_it_would_store_there(
+    evicting: bool,
+) -> None:
+    """A replica whose cache is full (its BlockRemoved count grew since its report before)
+    evicts another conversation's prefix for each token a move stores there: the move is
+    charged those tokens again. Home: (2,000 queued + 100) / 5,000 = 0.42 s; elsewhere
+    1,300 / 5,000 = 0.26 s, plus 1,200 / 5,000 where that evicts."""
+    clock = Clock()
+    placer = _placer(clock)
+    placer.set_members(["home", "idle"])
+    for reports in _evicting_reports(clock, evicting):
+        placer.set_reports(reports)
+    assert placer.predictor.evicting("idle") is evicting
+    assert not placer.predictor.evicting("home")
+    choice = placer.choose("c", {"home": 2, "idle": 2}, 6100)
+    assert choice.replica == ("home" if evicting else "idle")
+
+
+def test_equal_predictions_go_to_the_replica_holding_most_of_the_conversation() -> None:
+    """Under KV pressure the home may have evicted what another replica (an earlier home)
+    still holds: among predictions within the slack the turn goes where it adds fewest
+    tokens to the caches, before the home. Holder: (600 + 100) / 5,000 = 0.14 s; home, which
+    evicted all but the shared prompt: 700 / 5,000 = 0.14 s."""
+    clock = Clock()
+    placer = _placer(clock)
+    placer.set_members(["home", "holder"])
+    holder = _report_shared(clock, "holder", queued=600, held={"c": 5400})
+    clock.now += 0.001
+    home = _report_shared(clock, "home", queued=0, held={})
+    home[REPORT_KEY] = {stable_hash("c"): clock()}
+    placer.set_reports({"home": home, "holder": holder})
+    assert placer.directory.home("c").replica == "home"
+    assert placer.choose("c", {"home": 1, "holder": 1}, 5500).replica == "holder"
