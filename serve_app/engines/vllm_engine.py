@@ -30,7 +30,7 @@ from serve_app.engines.base import (
 )
 from serve_app.engines.kv_events import KVEventSink
 from serve_app.engines.vllm_config import VLLMEngineConfig, engine_config
-from serve_app.engines.vllm_kv_events import KVEventSubscriber, new_endpoint
+from serve_app.engines.vllm_kv_events import KVEventSubscriber, new_endpoint, replay_endpoint
 from serve_app.harmony.encoding import get_encoding
 
 if TYPE_CHECKING:
@@ -67,7 +67,9 @@ class VLLMEngine(Engine):
         endpoint = new_endpoint() if self._config.kv_cache_events else None
         args = self._config.engine_args_with_events(endpoint)
         if endpoint is not None:
-            self._kv_events = KVEventSubscriber(endpoint, self._kv_sinks)
+            self._kv_events = KVEventSubscriber(
+                endpoint, self._kv_sinks, replay=replay_endpoint(endpoint)
+            )
             self._kv_events.start()
         vllm_config = await engine_config(args)
         disable_log_stats = bool(args.get("disable_log_stats", False))
