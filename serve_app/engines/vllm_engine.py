@@ -46,6 +46,12 @@ logger = logging.getLogger(__name__)
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 # The logprob reported for a token of no probability (vLLM's -inf: masked by a grammar).
 MIN_LOGPROB = -9999.0
+# Every request has vLLM report the blocks it finds cached as well as those it stores (a
+# BlockStored naming its session, KVCacheManager.get_computed_blocks): a prefix several
+# conversations share is then counted for each, not only for the first to store it, and a
+# BlockRemoved of it debits each (serve_app.routing.kv_summary). vLLM's default, "incremental",
+# reports stored blocks only.
+KV_CACHE_REPORT = {"kv_cache_report_mode": "full"}
 
 
 class VLLMEngine(Engine):
@@ -130,7 +136,8 @@ class VLLMEngine(Engine):
             # aclosing: if we are closed at a yield, vLLM's generator is closed (and aborts) now,
             # not whenever it is garbage-collected.
             # session_id: vLLM names it in the KV events of the blocks this request stores or
-            # finds cached, which is how the KV summary knows them per conversation.
+            # finds cached (KV_CACHE_REPORT), which is how the KV summary knows them per
+            # conversation.
             outputs = engine.generate(prompt, params, request_id, session_id=request.session_id)
             async with contextlib.aclosing(outputs) as stream:
                 async for output in stream:
@@ -319,6 +326,7 @@ def _sampling_params(
         include_stop_str_in_output=True,
         detokenize=detokenize,
         output_kind=RequestOutputKind.DELTA,
+        extra_args=dict(KV_CACHE_REPORT),
     )
 
 
