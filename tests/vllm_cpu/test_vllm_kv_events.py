@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 import pytest
 
 from serve_app.engines import kv_events as ours
+from serve_app.engines.base import SamplingSettings
+from serve_app.engines.vllm_engine import _sampling_params
 from serve_app.engines.vllm_kv_events import (
     TOPIC,
     BatchDecoder,
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.skipif(
 )
 if ENGINE == "vllm":
     import msgspec
+    import torch
     import zmq
     from vllm.distributed.kv_events import (
         AllBlocksCleared,
@@ -40,6 +43,11 @@ if ENGINE == "vllm":
         KVEventBatch,
         ZmqEventPublisher,
     )
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request
 
     class BlockPinned(KVCacheEvent):
         """A kind this code does not know (as a newer vLLM might send)."""
@@ -120,6 +128,66 @@ def test_the_sliding_window_group_is_not_counted_after_conversion() -> None:
     assert held.held_tokens("a") == 16 * 2  # the full group's two blocks; group 0 ignored
     held([convert(BlockRemoved(block_hashes=[4], medium="GPU", group_idx=1))])
     assert held.held_tokens("a") == 16
+
+
+# -- A prefix several conversations share: vLLM's real KV-cache manager, our requests ----------
+
+
+class Pool:
+    """vLLM's KVCacheManager (one full-attention group, 16-token blocks, ``blocks`` of them)
+    with events on, serving requests built as the vLLM engine builds them, its events going
+    through `convert` into a HeldPrefixes."""
+
+    def __init__(self, blocks: int) -> None:
+        init_none_hash(sha256)
+        spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        group = KVCacheGroupSpec(["layer.0"], spec)
+        config = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[group])
+        self.manager = KVCacheManager(
+            config,
+            max_model_len=4096,
+            scheduler_block_size=16,
+            hash_block_size=16,
+            enable_caching=True,
+            enable_kv_cache_events=True,
+        )
+        self._hasher = get_request_block_hasher(16, sha256)
+        self.held = HeldPrefixes()
+        self.removed: list[ours.KVEvent] = []
+
+    def serve(self, prompt: list[int], session: str) -> int:
+        """Schedule the whole prompt as vLLM's scheduler does, then finish the request; the
+        prompt tokens found cached."""
+        params = _sampling_params(SamplingSettings(max_tokens=4), detokenize=False)
+        request = Request(
+            f"{session}-{len(prompt)}",
+            prompt,
+            params,
+            None,
+            block_hasher=self._hasher,
+            session_id=session,
+        )
+        blocks, cached, *_ = self.manager.get_computed_blocks(request)
+        assert self.manager.allocate_slots(request, len(prompt) - cached, cached, blocks)
+        self.manager.free(request)
+        events = [convert(event) for event in self.manager.take_events()]
+        self.held(events)
+        self.removed += [event for event in events if isinstance(event, ours.BlockRemoved)]
+        return cached
+
+
+def test_a_shared_prefix_is_credited_to_every_conversation_and_debited_from_each() -> None:
+    pool = Pool(blocks=11)  # 10 usable (vLLM keeps a null block)
+    system = list(range(32))  # two blocks every conversation starts with
+    assert pool.serve([*system, *range(100, 118)], "a") == 0  # 3 full blocks stored
+    assert pool.serve([*system, *range(200, 218)], "b") == 32  # the shared two are a hit
+    # b is credited with the blocks it found cached (vLLM's report of its hit, in the "full"
+    # report mode the engine asks for) and the one it stored: not only a, the first storer.
+    assert pool.held.held_tokens("a") == 16 * 3
+    assert pool.held.held_tokens("b") == 16 * 3
+    assert pool.serve(list(range(1000, 1160)), "c") == 0  # 10 blocks: everything else goes
+    assert pool.removed  # vLLM evicted the shared blocks (and a's and b's own)
+    assert pool.held.held_tokens("a") == pool.held.held_tokens("b") == 0
 
 
 def encode(*events: KVCacheEvent) -> bytes:
