@@ -162,6 +162,15 @@ class BatchDecoder:
             logger.warning("vLLM KV events of kind %s are skipped: %s", tag, error)
 
 
+def _log_failure(task: asyncio.Task) -> None:
+    """The reader should only end cancelled; if it failed, the summary is frozen: say so."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error(
+            "the vLLM KV-event subscriber failed: the KV summary no longer follows the engine",
+            exc_info=task.exception(),
+        )
+
+
 def _number(frame: bytes) -> int:
     return int.from_bytes(frame, "big", signed=True)
 
@@ -189,11 +198,13 @@ class KVEventSubscriber:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._read(), name="vLLM KV-event subscriber")
+        self._task.add_done_callback(_log_failure)
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # A reader that failed was logged when it did (`_log_failure`): stopping goes on.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         for endpoint in (self.endpoint, self.replay):
             if endpoint is not None and endpoint.startswith("ipc://"):
@@ -210,7 +221,11 @@ class KVEventSubscriber:
         expected = 0  # the publisher numbers its batches from 0
         try:
             while True:
-                _topic, sequence, payload = await socket.recv_multipart()
+                frames = await socket.recv_multipart()
+                if len(frames) != 3:  # not vLLM's (topic, number, payload): skip, keep reading
+                    logger.warning("a KV-event message of %d frames skipped", len(frames))
+                    continue
+                _topic, sequence, payload = frames
                 number = _number(sequence)
                 if number < expected:
                     # A new publisher (the engine core restarted): its cache starts empty.
@@ -239,6 +254,10 @@ class KVEventSubscriber:
             self.replayed += 1
             self._apply(payload)
         self._lost(end, missing)
+        if replayed:
+            logger.info(
+                "vLLM KV events %d to %d missed, %d replayed", first, end - 1, len(replayed)
+            )
 
     def _lost(self, before: int, count: int) -> None:
         """The ``count`` batches before batch ``before`` are lost."""

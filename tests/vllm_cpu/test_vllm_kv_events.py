@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -226,6 +227,7 @@ class Relay:
         self.drop: set[int] = set()
         self.seen: list[int] = []
         self.held = False
+        self.inject: queue.SimpleQueue[list[bytes]] = queue.SimpleQueue()  # sent as they are
         self._kept: list[list[bytes]] = []
         self._release = threading.Event()
         self._running = True
@@ -243,6 +245,8 @@ class Relay:
 
     def _run(self) -> None:
         while self._running:
+            while not self.inject.empty():
+                self._pub.send_multipart(self.inject.get())
             if self._sub.poll(10):
                 frames = self._sub.recv_multipart()
                 number = int.from_bytes(frames[1], "big", signed=True)
@@ -374,3 +378,13 @@ async def test_batches_the_replay_has_not_are_counted_lost_and_the_summary_start
     assert chain.held.held_tokens("a") == 16 * 3
     lost = [e for e in chain.events if isinstance(e, ours.EventsLost)]
     assert lost[-1] == ours.EventsLost(5)
+
+
+async def test_a_message_not_shaped_as_vllms_is_skipped_and_reading_goes_on(chain: Chain) -> None:
+    first = chain.published
+    chain.relay.inject.put([TOPIC.encode(), b"two frames"])
+    await asyncio.sleep(0.2)
+    chain.publish(stored([1]))
+    await until(lambda: chain.subscriber.batches == first + 1)
+    assert list(blocks(chain)) == [1]
+    assert chain.subscriber.lost == 0
