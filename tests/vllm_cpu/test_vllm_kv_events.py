@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -351,6 +352,25 @@ async def test_a_gap_is_filled_from_the_replay_socket(chain: Chain) -> None:
     assert chain.subscriber.lost == 0
     assert chain.held.held_tokens("a") == 16 * 8
     assert "EventsLost" not in chain.held.event_counts
+
+
+@pytest.mark.parametrize("seed", range(5))
+async def test_random_gaps_while_the_engine_keeps_publishing_are_all_replayed(
+    chain: Chain, seed: int
+) -> None:
+    """A fifth of 100 batches dropped at random while the publisher goes on (gaps of every
+    length, a replay asked while later batches arrive): every event once, in order."""
+    rng = random.Random(seed)
+    first = chain.published
+    chain.relay.drop = {first + n for n in range(100) if rng.random() < 0.2}
+    for block in range(101):  # the last is never dropped: it shows a gap at the end
+        chain.publish(stored([block], parent=block - 1 if block else None))
+        if rng.random() < 0.1:
+            await asyncio.sleep(0.01)
+    await until(lambda: chain.subscriber.batches == chain.published)
+    assert list(blocks(chain)) == list(range(101))
+    assert chain.subscriber.lost == 0
+    assert chain.held.held_tokens("a") == 16 * 101
 
 
 @pytest.mark.parametrize(
