@@ -18,6 +18,7 @@ import pytest
 
 from serve_app.engines import kv_events as ours
 from serve_app.engines.base import SamplingSettings
+from serve_app.engines.prefix_cache import PrefixKVCache
 from serve_app.engines.vllm_engine import _sampling_params
 from serve_app.engines.vllm_kv_events import (
     TOPIC,
@@ -178,8 +179,32 @@ class Pool:
         return cached
 
 
-def test_a_shared_prefix_is_credited_to_every_conversation_and_debited_from_each() -> None:
-    pool = Pool(blocks=11)  # 10 usable (vLLM keeps a null block)
+class SimulatedPool:
+    """The simulated engine's prefix-cache model with the same 10 blocks, served as the
+    simulated engine serves (look up, then insert), into a HeldPrefixes."""
+
+    def __init__(self) -> None:
+        self.held = HeldPrefixes()
+        self.removed: list[ours.KVEvent] = []
+        self.cache = PrefixKVCache(16, 16 * 10, on_events=self._events)
+
+    def _events(self, events: Sequence[ours.KVEvent]) -> None:
+        self.held(events)
+        self.removed += [event for event in events if isinstance(event, ours.BlockRemoved)]
+
+    def serve(self, prompt: list[int], session: str) -> int:
+        hits = self.cache.lookup_blocks(prompt, session)
+        self.cache.insert(prompt, hits, session)
+        return 16 * len(hits)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "simulated"])
+def test_a_shared_prefix_is_credited_to_every_conversation_and_debited_from_each(
+    engine: str,
+) -> None:
+    """The same on vLLM's KV-cache manager and on the simulated engine's model: CI and the
+    routing simulator see what a vLLM replica reports."""
+    pool = Pool(blocks=11) if engine == "vllm" else SimulatedPool()  # 10 usable blocks each
     system = list(range(32))  # two blocks every conversation starts with
     assert pool.serve([*system, *range(100, 118)], "a") == 0  # 3 full blocks stored
     assert pool.serve([*system, *range(200, 218)], "b") == 32  # the shared two are a hit
