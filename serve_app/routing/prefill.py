@@ -7,7 +7,10 @@ that did: uncached tokens over the time from when its prefill could start (its a
 previous first token, whichever is later) to its first token. Prefills share the accelerator,
 so that is the rate the queue drains at. It goes in the routing-stats report (`report`):
 
-- ``queued_prefill_tokens``: uncached prompt tokens of the requests waiting for a first token;
+- ``queued_prefill_tokens``: uncached prompt tokens of the requests waiting for a first token,
+  less what the one in progress has computed (by the measured rate since its prefill could
+  start): a long prefill a second in is that much nearer its end, and with reports a second
+  apart, counting it whole made a busy replica look up to a period further behind;
 - ``prefill_tokens_per_s``: the measured rate (absent until measured);
 - ``decoding``: requests past their first token (the decode load);
 - ``shared_prefix_tokens``: what a turn of a conversation the replica holds none of finds
@@ -91,18 +94,26 @@ class PrefillLedger:
         self._waiting.pop(request_id, None)
         self._decoding.discard(request_id)
 
-    @property
-    def queued_tokens(self) -> int:
-        return sum(waiting.uncached_tokens for waiting in self._waiting.values())
+    def queued_tokens(self, now: float) -> int:
+        """The waiting requests' uncached tokens, less the progress of the first of them
+        (prefills run in arrival order) since it could start, at the measured rate."""
+        queued = sum(waiting.uncached_tokens for waiting in self._waiting.values())
+        rate = self.tokens_per_s
+        head = next(iter(self._waiting.values()), None)
+        if head is None or rate is None:
+            return queued
+        began = max(head.arrived, self._last_first_token)
+        done = min(head.uncached_tokens, rate * max(now - began, 0.0))
+        return queued - round(done)
 
     @property
     def tokens_per_s(self) -> float | None:
         seconds = sum(seconds for _, seconds in self._measured)
         return sum(tokens for tokens, _ in self._measured) / seconds if seconds else None
 
-    def report(self) -> dict[str, Any]:
+    def report(self, now: float) -> dict[str, Any]:
         report: dict[str, Any] = {
-            QUEUED_KEY: self.queued_tokens,
+            QUEUED_KEY: self.queued_tokens(now),
             DECODING_KEY: len(self._decoding),
             SHARED_KEY: self.shared_prefix_tokens,
         }

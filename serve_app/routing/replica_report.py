@@ -55,7 +55,7 @@ class ReplicaReporter:
     def report(self) -> dict[str, Any]:
         return {
             **self.served.report(),
-            **self.prefills.report(),
+            **self.prefills.report(self._clock()),
             HELD_KEY: self.held.report(),
             KV_EVENTS_KEY: dict(self.held.event_counts),
         }

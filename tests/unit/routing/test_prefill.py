@@ -60,3 +60,27 @@ def test_a_turn_without_the_engines_count_teaches_nothing() -> None:
     reporter.arrived("a", "a", 4860)
     reporter.first_token("a", None, reporter.now())
     assert reporter.report()[SHARED_KEY] == 0
+
+
+def test_the_prefill_in_progress_counts_what_it_has_left() -> None:
+    """Prefills run in arrival order: the first waiting request has been computing since it
+    arrived (or since the first token before it), at the measured rate; those behind it
+    count whole. Before, a long prefill counted whole until its first token."""
+    clock = Clock()
+    reporter = ReplicaReporter("r", clock=clock)
+    reporter.arrived("measured", "a", 5000)
+    clock.now += 1
+    reporter.first_token("measured", 5000, clock())  # 5,000 tokens/s
+    reporter.ended("measured")
+    clock.now += 0.2
+    reporter.arrived("long", "b", 5000)
+    reporter.arrived("behind", "c", 1000)
+    assert reporter.report()[QUEUED_KEY] == 6000
+    clock.now += 0.5
+    assert reporter.report()[QUEUED_KEY] == 2500 + 1000
+    clock.now += 0.5
+    reporter.first_token("long", 5000, clock())  # on time: still 5,000 tokens/s
+    clock.now += 0.1  # the one behind began at the first token before it
+    assert reporter.report()[QUEUED_KEY] == 500
+    clock.now += 1  # overdue: it counts nothing more than done
+    assert reporter.report()[QUEUED_KEY] == 0
