@@ -19,7 +19,7 @@ so that is the rate the queue drains at. It goes in the routing-stats report (`r
   conversation here (only its own history is computed again, not the shared prompt), and the
   ledger to estimate such a turn's uncached tokens before the engine counts them: without it, a
   new conversation's first turn counted its whole prompt (nearly 5,000 tokens of Codex's
-  prompt, a second at 5,000 tokens/s) where it computed about 60.
+  prompt, a second at 5,000 tokens/s) where it computed about 60. Absent until counted.
 
 Engine-neutral, from what the deployment sees of its requests (their first chunks), so vLLM and
 the simulated engine report alike; the routing simulator keeps one per replica the same way.
@@ -69,10 +69,10 @@ class PrefillLedger:
         self._waiting[request_id] = _Waiting(max(uncached_tokens, 0), now, cold_prompt)
 
     @property
-    def shared_prefix_tokens(self) -> int:
-        """What a turn of a conversation this replica holds none of finds cached (0 until
-        one was counted)."""
-        return int(statistics.median(self._cold_cached)) if self._cold_cached else 0
+    def shared_prefix_tokens(self) -> int | None:
+        """What a turn of a conversation this replica holds none of finds cached (None until
+        one was counted: a router then takes the other replicas' figure)."""
+        return int(statistics.median(self._cold_cached)) if self._cold_cached else None
 
     def first_token(self, request_id: str, uncached_tokens: int | None, now: float) -> None:
         """The request's first token came at ``now``; ``uncached_tokens`` as the engine counted
@@ -115,9 +115,11 @@ class PrefillLedger:
         report: dict[str, Any] = {
             QUEUED_KEY: self.queued_tokens(now),
             DECODING_KEY: len(self._decoding),
-            SHARED_KEY: self.shared_prefix_tokens,
         }
         rate = self.tokens_per_s
         if rate is not None:
             report[RATE_KEY] = rate
+        shared = self.shared_prefix_tokens
+        if shared is not None:
+            report[SHARED_KEY] = shared
         return report

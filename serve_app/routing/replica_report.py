@@ -40,7 +40,7 @@ class ReplicaReporter:
         if held:
             self.prefills.arrived(request_id, prompt_tokens - held, self._clock())
             return
-        shared = min(self.prefills.shared_prefix_tokens, prompt_tokens - 1)
+        shared = min(self.prefills.shared_prefix_tokens or 0, prompt_tokens - 1)
         self.prefills.arrived(request_id, prompt_tokens - shared, self._clock(), prompt_tokens)
 
     def first_token(self, request_id: str, uncached_tokens: int | None, at: float) -> None:

@@ -106,7 +106,8 @@ class TTFTPredictor:
             if stats.get(RATE_KEY):
                 self._rates[replica] = float(stats[RATE_KEY])
             self._held[replica] = stats.get(HELD_KEY) or {}
-            self._shared[replica] = int(stats.get(SHARED_KEY) or 0)
+            if stats.get(SHARED_KEY) is not None:
+                self._shared[replica] = int(stats[SHARED_KEY])
             self._note_evictions(replica, reported_at, stats)
         self._evicting &= latest.keys()
         self._removed = {r: seen for r, seen in self._removed.items() if r in latest}
@@ -142,7 +143,7 @@ class TTFTPredictor:
 
     def uncached(self, replica: str, key: str, prompt_tokens: int) -> int:
         conversation = stable_hash(key)
-        held = max(self._held.get(replica, {}).get(conversation, 0), self._shared.get(replica, 0))
+        held = max(self._held.get(replica, {}).get(conversation, 0), self.shared(replica))
         reported_at = self._reported_at.get(replica, float("-inf"))
         for sent in self._sent:  # few: the turns this router sent within one report period
             if (sent.replica, sent.conversation) == (replica, conversation) and (
@@ -150,6 +151,18 @@ class TTFTPredictor:
             ):
                 held = max(held, sent.prompt_tokens)
         return max(prompt_tokens - held, 1)
+
+    def shared(self, replica: str) -> int:
+        """The replica's shared prefix; one that has not counted it yet (just started) is
+        taken at the others' mean, as for the rate: it holds the shared prompt after its
+        first turn, and taken at none it would look a whole prefill behind and get no new
+        conversation, so no turn to learn it from."""
+        shared = self._shared.get(replica)
+        if shared is not None:
+            return shared
+        if self._shared:
+            return round(sum(self._shared.values()) / len(self._shared))
+        return 0
 
     def rate(self, replica: str) -> float:
         rate = self._rates.get(replica)

@@ -213,3 +213,15 @@ def test_equal_predictions_go_to_the_replica_holding_most_of_the_conversation() 
     placer.set_reports({"home": home, "holder": holder})
     assert placer.directory.home("c").replica == "home"
     assert placer.choose("c", {"home": 1, "holder": 1}, 5500).replica == "holder"
+
+
+def test_a_replica_that_has_not_counted_its_shared_prefix_is_taken_at_the_others() -> None:
+    """A replica just added has served no cold turn: taken at no shared prefix, a new
+    conversation there would look a whole prefill behind the others, and it would get none
+    (nor the turn that would teach it). It is taken at the others' figure, as for the rate."""
+    clock = Clock()
+    placer = _placer(clock)
+    placer.set_members(["busy", "added"])
+    placer.set_reports({"busy": _report_shared(clock, "busy", queued=2000, held={})})
+    assert placer.predictor.uncached("added", "new", 4860) == 60
+    assert placer.choose("new", {"busy": 0, "added": 0}, 4860).replica == "added"
