@@ -73,6 +73,6 @@ def test_disconnect_after_the_front_changed_aborts_the_engine_request(
         for line in lines:
             if line.startswith(":"):  # a keep-alive after the change
                 break
-    assert engine_ongoing(key) == 1, "the engine request ended before the client left"
+        assert engine_ongoing(key) == 1, "the engine request ended before the client left"
     aborted = wait_for(lambda: engine_ongoing(key) == 0, timeout_s=3 * KEEPALIVE_S)
     assert aborted, "the engine request ran on after its client left"
