@@ -7,9 +7,11 @@ decoding at ``--decode-tokens-per-s`` (100) per stream with no batch slowdown an
 ``--output-tokens`` (300) per answer, once behind each front (``--fronts``, all by default):
 
 - ``proxy``: Serve's Python HTTP proxy (the default);
-- ``haproxy``: Ray's fast path, configs/fast-path.env (HAProxy in front, direct ingress);
+- ``haproxy``: Ray's fast path, configs/fast-path.env (HAProxy in front, direct ingress) on
+  Ray's actor calls between deployments (``RAY_SERVE_USE_GRPC_BY_DEFAULT=0``);
 - ``haproxy+grpc``: the same with the inter-deployment gRPC transport
-  (``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``: the ingress's engine handle over gRPC).
+  (``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``: the ingress's engine handle over gRPC), which is what
+  configs/fast-path.env sets.
 
 Then, for each stream count (32 and 128) and each transport (HTTP SSE, WebSocket as Codex uses
 it), it runs that many concurrent streams and prints:
@@ -84,7 +86,7 @@ PROMPT = "Benchmark prompt: tell me a story about streaming tokens."
 # inter-deployment gRPC transport (the ingress's engine handle over gRPC, not Ray's actor calls).
 FRONTS = {
     "proxy": {},
-    "haproxy": read_env_file(),
+    "haproxy": {**read_env_file(), "RAY_SERVE_USE_GRPC_BY_DEFAULT": "0"},
     "haproxy+grpc": {**read_env_file(), "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"},
 }
 
