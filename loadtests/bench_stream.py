@@ -10,8 +10,7 @@ decoding at ``--decode-tokens-per-s`` (100) per stream with no batch slowdown an
 - ``haproxy``: Ray's fast path, configs/fast-path.env (HAProxy in front, direct ingress) on
   Ray's actor calls between deployments (``RAY_SERVE_USE_GRPC_BY_DEFAULT=0``);
 - ``haproxy+grpc``: the same with the inter-deployment gRPC transport
-  (``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``: the ingress's engine handle over gRPC), which is what
-  configs/fast-path.env sets.
+  (``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``: the ingress's engine handle over gRPC).
 
 Then, for each stream count (32 and 128) and each transport (HTTP SSE, WebSocket as Codex uses
 it), it runs that many concurrent streams and prints:
