@@ -432,21 +432,20 @@ def _cpu(processes: dict[str, list[int]]) -> dict[int, float]:
 
 
 def run_round(
-    front: str,
-    transport: str,
-    port: int,
-    count: int,
-    processes: dict[str, list[int]],
-    alone: EngineAlone,
+    front: str, transport: str, port: int, count: int, serve_run_pid: int, alone: EngineAlone
 ) -> Round:
-    """One round; each role's CPU is its processes' (those alive at both ends of the round)."""
-    before = _cpu(processes)
+    """One round; each role's CPU is its processes': those alive at both ends of the round,
+    and those started during it (all their CPU). The processes are found again at each end:
+    Serve reloads HAProxy (a new process, ``-sf <old>``) after the app starts and as replicas
+    come and go, so a list taken once at start-up would count an HAProxy that no longer runs."""
+    before = _cpu(cluster_processes(serve_run_pid))
     client = time.process_time()
     streams = asyncio.run(run_streams(transport, port, count))
+    processes = cluster_processes(serve_run_pid)
     after = _cpu(processes)
     cpu = {
         role: sum(
-            after[pid] - before[pid] for pid in pids if not math.isnan(after[pid] - before[pid])
+            spent for pid in pids if not math.isnan(spent := after[pid] - before.get(pid, 0.0))
         )
         for role, pids in processes.items()
     }
@@ -569,7 +568,9 @@ def bench_front(
                         if not profiled:
                             spies = start_profiles(args.py_spy / front, processes, 8)
                             profiled = True
-                        result = run_round(front, transport, port, count, processes, alone[count])
+                        result = run_round(
+                            front, transport, port, count, run.process.pid, alone[count]
+                        )
                         rounds.append(result)
                         print(report(result, args.decode_tokens_per_s), flush=True)
                         for spy in spies:
