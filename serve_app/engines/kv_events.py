@@ -4,17 +4,20 @@ vLLM (``KVEventsConfig(enable_kv_cache_events=True)``) has its scheduler publish
 engine step, a batch of events over ZMQ (``vllm/distributed/kv_events.py``):
 
 - ``BlockStored``: full blocks now in the prefix cache, by their block hashes, with the parent
-  block's hash and the ``session_id`` of the request that stored them. vLLM also sends one for
-  the blocks a request found cached (its prefix hit), so every conversation that uses a block,
-  not only the first, is named;
+  block's hash and the ``session_id`` of the request that stored them. With the request's
+  ``kv_cache_report_mode`` set to ``"full"`` (the vLLM engine sets it on every request), vLLM
+  also sends one for the blocks a request found cached (its prefix hit, parent ``None``), so
+  every conversation that uses a block, not only the first to store it, is named;
 - ``BlockRemoved``: blocks evicted (by hash and KV-cache group; no session);
 - ``AllBlocksCleared``: the whole prefix cache reset.
 
-These are the same three events, engine-neutral and with only the fields routing uses: the
-vLLM engine converts vLLM's own (``serve_app.engines.vllm_kv_events``), the simulated engine's
-prefix-cache model emits them itself (``PrefixKVCache(on_events=...)``), and the engine
-deployment summarises either (``serve_app.routing.kv_summary``). So CI and the routing
-simulator run the code path a vLLM replica runs. What vLLM sends and how: docs/vllm.md.
+These are the same three events, engine-neutral and with only the fields routing uses, plus
+one of ours, ``EventsLost``: some engine steps' events never reached us, so what they stored
+or removed is unknown. The vLLM engine converts vLLM's own (``serve_app.engines.
+vllm_kv_events``), the simulated engine's prefix-cache model emits them itself
+(``PrefixKVCache(on_events=...)``), and the engine deployment summarises either
+(``serve_app.routing.kv_summary``). So CI and the routing simulator run the code path a vLLM
+replica runs. What vLLM sends and how: docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -50,7 +53,15 @@ class AllBlocksCleared:
     pass
 
 
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+@dataclass(frozen=True, slots=True)
+class EventsLost:
+    """Some of the engine's event batches were lost (vLLM's publisher dropped them and its
+    replay buffer no longer had them): a summary cannot know what they stored or removed."""
+
+    batches: int
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared | EventsLost
 # Where an engine hands its events, in order, a batch at a time (one engine step's, or one
 # cache operation's): called on the engine replica's event loop.
 KVEventSink = Callable[[Sequence[KVEvent]], None]

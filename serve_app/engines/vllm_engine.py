@@ -30,7 +30,7 @@ from serve_app.engines.base import (
 )
 from serve_app.engines.kv_events import KVEventSink
 from serve_app.engines.vllm_config import VLLMEngineConfig, engine_config
-from serve_app.engines.vllm_kv_events import KVEventSubscriber, new_endpoint
+from serve_app.engines.vllm_kv_events import KVEventSubscriber, new_endpoint, replay_endpoint
 from serve_app.harmony.encoding import get_encoding
 
 if TYPE_CHECKING:
@@ -46,6 +46,12 @@ logger = logging.getLogger(__name__)
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 # The logprob reported for a token of no probability (vLLM's -inf: masked by a grammar).
 MIN_LOGPROB = -9999.0
+# Every request has vLLM report the blocks it finds cached as well as those it stores (a
+# BlockStored naming its session, KVCacheManager.get_computed_blocks): a prefix several
+# conversations share is then counted for each, not only for the first to store it, and a
+# BlockRemoved of it debits each (serve_app.routing.kv_summary). vLLM's default, "incremental",
+# reports stored blocks only.
+KV_CACHE_REPORT = {"kv_cache_report_mode": "full"}
 
 
 class VLLMEngine(Engine):
@@ -67,7 +73,9 @@ class VLLMEngine(Engine):
         endpoint = new_endpoint() if self._config.kv_cache_events else None
         args = self._config.engine_args_with_events(endpoint)
         if endpoint is not None:
-            self._kv_events = KVEventSubscriber(endpoint, self._kv_sinks)
+            self._kv_events = KVEventSubscriber(
+                endpoint, self._kv_sinks, replay=replay_endpoint(endpoint)
+            )
             self._kv_events.start()
         vllm_config = await engine_config(args)
         disable_log_stats = bool(args.get("disable_log_stats", False))
@@ -128,7 +136,8 @@ class VLLMEngine(Engine):
             # aclosing: if we are closed at a yield, vLLM's generator is closed (and aborts) now,
             # not whenever it is garbage-collected.
             # session_id: vLLM names it in the KV events of the blocks this request stores or
-            # finds cached, which is how the KV summary knows them per conversation.
+            # finds cached (KV_CACHE_REPORT), which is how the KV summary knows them per
+            # conversation.
             outputs = engine.generate(prompt, params, request_id, session_id=request.session_id)
             async with contextlib.aclosing(outputs) as stream:
                 async for output in stream:
@@ -317,6 +326,7 @@ def _sampling_params(
         include_stop_str_in_output=True,
         detokenize=detokenize,
         output_kind=RequestOutputKind.DELTA,
+        extra_args=dict(KV_CACHE_REPORT),
     )
 
 

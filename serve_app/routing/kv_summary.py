@@ -13,7 +13,13 @@ The bookkeeping, from the events alone:
   added to that conversation's blocks (a block shared by several conversations, like the
   system prompt, counts for each);
 - ``BlockRemoved`` (no session) takes the block from every conversation that had it;
-- ``AllBlocksCleared`` forgets everything.
+- ``AllBlocksCleared`` forgets everything;
+- ``EventsLost`` (batches the engine published never arrived, and its replay buffer no longer
+  had them) forgets everything too: a lost ``BlockRemoved`` would leave blocks counted that are
+  gone, and a router must not send a turn for a hit that is not there. The summary resyncs from
+  the events that follow: a conversation's next turn on the replica reports the blocks it finds
+  cached (a ``BlockStored`` for its prefix hit) and those it adds. Until then the replica
+  reports nothing held for it, so a router predicts a whole prefill there (the safe side).
 
 A conversation's held tokens are its cached blocks times the block size. vLLM evicts a cold
 sequence tail first, so the blocks left are its prefix, and the count is what a turn would hit.
@@ -36,6 +42,7 @@ from serve_app.engines.kv_events import (
     BlockHash,
     BlockRemoved,
     BlockStored,
+    EventsLost,
     KVEvent,
 )
 from serve_app.routing.directory import DEFAULT_MAX_REPORTED
@@ -69,7 +76,7 @@ class HeldPrefixes:
                 case BlockRemoved():
                     if self._counts(event.group_idx):
                         self._removed(event.block_hashes)
-                case AllBlocksCleared():
+                case AllBlocksCleared() | EventsLost():
                     self._owners.clear()
                     self._blocks.clear()
                     self._recent.clear()

@@ -3,7 +3,7 @@ vLLM-shaped events with KV-cache groups: what an engine replica reports it holds
 
 from __future__ import annotations
 
-from serve_app.engines.kv_events import BlockRemoved, BlockStored
+from serve_app.engines.kv_events import BlockRemoved, BlockStored, EventsLost
 from serve_app.engines.prefix_cache import PrefixKVCache
 from serve_app.routing.kv_summary import HeldPrefixes
 from serve_app.routing.ring import stable_hash
@@ -61,3 +61,18 @@ def test_only_the_first_full_attention_group_is_counted() -> None:
     assert held.held_tokens("a") == 48
     held([BlockRemoved((5,), group_idx=1)])
     assert held.held_tokens("a") == 32
+
+
+def test_lost_events_make_the_summary_start_over_and_resync_from_the_next_turns() -> None:
+    """A lost batch may have removed blocks: nothing held before it is reported after it, and
+    a conversation's next turn re-reports its prefix hit, as vLLM's "full" report mode does."""
+    held = HeldPrefixes()
+    cache = PrefixKVCache(block_size=16, capacity_tokens=16 * 100, on_events=held)
+    _serve(cache, _prompt(1, 3), "a")
+    _serve(cache, _prompt(2, 3), "b")
+    held([EventsLost(4)])
+    assert held.report() == {}
+    assert held.held_tokens("a") == held.held_tokens("b") == 0
+    assert held.event_counts["EventsLost"] == 1
+    _serve(cache, _prompt(1, 4), "a")  # a's next turn: its 5 cached blocks, then 1 new
+    assert held.report() == {stable_hash("a"): 16 * 6}
