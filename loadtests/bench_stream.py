@@ -12,7 +12,8 @@ decoding at ``--decode-tokens-per-s`` (100) per stream with no batch slowdown an
   (``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``: the ingress's engine handle over gRPC).
 
 Then, for each stream count (32 and 128) and each transport (HTTP SSE, WebSocket as Codex uses
-it), it runs that many concurrent streams and prints:
+it; ``--transports ws-plain``: WebSocket without permessage-deflate), it runs that many
+concurrent streams and prints:
 
 - per role, every process of the cluster counted (the descendants of `serve run`, found in
   /proc): CPU ms per 1,000 streamed tokens (user + system time from /proc, so the other tenants
@@ -242,10 +243,14 @@ async def sse_stream(port: int) -> Stream:
     return stream
 
 
-async def websocket_stream(port: int) -> Stream:
+async def websocket_stream(port: int, compression: str | None = "deflate") -> Stream:
+    """A WebSocket stream; ``compression``: permessage-deflate offered, as websockets' client
+    (and a browser, and Codex's Rust client, whose binary carries it) offers it by default;
+    None for none (``ws-plain``: what the server's per-message deflate costs)."""
     from websockets.asyncio.client import connect
 
-    async with connect(f"ws://127.0.0.1:{port}/v1/responses", max_size=None) as socket:
+    url = f"ws://127.0.0.1:{port}/v1/responses"
+    async with connect(url, max_size=None, compression=compression) as socket:
         stream = Stream(sent_at=time.perf_counter())
         await socket.send(json.dumps({"type": "response.create", **_body()}))
         async for message in socket:
@@ -259,7 +264,11 @@ async def websocket_stream(port: int) -> Stream:
     return stream
 
 
-CLIENTS = {"sse": sse_stream, "ws": websocket_stream}
+async def plain_websocket_stream(port: int) -> Stream:
+    return await websocket_stream(port, compression=None)
+
+
+CLIENTS = {"sse": sse_stream, "ws": websocket_stream, "ws-plain": plain_websocket_stream}
 
 
 async def run_streams(transport: str, port: int, count: int) -> list[Stream]:
