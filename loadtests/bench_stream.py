@@ -7,7 +7,8 @@ decoding at ``--decode-tokens-per-s`` (100) per stream with no batch slowdown an
 ``--output-tokens`` (300) per answer, once behind each front (``--fronts``, all by default):
 
 - ``proxy``: Serve's Python HTTP proxy (the default);
-- ``haproxy``: Ray's fast path, configs/fast-path.env (HAProxy in front, direct ingress);
+- ``haproxy``: Ray's fast path, configs/fast-path.env (HAProxy in front, direct ingress) on
+  Ray's actor calls between deployments (``RAY_SERVE_USE_GRPC_BY_DEFAULT=0``);
 - ``haproxy+grpc``: the same with the inter-deployment gRPC transport
   (``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``: the ingress's engine handle over gRPC).
 
@@ -85,7 +86,7 @@ PROMPT = "Benchmark prompt: tell me a story about streaming tokens."
 # inter-deployment gRPC transport (the ingress's engine handle over gRPC, not Ray's actor calls).
 FRONTS = {
     "proxy": {},
-    "haproxy": read_env_file(),
+    "haproxy": {**read_env_file(), "RAY_SERVE_USE_GRPC_BY_DEFAULT": "0"},
     "haproxy+grpc": {**read_env_file(), "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"},
 }
 
