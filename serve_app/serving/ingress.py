@@ -39,6 +39,7 @@ from serve_app.serving.engine.client import EngineClient, HandleEngineClient
 from serve_app.serving.engine.liveness import Watchdog
 from serve_app.serving.http.auth import ApiKeys, Owner, RequireKey, caller
 from serve_app.serving.http.body_limit import BodyLimits
+from serve_app.serving.http.keepalive import KeepAliveStreamingResponse
 from serve_app.serving.http.pagination import page as _page
 from serve_app.serving.turn.service import ResponsesService
 from serve_app.serving.turn.state import Ask
@@ -207,7 +208,9 @@ class NameTheReplica:
 
 
 def _event_stream(chunks: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(
+    # With a comment line after a silence, so that every front sees a client that left
+    # (serve_app/serving/http/keepalive.py).
+    return KeepAliveStreamingResponse(
         chunks,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

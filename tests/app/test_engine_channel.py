@@ -17,13 +17,16 @@ from tests.support import MODEL
 from tests.support.helpers import scrape_metrics
 
 
-def _engine_streams(app_url: str) -> dict[str, float]:
-    """Engine requests by path (channel / own), summed over the ingress replicas."""
+def _engine_streams(app_url: str) -> dict[str, Any]:
+    """Engine requests by path (channel / own), summed over the ingress replicas, and which
+    replicas answered the scrape (so a failure says whose counters it summed)."""
     pattern = r'^serve_app:engine_streams_total\{path="(\w+)"\} ([0-9.e+]+)$'
-    totals = {"channel": 0.0, "own": 0.0}
-    for page in scrape_metrics(app_url).values():
+    totals: dict[str, Any] = {"channel": 0.0, "own": 0.0}
+    pages = scrape_metrics(app_url)
+    for page in pages.values():
         for path, value in re.findall(pattern, page, re.M):
             totals[path] += float(value)
+    totals["replicas"] = sorted(pages)
     return totals
 
 

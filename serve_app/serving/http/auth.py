@@ -111,8 +111,9 @@ def _route_path(scope: Scope) -> str:
     return path[len(root) :] if root and path.startswith(root) else path
 
 
-def caller(request: Request) -> str | None:
-    """FastAPI dependency: the caller's owner digest, as `RequireKey` checked it."""
+async def caller(request: Request) -> str | None:
+    """FastAPI dependency: the caller's owner digest, as `RequireKey` checked it. Async: FastAPI
+    runs a plain function dependency on a worker thread, a thread hop on every request."""
     return request.scope["state"][_OWNER]
 
 

@@ -17,7 +17,13 @@ from openai.types.responses.response_text_delta_event import Logprob, LogprobTop
 
 from serve_app.protocol import sse
 
-TEXTS = ["Hello", ' wörld ✓ "quoted" \\ back\nslash\t', "", '\u2028 emoji 🎉 {"a": 1}']
+TEXTS = [
+    "Hello",
+    ' wörld ✓ "quoted" \\ back\nslash\t',
+    "",
+    '\u2028 emoji 🎉 {"a": 1}',
+    "controls \x00\x08\x1f\x7f \u0085 </script>",
+]
 
 
 def _events(delta: str) -> list[ResponseStreamEvent]:
@@ -52,7 +58,7 @@ def test_every_delta_type_is_written_as_the_model_dumps_it(delta: str) -> None:
     events = _events(delta)
     assert {event.type for event in events} == set(sse._DELTA_FIELDS)  # every type it writes
     for event in events:
-        assert sse._delta_data(event) is not None  # the direct path, not the fallback
+        assert sse._delta_json(event) is not None  # the direct path, not the fallback
         assert sse.encode_event(event) == _dumped(event)
 
 
@@ -69,7 +75,7 @@ def test_a_delta_with_logprobs_takes_the_full_dump() -> None:
         logprobs=[entry],
         sequence_number=7,
     )
-    assert sse._delta_data(event) is None
+    assert sse._delta_json(event) is None
     assert sse.encode_event(event) == _dumped(event)
     assert json.loads(sse.event_json(event))["logprobs"][0]["token"] == "Hi"
 

@@ -162,3 +162,23 @@ async def test_the_store_is_readable_by_its_user_only(tmp_path) -> None:
         assert tmp_path.stat().st_mode == existing_mode  # a folder it did not create: as it was
     finally:
         await store.close()
+
+
+async def test_a_streamed_turn_takes_no_worker_thread(two_keys_api, monkeypatch) -> None:
+    """The owner dependency runs on the event loop: FastAPI runs a plain function dependency on
+    a worker thread (a thread hop and a GIL handover per request; issue 31)."""
+    import anyio.to_thread
+
+    hops: list[object] = []
+    run_sync = anyio.to_thread.run_sync
+
+    async def counted(function, *args, **kwargs):
+        hops.append(function)
+        return await run_sync(function, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    client = sdk_client(two_keys_api, "key-alice")
+    stream = await client.responses.create(model=MODEL, input="hi", stream=True)
+    types = [event.type async for event in stream]
+    assert types[-1] == "response.completed"
+    assert hops == []
