@@ -19,6 +19,13 @@ placer that does not know its conversation is placed at the next round of report
 request router waits, and its TTFT counts from then, as the engine's does) and the oracle. No
 scale events and no router overheads here: those are what the Ray benchmark is for.
 
+For analysis, not deployable: ``--clairvoyant-slack-s S`` adds today's placer with each later
+turn moved to any replica whose true TTFT (its real prefill queue and prefix cache, which no
+router sees) is lower by more than S: what moving turns away from queues could gain with
+perfect knowledge. ``--trace-out F`` writes every turn of every policy and seed as a JSON line
+(its replica, whether it is a conversation's first turn, stayed home or moved, its prompt and
+cached tokens, its wait for the prefills ahead and its TTFT), to see which turns make the tail.
+
     python loadtests/sim_routing.py --seeds 7 1 2 3 4
 """
 
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import json
 import random
 import statistics
 import sys
@@ -142,6 +150,46 @@ class Ours:
             placer.set_reports(reports)
 
 
+@dataclass
+class TrueState:
+    """What the replay knows and no router does: each replica's prefix cache and when its
+    prefill queue frees, and the arriving turn's tokens."""
+
+    caches: Mapping[str, PrefixKVCache]
+    prefill_free_at: Mapping[str, float]
+    prefill_tokens_per_s: float
+    token_ids: list[int]
+
+
+class Clairvoyant(Ours):
+    """Today's placer, and each later turn moved where its true TTFT is lower by more than
+    ``slack_s`` (analysis only: `TrueState` is what the replay shows it before each turn)."""
+
+    def __init__(self, members: list[str], slack_s: float, **kwargs: float) -> None:
+        super().__init__(members, ttft_slack_s=None, **kwargs)
+        self.slack_s = slack_s
+        self.state: TrueState | None = None
+        self.homes: dict[str, str] = {}
+
+    def __call__(self, key: str, loads: Mapping[str, int], now: float, tokens: int) -> str:
+        chosen = super().__call__(key, loads, now, tokens)
+        state = self.state
+        if key in self.homes and state is not None:
+
+            def true_ttft(replica: str) -> float:
+                uncached = len(state.token_ids) - state.caches[replica].peek(state.token_ids)
+                start = max(now, state.prefill_free_at[replica])
+                return start + uncached / state.prefill_tokens_per_s
+
+            fastest = min(state.caches, key=true_ttft)
+            if true_ttft(fastest) + self.slack_s < true_ttft(chosen):
+                chosen = fastest
+                for placer in self.placers:
+                    placer.table.assign(key, chosen)
+        self.homes[key] = chosen
+        return chosen
+
+
 def replay(
     sessions: list[Session],
     rendered: dict[str, list[Turn]],
@@ -149,6 +197,7 @@ def replay(
     members: list[str],
     engine: SimulatedEngineConfig,
     output_tokens: int,
+    trace: list[dict[str, object]] | None = None,
 ) -> Result:
     reporters: dict[str, ReplicaReporter] = getattr(policy, "reporters", {})
     caches = {
@@ -169,6 +218,8 @@ def replay(
     ]
     heapq.heapify(events)
     prompt = cached = 0
+    computed: dict[str, int] = {}  # request id -> its uncached tokens, until its first token
+    served_on: dict[int, str] = {}  # session index -> its latest turn's replica (for the trace)
     ttfts = []
     started, now, prefilling = events[0][0], 0.0, 0.0
     # Only ours waits, for a later turn of a conversation its router does not know.
@@ -179,7 +230,9 @@ def replay(
         session = sessions[index]
         request_id = f"{index}/{turn_index}"
         if kind == 2:
-            reporters[replica].first_token(request_id, None, now)
+            # With the uncached tokens the engine computed, as the engine deployment passes
+            # them (`num_prompt_tokens - num_cached_tokens`): the measured rate comes from them.
+            reporters[replica].first_token(request_id, computed.pop(request_id), now)
             continue
         if kind == 0:
             ongoing[replica] -= 1
@@ -197,6 +250,10 @@ def replay(
                 heapq.heappush(events, (ready, 1, index, turn_index, _WAITED))
                 continue
         loads = {member: ongoing[member] for member in members}
+        if isinstance(policy, Clairvoyant):
+            policy.state = TrueState(
+                caches, prefill_free_at, engine.prefill_tokens_per_s, turn.token_ids
+            )
         replica = policy(turn.routing_key, loads, now, len(turn.token_ids))
         if replica in reporters:
             reporters[replica].arrived(request_id, turn.routing_key, len(turn.token_ids))
@@ -207,10 +264,8 @@ def replay(
         hit = len(hit_keys) * cache.block_size
         # The output is cached too, as the engine does; it never matches a later prompt.
         cache.insert([*turn.token_ids, *[0] * output_tokens], hit_keys, turn.routing_key)
-        first_token = (
-            max(now, prefill_free_at[replica])
-            + (len(turn.token_ids) - hit) / engine.prefill_tokens_per_s
-        )
+        prefill_starts = max(now, prefill_free_at[replica])
+        first_token = prefill_starts + (len(turn.token_ids) - hit) / engine.prefill_tokens_per_s
         prefill_free_at[replica] = first_token
         prefilling += (len(turn.token_ids) - hit) / engine.prefill_tokens_per_s
         slowdown = 1 + engine.batch_slowdown * ongoing[replica]
@@ -222,7 +277,13 @@ def replay(
         prompt += len(turn.token_ids)
         cached += hit
         ttfts.append((first_token - now + 1 / engine.decode_tokens_per_s) * 1000)
+        if trace is not None:
+            before = served_on.get(index)
+            trace.append(_traced(turn, replica, before, hit, now, prefill_starts))
+            trace[-1]["ttft_ms"] = ttfts[-1]
+            served_on[index] = replica
         if replica in reporters:
+            computed[request_id] = len(turn.token_ids) - hit
             first = first_token + 1 / engine.decode_tokens_per_s
             heapq.heappush(events, (first, 2, index, turn_index, replica))
         heapq.heappush(events, (ends, 0, index, turn_index, replica))
@@ -234,6 +295,22 @@ def replay(
         prefilling / len(members) / (now - started),
         waited / len(ttfts),
     )
+
+
+def _traced(
+    turn: Turn, replica: str, before: str | None, hit: int, now: float, starts: float
+) -> dict[str, object]:
+    """One turn for ``--trace-out``; ``before``: where the conversation's turn before was."""
+    kind = "first" if turn.index == 0 else "home" if before == replica else "moved"
+    return {
+        "session": turn.session_id,
+        "turn": turn.index,
+        "replica": replica,
+        "kind": kind,
+        "prompt_tokens": len(turn.token_ids),
+        "cached_tokens": hit,
+        "wait_ms": (starts - now) * 1000,
+    }
 
 
 def parse_args() -> argparse.Namespace:
@@ -251,6 +328,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--ingress-replicas", type=int, default=1, help="ours: routers, each with its own table"
     )
+    parser.add_argument(
+        "--clairvoyant-slack-s",
+        type=float,
+        nargs="*",
+        default=[],
+        help="analysis: today's placer with later turns moved by their true TTFT, each slack",
+    )
+    parser.add_argument("--trace-out", type=Path, help="every turn as a JSON line")
     parser.add_argument(
         "--report-period",
         type=float,
@@ -285,6 +370,18 @@ def main() -> None:
                 ttft_slack_s=None if slack < 0 else slack,
                 ingress_replicas=args.ingress_replicas,
             )
+    for slack in args.clairvoyant_slack_s:
+        policies[f"clairvoyant moves (slack {slack} s)"] = lambda slack=slack: Clairvoyant(
+            members,
+            slack,
+            report_period_s=args.report_period,
+            load_factor=args.load_factor,
+            new_load_factor=args.new_load_factor or None,
+            spill_factor=args.spill_factor,
+            min_bound=args.min_bound[0],
+            ingress_replicas=args.ingress_replicas,
+        )
+    traces = args.trace_out.open("w") if args.trace_out else None
     columns = [
         "hit rate",
         "hit / oracle",
@@ -304,7 +401,12 @@ def main() -> None:
             [best_hit, 1.0, statistics.median(best_ms), percentile(best_ms, 0.9), 1.0, 0.0, 0.0]
         )
         for name, make in policies.items():
-            result = replay(sessions, rendered, make(), members, engine, args.output_tokens)
+            trace: list[dict[str, object]] | None = [] if traces else None
+            result = replay(sessions, rendered, make(), members, engine, args.output_tokens, trace)
+            if traces and trace is not None:
+                traces.writelines(
+                    json.dumps({"seed": seed, "policy": name, **turn}) + "\n" for turn in trace
+                )
             totals[name].append(
                 [
                     result.hit_rate,
@@ -317,6 +419,8 @@ def main() -> None:
                 ]
             )
         print(f"seed {seed} done", file=sys.stderr, flush=True)
+    if traces:
+        traces.close()
     print(row("policy (mean over seeds)", columns))
     print(row("---", ["---:"] * len(columns)))
     formats = ["{:.3f}", "{:.3f}", "{:.0f}", "{:.0f}", "{:.2f}", "{:.0%}", "{:.1%}"]

@@ -228,11 +228,20 @@ class ConversationPlacer:
                 for replica in [home, *(replica for replica in ring if replica != home)]
                 if loads.get(replica, 0) + 1 <= (stay if replica == home else bound)
             ]
-        chosen = choose_fastest(
-            under or ring,
-            lambda replica: self.predictor.predict(replica, key, prompt_tokens),
-            self.ttft_slack_s or 0.0,
-        )
+        predictor = self.predictor
+        uncached = {replica: predictor.uncached(replica, key, prompt_tokens) for replica in ring}
+        fewest = min(uncached.values())
+
+        def cost(replica: str) -> float:
+            ttft = predictor.predict(replica, key, prompt_tokens)
+            if predictor.evicting(replica):
+                ttft += (uncached[replica] - fewest) / predictor.rate(replica)
+            return ttft
+
+        # Affinity breaks ties: the replica holding most of the conversation first (its home,
+        # unless the home evicted it), then the home, then the ring from the key.
+        order = sorted(under or ring, key=lambda replica: uncached[replica])
+        chosen = choose_fastest(order, cost, self.ttft_slack_s or 0.0)
         if chosen is None:
             return None
         if home is None:

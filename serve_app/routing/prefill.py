@@ -7,9 +7,19 @@ that did: uncached tokens over the time from when its prefill could start (its a
 previous first token, whichever is later) to its first token. Prefills share the accelerator,
 so that is the rate the queue drains at. It goes in the routing-stats report (`report`):
 
-- ``queued_prefill_tokens``: uncached prompt tokens of the requests waiting for a first token;
+- ``queued_prefill_tokens``: uncached prompt tokens of the requests waiting for a first token,
+  less what the one in progress has computed (by the measured rate since its prefill could
+  start): a long prefill a second in is that much nearer its end, and with reports a second
+  apart, counting it whole made a busy replica look up to a period further behind;
 - ``prefill_tokens_per_s``: the measured rate (absent until measured);
-- ``decoding``: requests past their first token (the decode load).
+- ``decoding``: requests past their first token (the decode load);
+- ``shared_prefix_tokens``: what a turn of a conversation the replica holds none of finds
+  cached (the system and developer prompt every conversation of an app shares): the median of
+  the engine's own counts over the latest such turns. A router needs it to price moving a
+  conversation here (only its own history is computed again, not the shared prompt), and the
+  ledger to estimate such a turn's uncached tokens before the engine counts them: without it, a
+  new conversation's first turn counted its whole prompt (nearly 5,000 tokens of Codex's
+  prompt, a second at 5,000 tokens/s) where it computed about 60. Absent until counted.
 
 Engine-neutral, from what the deployment sees of its requests (their first chunks), so vLLM and
 the simulated engine report alike; the routing simulator keeps one per replica the same way.
@@ -18,6 +28,7 @@ Pure Python; times are the caller's clock.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -25,15 +36,18 @@ from typing import Any
 QUEUED_KEY = "queued_prefill_tokens"
 RATE_KEY = "prefill_tokens_per_s"
 DECODING_KEY = "decoding"
+SHARED_KEY = "shared_prefix_tokens"
 # Prefills shorter than this measure the decode step and the transport more than the prefill.
 MIN_MEASURED_TOKENS = 256
 MEASURED_PREFILLS = 64  # the rate is over the latest this many
+SHARED_SAMPLES = 64  # the shared prefix is the median over the latest this many cold turns
 
 
 @dataclass
 class _Waiting:
     uncached_tokens: int
     arrived: float
+    prompt_tokens: int | None  # a turn of a conversation the replica held none of: its prompt
 
 
 class PrefillLedger:
@@ -43,9 +57,22 @@ class PrefillLedger:
         self._last_first_token = float("-inf")
         # (tokens, seconds) of the latest measured prefills.
         self._measured: deque[tuple[int, float]] = deque(maxlen=MEASURED_PREFILLS)
+        # Cached tokens the engine counted for the latest turns that arrived cold.
+        self._cold_cached: deque[int] = deque(maxlen=SHARED_SAMPLES)
 
-    def arrived(self, request_id: str, uncached_tokens: int, now: float) -> None:
-        self._waiting[request_id] = _Waiting(max(uncached_tokens, 0), now)
+    def arrived(
+        self, request_id: str, uncached_tokens: int, now: float, cold_prompt: int | None = None
+    ) -> None:
+        """A request with ``uncached_tokens`` to compute (an estimate) arrived; ``cold_prompt``:
+        its prompt tokens, if the replica holds nothing of its conversation (the engine's
+        count at its first token then says what such a turn finds cached)."""
+        self._waiting[request_id] = _Waiting(max(uncached_tokens, 0), now, cold_prompt)
+
+    @property
+    def shared_prefix_tokens(self) -> int | None:
+        """What a turn of a conversation this replica holds none of finds cached (None until
+        one was counted: a router then takes the other replicas' figure)."""
+        return int(statistics.median(self._cold_cached)) if self._cold_cached else None
 
     def first_token(self, request_id: str, uncached_tokens: int | None, now: float) -> None:
         """The request's first token came at ``now``; ``uncached_tokens`` as the engine counted
@@ -54,6 +81,8 @@ class PrefillLedger:
         if waiting is None:
             return
         self._decoding.add(request_id)
+        if uncached_tokens is not None and waiting.prompt_tokens is not None:
+            self._cold_cached.append(max(waiting.prompt_tokens - uncached_tokens, 0))
         tokens = waiting.uncached_tokens if uncached_tokens is None else uncached_tokens
         began = max(waiting.arrived, self._last_first_token)
         self._last_first_token = max(self._last_first_token, now)
@@ -65,18 +94,32 @@ class PrefillLedger:
         self._waiting.pop(request_id, None)
         self._decoding.discard(request_id)
 
-    @property
-    def queued_tokens(self) -> int:
-        return sum(waiting.uncached_tokens for waiting in self._waiting.values())
+    def queued_tokens(self, now: float) -> int:
+        """The waiting requests' uncached tokens, less the progress of the first of them
+        (prefills run in arrival order) since it could start, at the measured rate."""
+        queued = sum(waiting.uncached_tokens for waiting in self._waiting.values())
+        rate = self.tokens_per_s
+        head = next(iter(self._waiting.values()), None)
+        if head is None or rate is None:
+            return queued
+        began = max(head.arrived, self._last_first_token)
+        done = min(head.uncached_tokens, rate * max(now - began, 0.0))
+        return queued - round(done)
 
     @property
     def tokens_per_s(self) -> float | None:
         seconds = sum(seconds for _, seconds in self._measured)
         return sum(tokens for tokens, _ in self._measured) / seconds if seconds else None
 
-    def report(self) -> dict[str, Any]:
-        report: dict[str, Any] = {QUEUED_KEY: self.queued_tokens, DECODING_KEY: len(self._decoding)}
+    def report(self, now: float) -> dict[str, Any]:
+        report: dict[str, Any] = {
+            QUEUED_KEY: self.queued_tokens(now),
+            DECODING_KEY: len(self._decoding),
+        }
         rate = self.tokens_per_s
         if rate is not None:
             report[RATE_KEY] = rate
+        shared = self.shared_prefix_tokens
+        if shared is not None:
+            report[SHARED_KEY] = shared
         return report

@@ -31,12 +31,17 @@ class ReplicaReporter:
 
     def arrived(self, request_id: str, session_id: str | None, prompt_tokens: int) -> None:
         """A request reached the replica: its uncached tokens are its prompt less what the
-        replica holds of its conversation (by the KV summary)."""
+        replica holds of its conversation (by the KV summary), or, if it holds none of it, less
+        the shared prefix such turns found cached (the ledger's `shared_prefix_tokens`)."""
         held = 0
         if session_id:
             self.served.record(session_id)
             held = self.held.held_tokens(session_id)
-        self.prefills.arrived(request_id, prompt_tokens - held, self._clock())
+        if held:
+            self.prefills.arrived(request_id, prompt_tokens - held, self._clock())
+            return
+        shared = min(self.prefills.shared_prefix_tokens or 0, prompt_tokens - 1)
+        self.prefills.arrived(request_id, prompt_tokens - shared, self._clock(), prompt_tokens)
 
     def first_token(self, request_id: str, uncached_tokens: int | None, at: float) -> None:
         self.prefills.first_token(request_id, uncached_tokens, at)
@@ -50,7 +55,7 @@ class ReplicaReporter:
     def report(self) -> dict[str, Any]:
         return {
             **self.served.report(),
-            **self.prefills.report(),
+            **self.prefills.report(self._clock()),
             HELD_KEY: self.held.report(),
             KV_EVENTS_KEY: dict(self.held.event_counts),
         }

@@ -12,7 +12,10 @@ prefill rate:
 - ``uncached``: the turn's prompt tokens minus what the replica holds of its conversation, by
   its KV-cache summary (``serve_app.routing.kv_summary``), or, if this router sent the
   conversation there after the replica's last report, the prompt it sent (the replica holds it
-  now). At least one token: the last prompt token is always computed;
+  now); and never less than the replica's shared prefix, what a conversation it holds none of
+  finds cached (``serve_app.routing.prefill``): moving a conversation costs its own history,
+  not the system prompt every replica holds. At least one token: the last prompt token is
+  always computed;
 - ``rate``: the replica's measured prefill rate; one that has not measured it yet (just
   started) is taken at the mean of the others', and with none measured at
   ``prefill_tokens_per_s`` (then only the token counts matter).
@@ -30,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serve_app.routing.directory import REPORTED_AT_KEY
-from serve_app.routing.kv_summary import HELD_KEY
-from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY
+from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
+from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY, SHARED_KEY
 from serve_app.routing.ring import stable_hash
 
 # Until a replica has measured its rate (only the ratio of tokens matters while none has).
@@ -67,6 +70,11 @@ class TTFTPredictor:
     _backlogs: dict[str, _Backlog] = field(default_factory=dict)
     _rates: dict[str, float] = field(default_factory=dict)
     _held: dict[str, Mapping[int, int]] = field(default_factory=dict)
+    _shared: dict[str, int] = field(default_factory=dict)
+    # Each replica's BlockRemoved count at its latest report, and whether it grew since the
+    # report before (the replica evicts: its cache is full).
+    _removed: dict[str, tuple[float, int]] = field(default_factory=dict)
+    _evicting: set[str] = field(default_factory=set)
     _reported_at: dict[str, float] = field(default_factory=dict)
     _sent: list[_Sent] = field(default_factory=list)  # since the replica's latest report
     _reports: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # the latest each
@@ -89,6 +97,7 @@ class TTFTPredictor:
         self._backlogs.clear()
         self._rates.clear()
         self._held.clear()
+        self._shared.clear()
         self._reported_at.clear()
         for replica, stats in latest.items():
             reported_at = stats[REPORTED_AT_KEY]
@@ -97,6 +106,11 @@ class TTFTPredictor:
             if stats.get(RATE_KEY):
                 self._rates[replica] = float(stats[RATE_KEY])
             self._held[replica] = stats.get(HELD_KEY) or {}
+            if stats.get(SHARED_KEY) is not None:
+                self._shared[replica] = int(stats[SHARED_KEY])
+            self._note_evictions(replica, reported_at, stats)
+        self._evicting &= latest.keys()
+        self._removed = {r: seen for r, seen in self._removed.items() if r in latest}
         # Kept until the replica reports after it; bounded for a replica that never reports.
         oldest = self.clock() - MAX_UNREPORTED_S
         self._sent = [
@@ -107,6 +121,20 @@ class TTFTPredictor:
         for sent in self._sent:
             self._backlog(sent.replica, sent.at).tokens += sent.uncached_tokens
 
+    def _note_evictions(self, replica: str, reported_at: float, stats: Mapping[str, Any]) -> None:
+        removed = int((stats.get(KV_EVENTS_KEY) or {}).get("BlockRemoved", 0))
+        before = self._removed.get(replica)
+        if before is not None and reported_at <= before[0]:
+            return  # the same report again
+        self._removed[replica] = (reported_at, removed)
+        if before is not None and removed > before[1]:
+            self._evicting.add(replica)
+        elif before is not None:
+            self._evicting.discard(replica)
+
+    def evicting(self, replica: str) -> bool:
+        return replica in self._evicting
+
     def predict(self, replica: str, key: str, prompt_tokens: int) -> float:
         """Seconds to the first token of a turn of ``key`` with ``prompt_tokens`` on ``replica``."""
         now = self.clock()
@@ -115,7 +143,7 @@ class TTFTPredictor:
 
     def uncached(self, replica: str, key: str, prompt_tokens: int) -> int:
         conversation = stable_hash(key)
-        held = self._held.get(replica, {}).get(conversation, 0)
+        held = max(self._held.get(replica, {}).get(conversation, 0), self.shared(replica))
         reported_at = self._reported_at.get(replica, float("-inf"))
         for sent in self._sent:  # few: the turns this router sent within one report period
             if (sent.replica, sent.conversation) == (replica, conversation) and (
@@ -123,6 +151,18 @@ class TTFTPredictor:
             ):
                 held = max(held, sent.prompt_tokens)
         return max(prompt_tokens - held, 1)
+
+    def shared(self, replica: str) -> int:
+        """The replica's shared prefix; one that has not counted it yet (just started) is
+        taken at the others' mean, as for the rate: it holds the shared prompt after its
+        first turn, and taken at none it would look a whole prefill behind and get no new
+        conversation, so no turn to learn it from."""
+        shared = self._shared.get(replica)
+        if shared is not None:
+            return shared
+        if self._shared:
+            return round(sum(self._shared.values()) / len(self._shared))
+        return 0
 
     def rate(self, replica: str) -> float:
         rate = self._rates.get(replica)

@@ -7,7 +7,11 @@ import pytest
 
 from serve_app.engines.kv_events import BlockStored
 from serve_app.routing.affinity import ConversationPlacer
+from serve_app.routing.directory import REPORT_KEY
+from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
+from serve_app.routing.prefill import QUEUED_KEY
 from serve_app.routing.replica_report import ReplicaReporter
+from serve_app.routing.ring import Choice, stable_hash
 from serve_app.routing.ttft import TTFTPredictor
 
 RATE = 5000  # tokens/s, as each replica measures it below
@@ -118,3 +122,106 @@ def test_a_request_ray_routes_again_is_counted_once() -> None:
     predictor.sent("r2", "c", 3000, "request-1")
     assert predictor.predict("r1", "d", 1000) == pytest.approx(1000 / RATE)
     assert predictor.predict("r2", "d", 1000) == pytest.approx((3000 + 1000) / RATE)
+
+
+def _report_shared(clock: Clock, replica: str, queued: int, held: dict[str, int]) -> dict:
+    """As `_report`, from a replica that served ``held``'s conversations and whose cold turns
+    found Codex's 4,800-token prompt cached."""
+    reporter = ReplicaReporter(replica, clock=clock)
+    reporter.arrived("cold", "cold", 4860)
+    reporter.first_token("cold", 60, clock())
+    reporter.ended("cold")
+    for key in held:
+        reporter.served.record(key)
+    shared = {key: value for key, value in reporter.report().items() if key not in (HELD_KEY,)}
+    return {**_report(clock, replica, queued, held), **shared, QUEUED_KEY: queued}
+
+
+def test_moving_a_conversation_costs_its_own_history_not_the_shared_prompt() -> None:
+    """Every replica holds the shared system prompt: a turn sent where its conversation is not
+    held computes the rest of its prompt, not all of it. So a young conversation leaves a home
+    whose queue ahead costs more than its own history elsewhere, and a long one stays."""
+    clock = Clock()
+    predictor = TTFTPredictor(clock=clock)
+    predictor.update(
+        {
+            "home": _report_shared(clock, "home", queued=2500, held={"c": 5200, "d": 9900}),
+            "idle": _report_shared(clock, "idle", queued=0, held={}),
+        }
+    )
+    assert predictor.uncached("idle", "c", 5300) == 500
+    assert predictor.predict("idle", "c", 5300) == pytest.approx(500 / RATE)
+    assert predictor.predict("home", "c", 5300) == pytest.approx((2500 + 100) / RATE)
+    placer = _placer(clock)
+    placer.set_members(["home", "idle"])
+    placer.set_reports(
+        {
+            "home": _report_shared(clock, "home", queued=2500, held={"c": 5200, "d": 9900}),
+            "idle": _report_shared(clock, "idle", queued=0, held={}),
+        }
+    )
+    loads = {"home": 2, "idle": 2}
+    assert placer.knows("c") and placer.knows("d")
+    assert placer.choose("c", loads, 5300) == Choice("idle", spilled=True)
+    assert placer.choose("d", loads, 10_000) == Choice("home", spilled=False)  # 5,100 its own
+
+
+def _evicting_reports(clock: Clock, evicting: bool) -> list[dict[str, dict]]:
+    """Two reports a second apart: "home" holds conversation "c" and queues 2,000 tokens,
+    "idle" holds none of it and queues nothing, and evicted blocks in between, or not."""
+    reports = []
+    for removed in (0, 1 if evicting else 0):
+        clock.now += 1
+        home = _report_shared(clock, "home", queued=2000, held={"c": 6000})
+        idle = _report_shared(clock, "idle", queued=0, held={})
+        idle[KV_EVENTS_KEY] = {"BlockStored": 3, "BlockRemoved": 5 + removed}
+        reports.append({"home": home, "idle": idle})
+    return reports
+
+
+@pytest.mark.parametrize("evicting", [False, True])
+def test_a_move_to_a_replica_that_evicts_pays_for_the_prefix_it_would_store_there(
+    evicting: bool,
+) -> None:
+    """A replica whose cache is full (its BlockRemoved count grew since its report before)
+    evicts another conversation's prefix for each token a move stores there: the move is
+    charged those tokens again. Home: (2,000 queued + 100) / 5,000 = 0.42 s; elsewhere
+    1,300 / 5,000 = 0.26 s, plus 1,200 / 5,000 where that evicts."""
+    clock = Clock()
+    placer = _placer(clock)
+    placer.set_members(["home", "idle"])
+    for reports in _evicting_reports(clock, evicting):
+        placer.set_reports(reports)
+    assert placer.predictor.evicting("idle") is evicting
+    assert not placer.predictor.evicting("home")
+    choice = placer.choose("c", {"home": 2, "idle": 2}, 6100)
+    assert choice.replica == ("home" if evicting else "idle")
+
+
+def test_equal_predictions_go_to_the_replica_holding_most_of_the_conversation() -> None:
+    """Under KV pressure the home may have evicted what another replica (an earlier home)
+    still holds: among predictions within the slack the turn goes where it adds fewest
+    tokens to the caches, before the home. Holder: (600 + 100) / 5,000 = 0.14 s; home, which
+    evicted all but the shared prompt: 700 / 5,000 = 0.14 s."""
+    clock = Clock()
+    placer = _placer(clock)
+    placer.set_members(["home", "holder"])
+    holder = _report_shared(clock, "holder", queued=600, held={"c": 5400})
+    clock.now += 0.001
+    home = _report_shared(clock, "home", queued=0, held={})
+    home[REPORT_KEY] = {stable_hash("c"): clock()}
+    placer.set_reports({"home": home, "holder": holder})
+    assert placer.directory.home("c").replica == "home"
+    assert placer.choose("c", {"home": 1, "holder": 1}, 5500).replica == "holder"
+
+
+def test_a_replica_that_has_not_counted_its_shared_prefix_is_taken_at_the_others() -> None:
+    """A replica just added has served no cold turn: taken at no shared prefix, a new
+    conversation there would look a whole prefill behind the others, and it would get none
+    (nor the turn that would teach it). It is taken at the others' figure, as for the rate."""
+    clock = Clock()
+    placer = _placer(clock)
+    placer.set_members(["busy", "added"])
+    placer.set_reports({"busy": _report_shared(clock, "busy", queued=2000, held={})})
+    assert placer.predictor.uncached("added", "new", 4860) == 60
+    assert placer.choose("new", {"busy": 0, "added": 0}, 4860).replica == "added"
