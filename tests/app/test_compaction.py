@@ -8,20 +8,7 @@ import pytest
 from openai import BadRequestError, OpenAI
 
 from tests.support import MODEL, open_responses
-
-TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
-OLD_OUTPUT = "OLD-TOOL-OUTPUT " + "sunny and warm, " * 300
-HISTORY = [
-    {"role": "user", "content": "What is the weather in Paris?"},
-    {
-        "type": "function_call",
-        "call_id": "call_w",
-        "name": "get_weather",
-        "arguments": '{"city": "Paris"}',
-    },
-    {"type": "function_call_output", "call_id": "call_w", "output": OLD_OUTPUT},
-    {"role": "assistant", "content": "OLD-ANSWER: it is sunny."},
-]
+from tests.support.weather_history import HISTORY, TOOLS
 
 
 def test_compact_round_trip(client: OpenAI) -> None:

@@ -19,20 +19,12 @@ from openai import BadRequestError, OpenAI
 
 from tests.support import MODEL, open_responses
 from tests.support.helpers import wait_for
+from tests.support.weather_history import HISTORY as WEATHER_HISTORY
+from tests.support.weather_history import TOOLS
 from tests.support.websocket import until_terminal
 
-TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
-LONG_OUTPUT = "OLD-TOOL-OUTPUT " + "sunny and warm, " * 300
 HISTORY: list[dict[str, Any]] = [
-    {"role": "user", "content": "What is the weather in Paris?"},
-    {
-        "type": "function_call",
-        "call_id": "call_w",
-        "name": "get_weather",
-        "arguments": '{"city": "Paris"}',
-    },
-    {"type": "function_call_output", "call_id": "call_w", "output": LONG_OUTPUT},
-    {"role": "assistant", "content": "OLD-ANSWER: it is sunny."},
+    *WEATHER_HISTORY,
     {"role": "user", "content": "CM-ASK: and what should I wear?"},
 ]
 NEXT = {"role": "user", "content": "CM-NEXT: and tomorrow?"}
