@@ -22,7 +22,14 @@ scale events and no router overheads here: those are what the Ray benchmark is f
 For analysis, not deployable: ``--clairvoyant-slack-s S`` adds today's placer with each later
 turn moved to any replica whose true TTFT (its real prefill queue and prefix cache, which no
 router sees) is lower by more than S: what moving turns away from queues could gain with
-perfect knowledge. ``--trace-out F`` writes every turn of every policy and seed as a JSON line
+perfect knowledge. ``--max-batched-tokens B`` (with ``--long-prefill-tokens T``) steps each
+replica's prefill as vLLM's chunked prefill does (``sim_steps.py``) instead of one at a time,
+and ``--by-uncached`` takes waiting prefills fewest uncached tokens first (vLLM's ``priority``
+policy; alone, one at a time in that order): what engine scheduling could gain.
+``--warm-second-home`` (with either) also prefills each turn's prompt, once the turn ends, at
+the lowest priority on a second replica (the home it left, or the least loaded other one), so
+two replicas hold each conversation: what holding prefixes twice could gain, and cost.
+``--trace-out F`` writes every turn of every policy and seed as a JSON line
 (its replica, whether it is a conversation's first turn, stayed home or moved, its prompt and
 cached tokens, its wait for the prefills ahead and its TTFT), to see which turns make the tail.
 
@@ -45,6 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_routing import Turn, add_placer_options, oracle, percentile, render_turns, row
+from sim_steps import SteppedPrefill
 from traces import Session, generate
 
 from serve_app.engines.prefix_cache import PrefixKVCache
@@ -67,6 +75,15 @@ class Result:
     imbalance: float  # max/mean engine work per replica, as bench_routing's "work"
     prefill_busy: float  # share of the replay a replica spends prefilling (its serialized part)
     waited: float  # share of turns that waited for a round of reports (ours only)
+
+
+@dataclass(frozen=True)
+class EngineSteps:
+    """The engine's prefill stepped as vLLM's chunked prefill (`sim_steps`), not one at a time."""
+
+    max_batched_tokens: int
+    long_prefill_tokens: int
+    by_uncached: bool  # vLLM's `priority` policy fed each request's uncached tokens
 
 
 def hash_owner(members: list[str]) -> Policy:
@@ -198,6 +215,8 @@ def replay(
     engine: SimulatedEngineConfig,
     output_tokens: int,
     trace: list[dict[str, object]] | None = None,
+    steps: EngineSteps | None = None,
+    warm_second_home: bool = False,
 ) -> Result:
     reporters: dict[str, ReplicaReporter] = getattr(policy, "reporters", {})
     caches = {
@@ -210,6 +229,18 @@ def replay(
     }
     ongoing: Counter[str] = Counter()
     prefill_free_at: Counter[str] = Counter()
+    stepped = (
+        {
+            member: SteppedPrefill(
+                steps.max_batched_tokens, steps.long_prefill_tokens, engine.prefill_tokens_per_s
+            )
+            for member in members
+        }
+        if steps is not None
+        else {}
+    )
+    # request -> (arrival, replica, cached tokens, decode seconds): until its prefill ends.
+    prefilling_now: dict[tuple[int, int], tuple[float, str, int, float]] = {}
     work: Counter[str] = Counter()
     # (time, kind, session index, turn index, replica); kind 0 = a turn ends, 1 = one arrives,
     # so at equal times the replica is freed first, 2 = its first token (to the reports).
@@ -220,13 +251,82 @@ def replay(
     prompt = cached = 0
     computed: dict[str, int] = {}  # request id -> its uncached tokens, until its first token
     served_on: dict[int, str] = {}  # session index -> its latest turn's replica (for the trace)
+    homes: dict[int, str] = {}  # session index -> its latest turn's replica
+    second_homes: dict[int, str] = {}  # session index -> the replica its prompts are warmed on
     ttfts = []
     started, now, prefilling = events[0][0], 0.0, 0.0
     # Only ours waits, for a later turn of a conversation its router does not know.
     ready_at: Callable[[str, float], float] | None = getattr(policy, "ready_at", None)
     waited = 0
+
+    def first_token(
+        request: tuple[int, int], arrived: float, replica: str, hit: int, at: float, decode_s: float
+    ) -> None:
+        """A turn's prefill ended at ``at``: its TTFT, its first-token report, its end."""
+        index, turn_index = request
+        turn = rendered[sessions[index].session_id][turn_index]
+        uncached = len(turn.token_ids) - hit
+        ttfts.append((at - arrived + 1 / engine.decode_tokens_per_s) * 1000)
+        if trace is not None:
+            before = served_on.get(index)
+            starts = at - uncached / engine.prefill_tokens_per_s
+            trace.append(_traced(turn, replica, before, hit, arrived, starts))
+            trace[-1]["ttft_ms"] = ttfts[-1]
+            served_on[index] = replica
+        if replica in reporters:
+            computed[f"{index}/{turn_index}"] = uncached
+            first = at + 1 / engine.decode_tokens_per_s
+            heapq.heappush(events, (first, 2, index, turn_index, replica))
+        heapq.heappush(events, (at + decode_s, 0, index, turn_index, replica))
+
+    def warm_up(
+        index: int, turn_index: int, home: str, loads: Mapping[str, int]
+    ) -> tuple[float, int, int, int, str] | None:
+        """Analysis: the turn's prompt prefilled at the lowest priority on the conversation's
+        second home (the home it left, or the least loaded other replica), so two replicas hold
+        it; returns the step to start if that replica was idle."""
+        second = second_homes.get(index)
+        if second is None or second == home:
+            second = min((m for m in members if m != home), key=lambda m: (loads[m], m))
+            second_homes[index] = second
+        turn = rendered[sessions[index].session_id][turn_index]
+        cache = caches[second]
+        hit_keys = cache.lookup_blocks(turn.token_ids, turn.routing_key)
+        hit = len(hit_keys) * cache.block_size
+        cache.insert(turn.token_ids, hit_keys, turn.routing_key)
+        uncached = len(turn.token_ids) - hit
+        nonlocal prefilling
+        prefilling += uncached / engine.prefill_tokens_per_s
+        work[second] += uncached / engine.prefill_tokens_per_s
+        request = (-1 - index, turn_index)
+        reporters[second].arrived(
+            f"warm{index}/{turn_index}", turn.routing_key, len(turn.token_ids)
+        )
+        queue = stepped[second]
+        queue.add(request, uncached, float("inf"))
+        prefilling_now[request] = (now, second, uncached, 0.0)  # its uncached where a hit goes
+        if queue.busy:
+            return None
+        step_ends = queue.start_step(now)
+        return None if step_ends is None else (step_ends, 3, -1, -1, second)
+
     while events:
         now, kind, index, turn_index, replica = heapq.heappop(events)
+        if kind == 3:
+            # A step of `replica`'s stepped prefill ends: its finished prefills get their first
+            # token, and the next step starts.
+            for done in stepped[replica].end_step():
+                arrived, _, hit, decode_s = prefilling_now.pop(done)
+                if done[0] < 0:  # a warm-up: only the replica's reports see it
+                    warm_id = f"warm{-1 - done[0]}/{done[1]}"
+                    reporters[replica].first_token(warm_id, hit, now)
+                    reporters[replica].ended(warm_id)
+                    continue
+                first_token(done, arrived, replica, hit, now, decode_s)
+            step_ends = stepped[replica].start_step(now)
+            if step_ends is not None:
+                heapq.heappush(events, (step_ends, 3, -1, -1, replica))
+            continue
         session = sessions[index]
         request_id = f"{index}/{turn_index}"
         if kind == 2:
@@ -238,6 +338,10 @@ def replay(
             ongoing[replica] -= 1
             if replica in reporters:
                 reporters[replica].ended(request_id)
+            if warm_second_home and steps is not None:
+                warm = warm_up(index, turn_index, replica, ongoing)
+                if warm is not None:
+                    heapq.heappush(events, warm)
             if turn_index + 1 < len(session.turns):
                 think = session.turns[turn_index + 1]["think_s"]
                 heapq.heappush(events, (now + think, 1, index, turn_index + 1, ""))
@@ -255,6 +359,9 @@ def replay(
                 caches, prefill_free_at, engine.prefill_tokens_per_s, turn.token_ids
             )
         replica = policy(turn.routing_key, loads, now, len(turn.token_ids))
+        if index in homes and homes[index] != replica:
+            second_homes[index] = homes[index]  # the home it left holds nearly all of it
+        homes[index] = replica
         if replica in reporters:
             reporters[replica].arrived(request_id, turn.routing_key, len(turn.token_ids))
         cache = caches[replica]
@@ -264,29 +371,30 @@ def replay(
         hit = len(hit_keys) * cache.block_size
         # The output is cached too, as the engine does; it never matches a later prompt.
         cache.insert([*turn.token_ids, *[0] * output_tokens], hit_keys, turn.routing_key)
-        prefill_starts = max(now, prefill_free_at[replica])
-        first_token = prefill_starts + (len(turn.token_ids) - hit) / engine.prefill_tokens_per_s
-        prefill_free_at[replica] = first_token
-        prefilling += (len(turn.token_ids) - hit) / engine.prefill_tokens_per_s
+        uncached = len(turn.token_ids) - hit
+        prefilling += uncached / engine.prefill_tokens_per_s
         slowdown = 1 + engine.batch_slowdown * ongoing[replica]
-        ends = first_token + output_tokens * slowdown / engine.decode_tokens_per_s
+        decode_s = output_tokens * slowdown / engine.decode_tokens_per_s
         ongoing[replica] += 1
-        work[replica] += (len(turn.token_ids) - hit) / engine.prefill_tokens_per_s + (
+        work[replica] += uncached / engine.prefill_tokens_per_s + (
             output_tokens / engine.decode_tokens_per_s
         )
         prompt += len(turn.token_ids)
         cached += hit
-        ttfts.append((first_token - now + 1 / engine.decode_tokens_per_s) * 1000)
-        if trace is not None:
-            before = served_on.get(index)
-            trace.append(_traced(turn, replica, before, hit, now, prefill_starts))
-            trace[-1]["ttft_ms"] = ttfts[-1]
-            served_on[index] = replica
-        if replica in reporters:
-            computed[request_id] = len(turn.token_ids) - hit
-            first = first_token + 1 / engine.decode_tokens_per_s
-            heapq.heappush(events, (first, 2, index, turn_index, replica))
-        heapq.heappush(events, (ends, 0, index, turn_index, replica))
+        if steps is None:
+            prefill_starts = max(now, prefill_free_at[replica])
+            prefill_free_at[replica] = prefill_starts + uncached / engine.prefill_tokens_per_s
+            first_token((index, turn_index), now, replica, hit, prefill_free_at[replica], decode_s)
+            continue
+        queue = stepped[replica]
+        queue.add((index, turn_index), uncached, uncached if steps.by_uncached else 0)
+        prefilling_now[(index, turn_index)] = (now, replica, hit, decode_s)
+        # What a clairvoyant placer would read as this replica's queue.
+        prefill_free_at[replica] = now + queue.queued_tokens() / engine.prefill_tokens_per_s
+        if not queue.busy:
+            step_ends = queue.start_step(now)
+            if step_ends is not None:
+                heapq.heappush(events, (step_ends, 3, -1, -1, replica))
     mean_work = statistics.mean(work[member] for member in members)
     return Result(
         cached / prompt,
@@ -337,6 +445,31 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--trace-out", type=Path, help="every turn as a JSON line")
     parser.add_argument(
+        "--max-batched-tokens",
+        type=int,
+        default=0,
+        help="step the engine's prefill as vLLM's chunked prefill with this token budget a "
+        "step (0: one prefill at a time, in arrival order)",
+    )
+    parser.add_argument(
+        "--long-prefill-tokens",
+        type=int,
+        default=0,
+        help="with --max-batched-tokens: vLLM's long_prefill_token_threshold (0: none)",
+    )
+    parser.add_argument(
+        "--warm-second-home",
+        action="store_true",
+        help="analysis, ours with stepped prefill: each turn's prompt also prefilled at the "
+        "lowest priority on a second replica once the turn ends",
+    )
+    parser.add_argument(
+        "--by-uncached",
+        action="store_true",
+        help="with --max-batched-tokens: waiting prefills by fewest uncached tokens first "
+        "(vLLM's priority policy), not by arrival",
+    )
+    parser.add_argument(
         "--report-period",
         type=float,
         default=1.0,
@@ -381,6 +514,11 @@ def main() -> None:
             min_bound=args.min_bound[0],
             ingress_replicas=args.ingress_replicas,
         )
+    steps = (
+        EngineSteps(args.max_batched_tokens, args.long_prefill_tokens, args.by_uncached)
+        if args.max_batched_tokens or args.by_uncached
+        else None
+    )
     traces = args.trace_out.open("w") if args.trace_out else None
     columns = [
         "hit rate",
@@ -402,7 +540,17 @@ def main() -> None:
         )
         for name, make in policies.items():
             trace: list[dict[str, object]] | None = [] if traces else None
-            result = replay(sessions, rendered, make(), members, engine, args.output_tokens, trace)
+            result = replay(
+                sessions,
+                rendered,
+                make(),
+                members,
+                engine,
+                args.output_tokens,
+                trace,
+                steps,
+                args.warm_second_home and name.startswith("ours"),
+            )
             if traces and trace is not None:
                 traces.writelines(
                     json.dumps({"seed": seed, "policy": name, **turn}) + "\n" for turn in trace
@@ -435,6 +583,9 @@ def main() -> None:
     print("\nTTFT p90 (ms) per seed:")
     for name, runs in totals.items():
         print(f"  {name}: {' '.join(f'{run[3]:.0f}' for run in runs)}")
+    print("\nhit rate and max/mean work per seed:")
+    for name, runs in totals.items():
+        print(f"  {name}: {' '.join(f'{run[0]:.3f}/{run[4]:.2f}' for run in runs)}")
     print(
         f"\nseeds {args.seeds}: {args.sessions} sessions each at {args.rate}/s, "
         f"{args.replicas} replicas, {args.output_tokens} output tokens per turn; engine as "
