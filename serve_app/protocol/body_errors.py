@@ -1,6 +1,7 @@
-"""A 400 from pydantic's errors on a request body: the deepest error, with OpenAI's ``param``
-path written the way the client wrote the body (pydantic's union branch and tag labels left
-out). Apart from `errors`, which the request models import: this module imports them."""
+"""A 400 from pydantic's errors on a request body or query: the deepest error, with OpenAI's
+``param`` path written the way the client wrote the body (pydantic's union branch and tag
+labels left out) or the query parameter's name. Apart from `errors`, which the request models
+import: this module imports them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from serve_app.protocol.errors import InvalidRequest, param_path
 # Pydantic names union branches in error locations ("str", "list[...]", a model's class name,
 # an item's tag after its index); OpenAI's `param` names only the fields the client wrote.
 _TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
+_FASTAPI_PLACES = {"body", "query"}
 
 
 def _client_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
@@ -26,7 +28,9 @@ def _client_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
     }
     cleaned: list[int | str] = []
     for index, part in enumerate(loc):
-        if part == "body" and not cleaned:
+        # FastAPI's location names where the value was; OpenAI's `param` only the field
+        # (`limit`, never `query.limit`).
+        if index == 0 and part in _FASTAPI_PLACES:
             continue
         if isinstance(part, str):
             if part in _TYPE_LABELS or "[" in part or "(" in part:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from serve_app.protocol.request_base import STRICT_TYPES
@@ -14,7 +13,7 @@ from serve_app.protocol.responses import new_conversation_id
 from serve_app.serving.admission import stored
 from serve_app.serving.admission.responses import check_text
 from serve_app.serving.http.auth import Owner
-from serve_app.serving.http.pagination import listing
+from serve_app.serving.http.pagination import Paging, listing
 from serve_app.serving.turn.persistence import stored_item, stored_or_fail
 from serve_app.store.base import ResponseStore, StoredConversation
 
@@ -82,18 +81,12 @@ def conversations_router(store: ResponseStore) -> APIRouter:
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
     @router.get("/{conversation_id}/items")
-    async def list_items(
-        conversation_id: str,
-        owner: Owner,
-        after: str | None = None,
-        limit: int = Query(default=20, ge=1, le=100),
-        order: Literal["asc", "desc"] = "desc",
-    ) -> dict:
+    async def list_items(conversation_id: str, owner: Owner, asked: Paging) -> dict:
         await existing(conversation_id, owner)
         found = await store.conversation_page(
-            conversation_id, after=after, limit=limit, order=order
+            conversation_id, after=asked.after, limit=asked.limit, order=asked.order
         )
-        stored.check_after(after, found is not None)
+        stored.check_after(asked.after, found is not None)
         return listing(found)
 
     @router.post("/{conversation_id}/items")

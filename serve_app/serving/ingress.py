@@ -7,10 +7,9 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Literal
 
 import ray
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from openai.types.responses import ResponseStreamEvent
@@ -40,6 +39,7 @@ from serve_app.serving.engine.liveness import Watchdog
 from serve_app.serving.http.auth import ApiKeys, Owner, RequireKey, caller
 from serve_app.serving.http.body_limit import BodyLimits
 from serve_app.serving.http.keepalive import KeepAliveStreamingResponse
+from serve_app.serving.http.pagination import Paging
 from serve_app.serving.http.pagination import page as _page
 from serve_app.serving.turn.service import ResponsesService
 from serve_app.serving.turn.state import Ask
@@ -132,15 +132,8 @@ def create_api(
         return await _wait_until_settled(store, background, response_id, owner)
 
     @api.get("/v1/responses/{response_id}/input_items")
-    async def list_input_items(
-        response_id: str,
-        owner: Owner,
-        after: str | None = None,
-        limit: int = Query(default=20, ge=1, le=100),
-        order: Literal["asc", "desc"] = "desc",
-    ) -> dict:
-        items = (await _stored(store, response_id, owner)).input_items
-        return _page(items if order == "asc" else items[::-1], after, limit)
+    async def list_input_items(response_id: str, owner: Owner, asked: Paging) -> dict:
+        return _page((await _stored(store, response_id, owner)).input_items, asked)
 
     @api.get("/v1/models", dependencies=[Depends(caller)])
     async def list_models() -> dict:

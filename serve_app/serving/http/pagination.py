@@ -1,9 +1,13 @@
-"""OpenAI's cursor pagination for item lists."""
+"""OpenAI's cursor pagination for item lists: the query parameters every list route takes
+(`Paging`) and the pages it answers."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, Query
 
 from serve_app.protocol.errors import ServerError
 from serve_app.serving.admission import stored
@@ -12,10 +16,36 @@ from serve_app.store.base import ItemPage, cut_page
 logger = logging.getLogger(__name__)
 
 
-def page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
-    """OpenAI's cursor pagination of a list in listing order: items after the one with id
-    ``after``, ``limit`` of them. Ids may repeat (clients choose some): ``after`` resolves to
-    the first item with that id, and a page ends only where it would (see `cut_page`)."""
+@dataclass(frozen=True)
+class Page:
+    """Which page of a list the client asked for: the items after the one with id ``after``,
+    ``limit`` of them, in ``order`` (``desc``: newest first)."""
+
+    after: str | None
+    limit: int
+    order: Literal["asc", "desc"]
+
+
+def page_query(
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+) -> Page:
+    """OpenAI's paging parameters and bounds, declared once for every list route; a bad value
+    is FastAPI's validation error, so the same 400 on every route."""
+    return Page(after, limit, order)
+
+
+Paging = Annotated[Page, Depends(page_query)]
+
+
+def page(items: list[dict[str, Any]], asked: Page) -> dict[str, Any]:
+    """OpenAI's cursor pagination of a list held in memory, oldest item first: in the order
+    asked, the items after the one with id ``after``, ``limit`` of them. Ids may repeat
+    (clients choose some): ``after`` resolves to the first item with that id in that order, and
+    a page ends only where it would (see `cut_page`)."""
+    if asked.order == "desc":
+        items = items[::-1]
     seen: set[Any] = set()
     entries = []
     for item in items:
@@ -23,11 +53,11 @@ def page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str
         entries.append((item, item_id not in seen))
         seen.add(item_id)
     start = 0
-    if after is not None:
+    if asked.after is not None:
         ids = [item.get("id") for item in items]
-        stored.check_after(after, after in ids)
-        start = ids.index(after) + 1
-    found = cut_page(entries[start:], limit)
+        stored.check_after(asked.after, asked.after in ids)
+        start = ids.index(asked.after) + 1
+    found = cut_page(entries[start:], asked.limit)
     if found is None:  # never, with the whole rest of the list: a bug, this request's alone
         logger.error("cut_page found no page in a complete list of %d items", len(items))
         raise ServerError("The list could not be paged.")

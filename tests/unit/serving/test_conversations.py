@@ -159,3 +159,48 @@ async def test_an_item_id_beyond_the_limit_is_a_400_naming_it(http: httpx.AsyncC
     )
     assert answer.status_code == 200, answer.text
     assert LONG_ID in await walk(http, url, limit=1, order="asc")
+
+
+# Each bad paging parameter, and the `param` OpenAI's 400 names for it.
+BAD_PAGING = [
+    ({"limit": 0}, "limit"),
+    ({"limit": 101}, "limit"),
+    ({"limit": "twenty"}, "limit"),
+    ({"order": "newest"}, "order"),
+    ({"after": "msg_nowhere"}, "after"),
+]
+
+
+async def test_both_lists_page_alike_and_refuse_bad_paging_naming_the_parameter(
+    http: httpx.AsyncClient,
+) -> None:
+    # 21 items each: one more than the default page.
+    items = [message(f"item {n}", f"msg_{n}") for n in range(21)]
+    conversation = (await http.post("/v1/conversations", json={"items": items[:20]})).json()["id"]
+    added = await http.post(f"/v1/conversations/{conversation}/items", json={"items": items[20:]})
+    assert added.status_code == 200, added.text
+    answer = await http.post("/v1/responses", json={"model": MODEL, "input": items})
+    assert answer.status_code == 200, answer.text
+    response = answer.json()["id"]
+    for url in (
+        f"/v1/conversations/{conversation}/items",
+        f"/v1/responses/{response}/input_items",
+    ):
+        # The defaults: 20 items, newest first; the bounds 1 and 100 are pages.
+        listed = (await http.get(url)).json()
+        assert [item["id"] for item in listed["data"]] == [f"msg_{n}" for n in range(20, 0, -1)]
+        assert (listed["first_id"], listed["last_id"], listed["has_more"]) == (
+            "msg_20",
+            "msg_1",
+            True,
+        )
+        for limit in (1, 100):
+            assert (await http.get(url, params={"limit": limit})).status_code == 200, url
+        for params, param in BAD_PAGING:
+            answer = await http.get(url, params=params)
+            assert answer.status_code == 400, (url, params, answer.text)
+            error = answer.json()["error"]
+            assert set(answer.json()) == {"error"}
+            assert set(error) == {"message", "type", "param", "code"}
+            assert (error["type"], error["param"]) == ("invalid_request_error", param), (url, error)
+            assert isinstance(error["message"], str) and error["message"]
