@@ -207,202 +207,241 @@ class Clairvoyant(Ours):
         return chosen
 
 
-def replay(
-    sessions: list[Session],
-    rendered: dict[str, list[Turn]],
-    policy: Policy,
-    members: list[str],
-    engine: SimulatedEngineConfig,
-    output_tokens: int,
-    trace: list[dict[str, object]] | None = None,
-    steps: EngineSteps | None = None,
-    warm_second_home: bool = False,
-) -> Result:
-    reporters: dict[str, ReplicaReporter] = getattr(policy, "reporters", {})
-    caches = {
-        member: PrefixKVCache(
-            engine.block_size,
-            engine.kv_cache_tokens,
-            on_events=reporters[member].held if member in reporters else None,
-        )
-        for member in members
-    }
-    ongoing: Counter[str] = Counter()
-    prefill_free_at: Counter[str] = Counter()
-    stepped = (
-        {
-            member: SteppedPrefill(
-                steps.max_batched_tokens, steps.long_prefill_tokens, engine.prefill_tokens_per_s
+# Events: (time, kind, session index, turn index, replica). At equal times a replica is freed
+# before a turn arrives; a first token reaches the reports after; a prefill step ends last.
+_ENDS, _ARRIVES, _FIRST_TOKEN, _STEP_ENDS = 0, 1, 2, 3
+Event = tuple[float, int, int, int, str]
+Request = tuple[int, int]  # (session index, turn index); a warm-up's session index is negative
+
+
+@dataclass
+class _Prefilling:
+    """A turn (or a warm-up) waiting for its prefill on a stepped engine."""
+
+    arrived: float
+    before: str | None  # the replica of the conversation's turn before (for the trace)
+    hit: int
+    decode_s: float
+
+
+class Replay:
+    """One trace through one policy, event by event (see the module's docstring)."""
+
+    def __init__(
+        self,
+        sessions: list[Session],
+        rendered: dict[str, list[Turn]],
+        policy: Policy,
+        members: list[str],
+        engine: SimulatedEngineConfig,
+        output_tokens: int,
+        trace: list[dict[str, object]] | None = None,
+        steps: EngineSteps | None = None,
+        warm_second_home: bool = False,
+    ) -> None:
+        self.sessions, self.rendered, self.policy = sessions, rendered, policy
+        self.members, self.engine, self.output_tokens = members, engine, output_tokens
+        self.trace, self.steps = trace, steps
+        self.warm_second_home = warm_second_home and steps is not None
+        self.reporters: dict[str, ReplicaReporter] = getattr(policy, "reporters", {})
+        self.caches = {
+            member: PrefixKVCache(
+                engine.block_size,
+                engine.kv_cache_tokens,
+                on_events=self.reporters[member].held if member in self.reporters else None,
             )
             for member in members
         }
-        if steps is not None
-        else {}
-    )
-    # request -> (arrival, replica, cached tokens, decode seconds): until its prefill ends.
-    prefilling_now: dict[tuple[int, int], tuple[float, str, int, float]] = {}
-    work: Counter[str] = Counter()
-    # (time, kind, session index, turn index, replica); kind 0 = a turn ends, 1 = one arrives,
-    # so at equal times the replica is freed first, 2 = its first token (to the reports).
-    events: list[tuple[float, int, int, int, str]] = [
-        (session.start_s, 1, index, 0, "") for index, session in enumerate(sessions)
-    ]
-    heapq.heapify(events)
-    prompt = cached = 0
-    computed: dict[str, int] = {}  # request id -> its uncached tokens, until its first token
-    served_on: dict[int, str] = {}  # session index -> its latest turn's replica (for the trace)
-    homes: dict[int, str] = {}  # session index -> its latest turn's replica
-    second_homes: dict[int, str] = {}  # session index -> the replica its prompts are warmed on
-    ttfts = []
-    started, now, prefilling = events[0][0], 0.0, 0.0
-    # Only ours waits, for a later turn of a conversation its router does not know.
-    ready_at: Callable[[str, float], float] | None = getattr(policy, "ready_at", None)
-    waited = 0
+        self.stepped = {
+            member: SteppedPrefill(
+                steps.max_batched_tokens, steps.long_prefill_tokens, engine.prefill_tokens_per_s
+            )
+            for member in (members if steps is not None else [])
+        }
+        self.prefilling_now: dict[Request, _Prefilling] = {}
+        self.ongoing: Counter[str] = Counter()
+        self.prefill_free_at: Counter[str] = Counter()
+        self.work: Counter[str] = Counter()
+        self.computed: dict[str, int] = {}  # request id -> its uncached tokens, to its 1st token
+        self.homes: dict[int, str] = {}  # session index -> its latest turn's replica
+        self.second_homes: dict[int, str] = {}  # session index -> where its prompts are warmed
+        self.events: list[Event] = [
+            (session.start_s, _ARRIVES, index, 0, "") for index, session in enumerate(sessions)
+        ]
+        heapq.heapify(self.events)
+        self.ttfts: list[float] = []
+        self.prompt = self.cached = self.waited = 0
+        self.prefilling = 0.0  # engine seconds of prefill, over every replica
+        # Only ours waits, for a later turn of a conversation its router does not know.
+        self.ready_at: Callable[[str, float], float] | None = getattr(policy, "ready_at", None)
 
-    def first_token(
-        request: tuple[int, int], arrived: float, replica: str, hit: int, at: float, decode_s: float
+    def run(self) -> Result:
+        started = now = self.events[0][0]
+        while self.events:
+            now, kind, index, turn_index, replica = heapq.heappop(self.events)
+            if kind == _STEP_ENDS:
+                self._step_ends(replica, now)
+            elif kind == _FIRST_TOKEN:
+                # With the uncached tokens the engine computed, as the engine deployment passes
+                # them (`num_prompt_tokens - num_cached_tokens`): the measured rate comes from
+                # them.
+                request_id = f"{index}/{turn_index}"
+                self.reporters[replica].first_token(request_id, self.computed.pop(request_id), now)
+            elif kind == _ENDS:
+                self._ends((index, turn_index), replica, now)
+            else:
+                self._arrives((index, turn_index), replica == _WAITED, now)
+        mean_work = statistics.mean(self.work[member] for member in self.members)
+        return Result(
+            self.cached / self.prompt,
+            self.ttfts,
+            max(self.work.values()) / mean_work,
+            self.prefilling / len(self.members) / (now - started),
+            self.waited / len(self.ttfts),
+        )
+
+    def _turn(self, request: Request) -> Turn:
+        index, turn_index = request
+        return self.rendered[self.sessions[index].session_id][turn_index]
+
+    def _arrives(self, request: Request, waited: bool, now: float) -> None:
+        index, turn_index = request
+        turn = self._turn(request)
+        if self.ready_at is not None and turn_index > 0 and not waited:
+            ready = self.ready_at(turn.routing_key, now)
+            if ready > now:
+                self.waited += 1
+                heapq.heappush(self.events, (ready, _ARRIVES, index, turn_index, _WAITED))
+                return
+        loads = {member: self.ongoing[member] for member in self.members}
+        if isinstance(self.policy, Clairvoyant):
+            self.policy.state = TrueState(
+                self.caches, self.prefill_free_at, self.engine.prefill_tokens_per_s, turn.token_ids
+            )
+        replica = self.policy(turn.routing_key, loads, now, len(turn.token_ids))
+        before = self.homes.get(index)
+        if before is not None and before != replica:
+            self.second_homes[index] = before  # the home it left holds nearly all of it
+        self.homes[index] = replica
+        if replica in self.reporters:
+            self.reporters[replica].arrived(
+                f"{index}/{turn_index}", turn.routing_key, len(turn.token_ids)
+            )
+        # The cache is looked up on arrival: the same here for every policy (the engine looks
+        # up when the prefill starts). The output is cached too, as the engine does; it never
+        # matches a later prompt.
+        hit = self._store(replica, turn, [*turn.token_ids, *[0] * self.output_tokens])
+        uncached = len(turn.token_ids) - hit
+        decode_s = (
+            self.output_tokens
+            * (1 + self.engine.batch_slowdown * self.ongoing[replica])
+            / self.engine.decode_tokens_per_s
+        )
+        self.ongoing[replica] += 1
+        self.work[replica] += self.output_tokens / self.engine.decode_tokens_per_s
+        self.prompt += len(turn.token_ids)
+        self.cached += hit
+        prefilling = _Prefilling(now, before, hit, decode_s)
+        if self.steps is None:
+            # One prefill at a time, in arrival order.
+            starts = max(now, self.prefill_free_at[replica])
+            self.prefill_free_at[replica] = starts + uncached / self.engine.prefill_tokens_per_s
+            self._first_token(request, replica, prefilling, self.prefill_free_at[replica])
+            return
+        queue = self.stepped[replica]
+        queue.add(request, uncached, uncached if self.steps.by_uncached else 0)
+        self.prefilling_now[request] = prefilling
+        # What a clairvoyant placer would read as this replica's queue.
+        queued_s = queue.queued_tokens() / self.engine.prefill_tokens_per_s
+        self.prefill_free_at[replica] = now + queued_s
+        self._start_step(replica, now)
+
+    def _store(self, replica: str, turn: Turn, tokens: list[int]) -> int:
+        """Looks ``turn`` up in the replica's cache and stores ``tokens``; its hit, counting
+        what the replica computes of it as prefill work."""
+        cache = self.caches[replica]
+        hit_keys = cache.lookup_blocks(turn.token_ids, turn.routing_key)
+        cache.insert(tokens, hit_keys, turn.routing_key)
+        hit = len(hit_keys) * cache.block_size
+        prefill_s = (len(turn.token_ids) - hit) / self.engine.prefill_tokens_per_s
+        self.prefilling += prefill_s
+        self.work[replica] += prefill_s
+        return hit
+
+    def _start_step(self, replica: str, now: float) -> None:
+        """The replica's next prefill step, unless one runs or nothing waits."""
+        queue = self.stepped[replica]
+        if queue.busy:
+            return
+        step_ends = queue.start_step(now)
+        if step_ends is not None:
+            heapq.heappush(self.events, (step_ends, _STEP_ENDS, -1, -1, replica))
+
+    def _step_ends(self, replica: str, now: float) -> None:
+        """A step of the replica's stepped prefill ends: the prefills it finished get their
+        first token (a warm-up only reaches the reports), and the next step starts."""
+        for request in self.stepped[replica].end_step():
+            prefilling = self.prefilling_now.pop(request)
+            if request[0] >= 0:
+                self._first_token(request, replica, prefilling, now)
+                continue
+            warm_id = f"warm{-1 - request[0]}/{request[1]}"
+            uncached = len(self._turn((-1 - request[0], request[1])).token_ids) - prefilling.hit
+            self.reporters[replica].first_token(warm_id, uncached, now)
+            self.reporters[replica].ended(warm_id)
+        self._start_step(replica, now)
+
+    def _first_token(
+        self, request: Request, replica: str, prefilling: _Prefilling, at: float
     ) -> None:
         """A turn's prefill ended at ``at``: its TTFT, its first-token report, its end."""
         index, turn_index = request
-        turn = rendered[sessions[index].session_id][turn_index]
-        uncached = len(turn.token_ids) - hit
-        ttfts.append((at - arrived + 1 / engine.decode_tokens_per_s) * 1000)
-        if trace is not None:
-            before = served_on.get(index)
-            starts = at - uncached / engine.prefill_tokens_per_s
-            trace.append(_traced(turn, replica, before, hit, arrived, starts))
-            trace[-1]["ttft_ms"] = ttfts[-1]
-            served_on[index] = replica
-        if replica in reporters:
-            computed[f"{index}/{turn_index}"] = uncached
-            first = at + 1 / engine.decode_tokens_per_s
-            heapq.heappush(events, (first, 2, index, turn_index, replica))
-        heapq.heappush(events, (at + decode_s, 0, index, turn_index, replica))
+        turn = self._turn(request)
+        uncached = len(turn.token_ids) - prefilling.hit
+        step_s = 1 / self.engine.decode_tokens_per_s
+        self.ttfts.append((at - prefilling.arrived + step_s) * 1000)
+        if self.trace is not None:
+            starts = at - uncached / self.engine.prefill_tokens_per_s
+            traced = _traced(
+                turn, replica, prefilling.before, prefilling.hit, prefilling.arrived, starts
+            )
+            self.trace.append({**traced, "ttft_ms": self.ttfts[-1]})
+        if replica in self.reporters:
+            self.computed[f"{index}/{turn_index}"] = uncached
+            heapq.heappush(self.events, (at + step_s, _FIRST_TOKEN, index, turn_index, replica))
+        heapq.heappush(self.events, (at + prefilling.decode_s, _ENDS, index, turn_index, replica))
 
-    def warm_up(
-        index: int, turn_index: int, home: str, loads: Mapping[str, int]
-    ) -> tuple[float, int, int, int, str] | None:
+    def _ends(self, request: Request, replica: str, now: float) -> None:
+        index, turn_index = request
+        self.ongoing[replica] -= 1
+        if replica in self.reporters:
+            self.reporters[replica].ended(f"{index}/{turn_index}")
+        if self.warm_second_home:
+            self._warm_up(request, replica, now)
+        session = self.sessions[index]
+        if turn_index + 1 < len(session.turns):
+            think = session.turns[turn_index + 1]["think_s"]
+            heapq.heappush(self.events, (now + think, _ARRIVES, index, turn_index + 1, ""))
+
+    def _warm_up(self, request: Request, home: str, now: float) -> None:
         """Analysis: the turn's prompt prefilled at the lowest priority on the conversation's
-        second home (the home it left, or the least loaded other replica), so two replicas hold
-        it; returns the step to start if that replica was idle."""
-        second = second_homes.get(index)
+        second home (the home it left, or the least loaded other replica), so two replicas
+        hold it."""
+        index, turn_index = request
+        second = self.second_homes.get(index)
         if second is None or second == home:
-            second = min((m for m in members if m != home), key=lambda m: (loads[m], m))
-            second_homes[index] = second
-        turn = rendered[sessions[index].session_id][turn_index]
-        cache = caches[second]
-        hit_keys = cache.lookup_blocks(turn.token_ids, turn.routing_key)
-        hit = len(hit_keys) * cache.block_size
-        cache.insert(turn.token_ids, hit_keys, turn.routing_key)
-        uncached = len(turn.token_ids) - hit
-        nonlocal prefilling
-        prefilling += uncached / engine.prefill_tokens_per_s
-        work[second] += uncached / engine.prefill_tokens_per_s
-        request = (-1 - index, turn_index)
-        reporters[second].arrived(
+            others = [member for member in self.members if member != home]
+            second = min(others, key=lambda member: (self.ongoing[member], member))
+            self.second_homes[index] = second
+        turn = self._turn(request)
+        hit = self._store(second, turn, turn.token_ids)
+        warm = (-1 - index, turn_index)
+        self.reporters[second].arrived(
             f"warm{index}/{turn_index}", turn.routing_key, len(turn.token_ids)
         )
-        queue = stepped[second]
-        queue.add(request, uncached, float("inf"))
-        prefilling_now[request] = (now, second, uncached, 0.0)  # its uncached where a hit goes
-        if queue.busy:
-            return None
-        step_ends = queue.start_step(now)
-        return None if step_ends is None else (step_ends, 3, -1, -1, second)
-
-    while events:
-        now, kind, index, turn_index, replica = heapq.heappop(events)
-        if kind == 3:
-            # A step of `replica`'s stepped prefill ends: its finished prefills get their first
-            # token, and the next step starts.
-            for done in stepped[replica].end_step():
-                arrived, _, hit, decode_s = prefilling_now.pop(done)
-                if done[0] < 0:  # a warm-up: only the replica's reports see it
-                    warm_id = f"warm{-1 - done[0]}/{done[1]}"
-                    reporters[replica].first_token(warm_id, hit, now)
-                    reporters[replica].ended(warm_id)
-                    continue
-                first_token(done, arrived, replica, hit, now, decode_s)
-            step_ends = stepped[replica].start_step(now)
-            if step_ends is not None:
-                heapq.heappush(events, (step_ends, 3, -1, -1, replica))
-            continue
-        session = sessions[index]
-        request_id = f"{index}/{turn_index}"
-        if kind == 2:
-            # With the uncached tokens the engine computed, as the engine deployment passes
-            # them (`num_prompt_tokens - num_cached_tokens`): the measured rate comes from them.
-            reporters[replica].first_token(request_id, computed.pop(request_id), now)
-            continue
-        if kind == 0:
-            ongoing[replica] -= 1
-            if replica in reporters:
-                reporters[replica].ended(request_id)
-            if warm_second_home and steps is not None:
-                warm = warm_up(index, turn_index, replica, ongoing)
-                if warm is not None:
-                    heapq.heappush(events, warm)
-            if turn_index + 1 < len(session.turns):
-                think = session.turns[turn_index + 1]["think_s"]
-                heapq.heappush(events, (now + think, 1, index, turn_index + 1, ""))
-            continue
-        turn = rendered[session.session_id][turn_index]
-        if ready_at is not None and turn_index > 0 and replica != _WAITED:
-            ready = ready_at(turn.routing_key, now)
-            if ready > now:
-                waited += 1
-                heapq.heappush(events, (ready, 1, index, turn_index, _WAITED))
-                continue
-        loads = {member: ongoing[member] for member in members}
-        if isinstance(policy, Clairvoyant):
-            policy.state = TrueState(
-                caches, prefill_free_at, engine.prefill_tokens_per_s, turn.token_ids
-            )
-        replica = policy(turn.routing_key, loads, now, len(turn.token_ids))
-        if index in homes and homes[index] != replica:
-            second_homes[index] = homes[index]  # the home it left holds nearly all of it
-        homes[index] = replica
-        if replica in reporters:
-            reporters[replica].arrived(request_id, turn.routing_key, len(turn.token_ids))
-        cache = caches[replica]
-        # The cache is looked up on arrival: the same here for every policy (the engine looks
-        # up when the prefill starts).
-        hit_keys = cache.lookup_blocks(turn.token_ids, turn.routing_key)
-        hit = len(hit_keys) * cache.block_size
-        # The output is cached too, as the engine does; it never matches a later prompt.
-        cache.insert([*turn.token_ids, *[0] * output_tokens], hit_keys, turn.routing_key)
-        uncached = len(turn.token_ids) - hit
-        prefilling += uncached / engine.prefill_tokens_per_s
-        slowdown = 1 + engine.batch_slowdown * ongoing[replica]
-        decode_s = output_tokens * slowdown / engine.decode_tokens_per_s
-        ongoing[replica] += 1
-        work[replica] += uncached / engine.prefill_tokens_per_s + (
-            output_tokens / engine.decode_tokens_per_s
-        )
-        prompt += len(turn.token_ids)
-        cached += hit
-        if steps is None:
-            prefill_starts = max(now, prefill_free_at[replica])
-            prefill_free_at[replica] = prefill_starts + uncached / engine.prefill_tokens_per_s
-            first_token((index, turn_index), now, replica, hit, prefill_free_at[replica], decode_s)
-            continue
-        queue = stepped[replica]
-        queue.add((index, turn_index), uncached, uncached if steps.by_uncached else 0)
-        prefilling_now[(index, turn_index)] = (now, replica, hit, decode_s)
-        # What a clairvoyant placer would read as this replica's queue.
-        prefill_free_at[replica] = now + queue.queued_tokens() / engine.prefill_tokens_per_s
-        if not queue.busy:
-            step_ends = queue.start_step(now)
-            if step_ends is not None:
-                heapq.heappush(events, (step_ends, 3, -1, -1, replica))
-    mean_work = statistics.mean(work[member] for member in members)
-    return Result(
-        cached / prompt,
-        ttfts,
-        max(work.values()) / mean_work,
-        prefilling / len(members) / (now - started),
-        waited / len(ttfts),
-    )
+        self.stepped[second].add(warm, len(turn.token_ids) - hit, float("inf"))
+        self.prefilling_now[warm] = _Prefilling(now, None, hit, 0.0)
+        self._start_step(second, now)
 
 
 def _traced(
@@ -540,7 +579,7 @@ def main() -> None:
         )
         for name, make in policies.items():
             trace: list[dict[str, object]] | None = [] if traces else None
-            result = replay(
+            result = Replay(
                 sessions,
                 rendered,
                 make(),
@@ -550,7 +589,7 @@ def main() -> None:
                 trace,
                 steps,
                 args.warm_second_home and name.startswith("ours"),
-            )
+            ).run()
             if traces and trace is not None:
                 traces.writelines(
                     json.dumps({"seed": seed, "policy": name, **turn}) + "\n" for turn in trace
