@@ -385,8 +385,9 @@ class Replay:
             if request[0] >= 0:
                 self._first_token(request, replica, prefilling, now)
                 continue
-            warm_id = f"warm{-1 - request[0]}/{request[1]}"
-            uncached = len(self._turn((-1 - request[0], request[1])).token_ids) - prefilling.hit
+            warmed = (-1 - request[0], request[1])  # the turn whose prompt it warmed
+            warm_id = "warm{}/{}".format(*warmed)
+            uncached = len(self._turn(warmed).token_ids) - prefilling.hit
             self.reporters[replica].first_token(warm_id, uncached, now)
             self.reporters[replica].ended(warm_id)
         self._start_step(replica, now)
