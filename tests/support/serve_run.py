@@ -88,15 +88,36 @@ def wait_healthy(run: ServeRun, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
 
 def stop(run: ServeRun, timeout_s: float = STOP_TIMEOUT_S) -> None:
     """Ctrl-C, as users stop ``serve run``: it shuts the app and its local Ray down; killed if
-    it has not within ``timeout_s``."""
-    if run.process.poll() is not None:
-        return
-    os.killpg(run.process.pid, signal.SIGINT)
-    try:
-        run.process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(run.process.pid, signal.SIGKILL)
-        run.process.wait()
+    it has not within ``timeout_s``. Then whatever it started and left running is killed."""
+    if run.process.poll() is None:
+        os.killpg(run.process.pid, signal.SIGINT)
+        try:
+            run.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.process.pid, signal.SIGKILL)
+            run.process.wait()
+    end_leftovers(run.process.pid)
+
+
+def end_leftovers(session: int) -> list[str]:
+    """Kills the processes still in the session ``serve run`` led, once it has exited, and says
+    which on stderr; returns their command lines. Ray starts some in process groups of their
+    own, which Ctrl-C does not reach: Serve's HAProxy, in its manager's group, has outlived a
+    fast-path run once in CI (its manager stops it at shutdown, unless it is mid-reload or is
+    itself killed), holding its ports for good. Linux only (``/proc``)."""
+    left = []
+    for pid, argv in processes():
+        if not any(argv):
+            continue  # ended: a zombie until its parent, or init, reaps it
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to see
+            if os.getsid(pid) == session:
+                os.kill(pid, signal.SIGKILL)
+                left.append(b" ".join(argv).decode(errors="replace").strip())
+    if left:
+        print(f"serve run left {len(left)} process(es) running; killed:", file=sys.stderr)
+        for command in left:
+            print(f"  {command[:200]}", file=sys.stderr)
+    return left
 
 
 @contextlib.contextmanager
@@ -116,18 +137,28 @@ def running(
         stop(run, stop_timeout_s)
 
 
-def children(pid: int) -> Iterator[tuple[int, list[bytes]]]:
-    """The processes whose parent is ``pid``, with their command lines (from /proc)."""
+def processes() -> Iterator[tuple[int, list[bytes]]]:
+    """Every process with its command line (from /proc)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
             argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # it ended meanwhile
+            continue
+        yield int(proc.name), argv
+
+
+def children(pid: int) -> Iterator[tuple[int, list[bytes]]]:
+    """The processes whose parent is ``pid``, with their command lines (from /proc)."""
+    for child, argv in processes():
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text()
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
         if parent == pid:
-            yield int(proc.name), argv
+            yield child, argv
 
 
 def raylet(run: ServeRun) -> tuple[int, list[bytes]]:
