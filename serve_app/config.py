@@ -177,8 +177,10 @@ class SecretArgs(BaseModel):
     api_keys: list[str] = Field(default_factory=list)
     # A file of more keys, one a line (``#`` comments). $SERVE_APP_API_KEYS_FILE overrides it.
     api_keys_file: str | None = None
-    # Shared by every ingress replica, or a blob sealed on one opens on no other; unset: a
-    # random key per replica. $SERVE_APP_REASONING_KEY overrides it.
+    # The key that seals reasoning and compaction blobs; comma-separated keys rotate: the first
+    # seals, every one opens. Unset: one key the deployment generates once and keeps in the
+    # response store, shared by every ingress replica and restart
+    # (serve_app/serving/reasoning_keys.py). $SERVE_APP_REASONING_KEY overrides it.
     reasoning_key: str | None = None
 
     def resolved(self) -> SecretArgs:
@@ -192,6 +194,10 @@ class SecretArgs(BaseModel):
         if reasoning_key := env.get(REASONING_KEY_ENV):
             update["reasoning_key"] = reasoning_key
         return self.model_copy(update=update)
+
+    def reasoning_keys(self) -> list[str]:
+        """The operator's reasoning keys, the sealing one first (none: unset)."""
+        return [key.strip() for key in (self.reasoning_key or "").split(",") if key.strip()]
 
 
 class AppArgs(BaseModel):

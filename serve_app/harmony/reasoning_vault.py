@@ -8,6 +8,10 @@ was tampered with or sealed under another key is ignored (the turn goes on witho
 Each blob is bound (as AES-GCM associated data) to its purpose and to its owner, the digest of
 the API key it was sealed for (None when the API is open): a blob sealed for one key does not
 open for another, so one tenant cannot have another's reasoning or summary rendered for them.
+
+A vault holds a list of keys, for rotation: the first seals, every one opens. Which keys, and
+how every ingress replica comes to hold the same ones, is the serving layer's business
+(serve_app/serving/reasoning_keys.py): this module knows keys, not where they are kept.
 """
 
 from __future__ import annotations
@@ -34,32 +38,18 @@ def _derive_key(secret: str) -> bytes:
 
 
 class ReasoningVault:
-    def __init__(self, secret: str) -> None:
-        self._aead = AESGCM(_derive_key(secret))
-
-    @classmethod
-    def from_secret(cls, secret: str | None) -> ReasoningVault:
-        """The vault of ``secret`` (the app's ``secrets.reasoning_key``, which
-        $SERVE_APP_REASONING_KEY overrides); a random key when there is none.
-
-        Every ingress replica must share the key for blobs to open on any replica: a random
-        key only suits a single replica (blobs from before a restart are then ignored).
-        """
-        if not secret:
-            logger.warning(
-                "no reasoning key is set (secrets.reasoning_key or $SERVE_APP_REASONING_KEY): "
-                "using a random key; encrypted reasoning will not survive a restart or open on "
-                "other ingress replicas"
-            )
-            secret = secrets.token_hex(32)
-        return cls(secret)
+    def __init__(self, secret: str, *older: str) -> None:
+        """``secret`` seals; it and each of ``older`` open (a rotated-out key keeps the blobs
+        sealed under it opening until it is dropped from the list)."""
+        self._seal_with = AESGCM(_derive_key(secret))
+        self._open_with = [self._seal_with, *(AESGCM(_derive_key(key)) for key in older)]
 
     def seal(self, text: str, purpose: bytes = b"", owner: str | None = None) -> str:
         """``purpose`` and ``owner`` are bound to the blob: it opens only for the same, so a
         sealed reasoning text cannot be passed off as a compaction summary, nor opened for
         another API key."""
         nonce = secrets.token_bytes(_NONCE_BYTES)
-        sealed = self._aead.encrypt(nonce, text.encode(), _associated_data(purpose, owner))
+        sealed = self._seal_with.encrypt(nonce, text.encode(), _associated_data(purpose, owner))
         return base64.urlsafe_b64encode(_VERSION + nonce + sealed).decode()
 
     def open(self, blob: str, purpose: bytes = b"", owner: str | None = None) -> str | None:
@@ -72,12 +62,17 @@ class ReasoningVault:
         if not raw.startswith(_VERSION) or len(raw) <= len(_VERSION) + _NONCE_BYTES:
             return None
         nonce = raw[len(_VERSION) : len(_VERSION) + _NONCE_BYTES]
-        try:
-            sealed = raw[len(_VERSION) + _NONCE_BYTES :]
-            return self._aead.decrypt(nonce, sealed, _associated_data(purpose, owner)).decode()
-        except (InvalidTag, UnicodeDecodeError):
-            logger.info("An encrypted blob this server cannot open (purpose %r)", purpose)
-            return None
+        sealed = raw[len(_VERSION) + _NONCE_BYTES :]
+        associated = _associated_data(purpose, owner)
+        # The blob does not name its key (the layout is the same as before key lists): each key
+        # is tried, the sealing one first; a wrong key costs one tag check over the blob.
+        for aead in self._open_with:
+            try:
+                return aead.decrypt(nonce, sealed, associated).decode()
+            except (InvalidTag, UnicodeDecodeError):
+                continue
+        logger.info("An encrypted blob this server cannot open (purpose %r)", purpose)
+        return None
 
 
 def _associated_data(purpose: bytes, owner: str | None) -> bytes:

@@ -41,6 +41,7 @@ from serve_app.serving.http.body_limit import BodyLimits
 from serve_app.serving.http.keepalive import KeepAliveStreamingResponse
 from serve_app.serving.http.pagination import Paging
 from serve_app.serving.http.pagination import page as _page
+from serve_app.serving.reasoning_keys import shared_vault
 from serve_app.serving.turn.service import ResponsesService
 from serve_app.serving.turn.state import Ask
 from serve_app.serving.websocket import websocket_router
@@ -286,6 +287,7 @@ class ResponsesIngress:
         self._store = SqlResponseStore(store_url)
         await self._store.start()
         streaming = args.streaming.resolved()
+        vault = await shared_vault(args.secrets.resolved(), self._store)
         self._api = create_api(
             args,
             # Named so engine replicas abort this replica's requests should it die, and send
@@ -296,7 +298,7 @@ class ResponsesIngress:
                 channels=streaming.channels,
                 watchdog=Watchdog(streaming.silence_s, streaming.heartbeat_s),
             ),
-            ReasoningVault.from_secret(args.secrets.resolved().reasoning_key),
+            vault,
             self._store,
             replica_id=serve.get_replica_context().replica_id.unique_id,
             api_keys=ApiKeys.from_env(args.secrets),

@@ -235,5 +235,13 @@ class ResponseStore(abc.ABC):
     async def delete_item(self, conversation_id: str, item_id: str) -> bool:
         """Remove every item with that id from the conversation (ids may repeat)."""
 
+    # --- secrets the server makes for itself, shared by every replica ----------------------
+
+    @abc.abstractmethod
+    async def shared_secret(self, name: str, proposal: str | None) -> str | None:
+        """The secret stored under ``name``. With ``proposal``, it is stored first unless a
+        value is there already (insert-if-absent): of replicas proposing at once, one wins and
+        every one gets its value. Without, only read (None: nothing stored). Never replaced."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

@@ -55,6 +55,7 @@ from serve_app.store.base import (
     cut_page,
 )
 from serve_app.store.retry import WRITE_ATTEMPTS, backoff_s, transient
+from serve_app.store.server_secrets import propose_secret, read_secret
 from serve_app.store.sqlite import WRITES, private_sqlite_file, sqlite_begin, sqlite_pragmas
 from serve_app.store.tables import (
     Base,
@@ -68,6 +69,7 @@ from serve_app.store.tables import (
     item_rows,
     migrate,
     page_query,
+    take_schema_turn,
 )
 from serve_app.store.writes import append_items_at_end, persisted_ending_inputs, put_response
 
@@ -101,6 +103,7 @@ class SqlResponseStore(ResponseStore):
 
         async def create_schema(session: AsyncSession) -> None:
             connection = await session.connection()
+            await take_schema_turn(connection)
             await connection.run_sync(Base.metadata.create_all)
             await migrate(connection)
 
@@ -420,6 +423,16 @@ class SqlResponseStore(ResponseStore):
                     return found
                 start = rows[-1][0]  # a run of repeated ids: the page goes on past the limit
                 batch *= 2
+
+    async def shared_secret(self, name: str, proposal: str | None) -> str | None:
+        if proposal is None:
+            async with self._session() as session:
+                return await read_secret(session, name)
+
+        async def write(session: AsyncSession) -> str:
+            return await propose_secret(session, name, proposal)
+
+        return await self._transact(write)
 
     async def ids(self) -> list[str]:
         async with self._session() as session:

@@ -21,6 +21,7 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import DeclarativeBase, Mapped, aliased, mapped_column
 
 
@@ -152,6 +153,20 @@ def page_query(conversation_id: str, start: int | None, descending: bool, limit:
     if start is not None:
         query = query.where(row.position < start if descending else row.position > start)
     return query.order_by(row.position.desc() if descending else row.position).limit(limit)
+
+
+# Any number: the PostgreSQL advisory lock the schema's creators take turns on.
+_SCHEMA_LOCK = 38_5238
+
+
+async def take_schema_turn(connection: AsyncConnection) -> None:
+    """On PostgreSQL, wait for the other replicas creating the schema to commit (the lock ends
+    with the transaction). Replicas starting at once on a fresh database (or on one from before
+    a new table, such as ``server_secrets``) would each CREATE TABLE, and all but one failed on
+    PostgreSQL's catalog (``pg_type_typname_nsp_index``), an error no retry is for. SQLite's
+    writers take turns already (``BEGIN IMMEDIATE``)."""
+    if connection.dialect.name == "postgresql":
+        await connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
 
 
 async def migrate(connection) -> None:

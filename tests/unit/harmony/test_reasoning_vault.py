@@ -52,3 +52,26 @@ def test_blobs_of_the_layout_before_owners_do_not_open() -> None:
     vault = ReasoningVault("key")
     assert vault.open(old, owner=None) is None
     assert vault.open(old, owner="alice-digest") is None
+
+
+def test_a_key_list_seals_with_the_first_and_opens_with_every_one() -> None:
+    before = ReasoningVault("old")
+    old_blob = before.seal("sealed before the rotation", b"compaction", owner="alice")
+    rotated = ReasoningVault("new", "old")
+    new_blob = rotated.seal("sealed after", b"compaction", owner="alice")
+    assert rotated.open(old_blob, b"compaction", owner="alice") == "sealed before the rotation"
+    assert rotated.open(new_blob, b"compaction", owner="alice") == "sealed after"
+    # The first key seals: the new blob opens under the new key alone, not under the old.
+    assert ReasoningVault("new").open(new_blob, b"compaction", owner="alice") == "sealed after"
+    assert before.open(new_blob, b"compaction", owner="alice") is None
+    # Binding holds under every key of the list.
+    assert rotated.open(old_blob, b"compaction", owner="bob") is None
+    assert rotated.open(old_blob, b"", owner="alice") is None
+
+
+def test_a_key_removed_from_the_list_no_longer_opens_its_blobs() -> None:
+    old_blob = ReasoningVault("old").seal("plan")
+    assert ReasoningVault("newer", "new", "old").open(old_blob) == "plan"
+    assert ReasoningVault("newer", "new").open(old_blob) is None
+    # The layout did not change with key lists: a blob of a one-key vault is the same kind.
+    assert base64.urlsafe_b64decode(old_blob)[:3] == b"sa2"
