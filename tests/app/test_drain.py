@@ -20,6 +20,7 @@ sees its events continue where it left them.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -42,6 +43,11 @@ PREFIX = "/drain"
 # 1,600 tokens at 200 tokens/s: each turn streams for 8 s, most of it after the downscale.
 OUTPUT_TOKENS = 1600
 MAX_TURNS = 8
+# Ray's request-router config serializes its class between a global register and unregister
+# (ray.cloudpickle, not thread-safe): building a deployment's options in one thread while
+# another builds them, or parses them in serve.status(), failed once with "... is not
+# registered for pickle by value". The test's threads take turns.
+_SERVE_CONFIGS = threading.Lock()
 
 
 def _deploy(engine_replicas: int, store_url: str) -> None:
@@ -66,14 +72,15 @@ def _deploy(engine_replicas: int, store_url: str) -> None:
     }
     for deployment in ("ResponsesIngress", "EngineDeployment"):
         assert options[deployment].get("graceful_shutdown_timeout_s"), deployment
-    engine = EngineDeployment.options(
-        **options["EngineDeployment"],
-        num_replicas=engine_replicas,
-        ray_actor_options={"num_cpus": 0},
-    ).bind(args.engine)
-    ingress = ResponsesIngress.options(
-        **options["ResponsesIngress"], num_replicas=1, ray_actor_options={"num_cpus": 0}
-    ).bind(engine, args)
+    with _SERVE_CONFIGS:
+        engine = EngineDeployment.options(
+            **options["EngineDeployment"],
+            num_replicas=engine_replicas,
+            ray_actor_options={"num_cpus": 0},
+        ).bind(args.engine)
+        ingress = ResponsesIngress.options(
+            **options["ResponsesIngress"], num_replicas=1, ray_actor_options={"num_cpus": 0}
+        ).bind(engine, args)
     serve.run(ingress, name=APP, route_prefix=PREFIX)
 
 
@@ -168,7 +175,8 @@ def _engine_replica_states() -> dict[str, int]:
 
 
 def _replica_states(deployment: str) -> dict[str, int]:
-    status = serve.status().applications[APP].deployments[deployment]
+    with _SERVE_CONFIGS:
+        status = serve.status().applications[APP].deployments[deployment]
     return {getattr(state, "value", state): n for state, n in status.replica_states.items() if n}
 
 
