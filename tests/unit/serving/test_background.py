@@ -406,9 +406,7 @@ async def test_runs_starting_as_the_shutdown_begins_complete_or_are_refused(
 
         async def create() -> str | int:
             try:
-                created = await client.responses.create(
-                    model=MODEL, input="QUICK", background=True
-                )
+                created = await client.responses.create(model=MODEL, input="QUICK", background=True)
             except openai.APIStatusError as error:
                 return error.status_code
             return created.id
