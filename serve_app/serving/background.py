@@ -8,8 +8,14 @@ The replica running a response holds a lease on it in the store, renewed every `
 restarted) is ended as ``failed``, its persisted events closed with ``response.failed`` so
 every stream ends, by whichever replica notices first: one serving a client that reads it
 (GET, stream, cancel), or the sweep each replica runs at start and every ``lease_s``. The
-store ends it with a compare-and-set, so exactly one replica does. A replica shut down
-gracefully ends its own runs at once (`BackgroundRunner.stop`).
+store ends it with a compare-and-set, so exactly one replica does.
+
+A replica shut down gracefully (a redeploy, a downscale: Serve calls the ingress's ``__del__``)
+lets its runs finish first (`BackgroundRunner.stop`): they go on as before, their leases
+renewed, so clients following them on any replica see nothing change; new runs are refused
+(503, retried elsewhere). What has not finished when the shutdown's grace runs out is ended
+``failed``, saying so, before Serve kills the replica. Handing a run to another replica was the
+other way (docs/reliability.md says why not).
 
 Cancel works whichever replica takes it: the cancel is a flag in the store that the running
 replica watches; a run whose lease lapsed is ended (``cancelled``) by the canceller itself.
@@ -31,6 +37,7 @@ from pydantic import TypeAdapter
 
 from serve_app.config import BackgroundArgs
 from serve_app.protocol import sse
+from serve_app.protocol.errors import ServerError
 from serve_app.protocol.responses import dump_response
 from serve_app.protocol.sse import event_json
 from serve_app.protocol.stream_events import ResponseEventWriter
@@ -52,6 +59,15 @@ INTERRUPTED_MESSAGE = (
     "finished. Please try again."
 )
 INTERRUPTED_CODE = "server_error"
+SHUT_DOWN_MESSAGE = (
+    "The background response was interrupted: the server running it was shut down (a redeploy "
+    "or a scale-down) and the response did not finish within the shutdown's grace period. "
+    "Please try again."
+)
+DRAINING_MESSAGE = "This server is shutting down and starts no background response. Please retry."
+# Of a shutdown's budget, what `stop` keeps to end the unfinished runs and close the store
+# before Serve kills the replica: a tenth, at most this.
+SHUTDOWN_MARGIN_S = 5.0
 
 
 @dataclass
@@ -74,6 +90,8 @@ class BackgroundRunner:
         self._lease = lease or BackgroundArgs()
         self._tasks: set[asyncio.Task] = set()
         self._runs: dict[str, tuple[asyncio.Task, _RunState]] = {}  # running here, by response
+        self._starting = 0  # `start` calls between their check of `_draining` and their run
+        self._draining = False
 
     @property
     def lease(self) -> BackgroundArgs:
@@ -81,7 +99,17 @@ class BackgroundRunner:
 
     async def start(self, turn: Turn) -> None:
         """Take the lease, store the response as in progress, then run it on its own task.
-        `NotStored` (nothing runs) if either write failed: the client's 200 says it is stored."""
+        `NotStored` (nothing runs) if either write failed: the client's 200 says it is stored.
+        A 503 (retried by clients, elsewhere) once the replica is shutting down."""
+        if self._draining:
+            raise ServerError(DRAINING_MESSAGE, status_code=503, headers={"Retry-After": "1"})
+        self._starting += 1
+        try:
+            await self._claim(turn)
+        finally:
+            self._starting -= 1
+
+    async def _claim(self, turn: Turn) -> None:
         response_id = turn.response.id
         try:
             # The lease first: a reader who finds the response finds its run too.
@@ -103,21 +131,41 @@ class BackgroundRunner:
         """End the runs whose runner is gone, now (a restarted app's) and every lease period."""
         self._spawn(self._sweep_forever(), "background lease sweep")
 
-    async def stop(self) -> None:
-        """The replica is shutting down and its runs cannot go on: end them now, ``failed`` as
-        a lapsed lease would, so no client waits the lease out."""
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """The replica is shutting down: refuse new runs, give the runs here ``grace_s`` to
+        finish (they go on as before: leases renewed, cancels followed, events persisted), then
+        end those left ``failed``, saying why, so no client waits a lease out."""
+        self._draining = True
+        await self._wait_for_runs(grace_s)
         runs = list(self._runs.items())
         for _, (task, state) in runs:
             state.lost = True  # its runner writes nothing more; the ending below closes it
             task.cancel()
         await asyncio.gather(*(task for _, (task, _) in runs), return_exceptions=True)
         for response_id, _ in runs:
+            logger.warning("background response %s: unfinished at shutdown, failed", response_id)
             try:
-                await self._store.end_run(response_id, _interrupted, only_if_lapsed=False)
+                await self._store.end_run(response_id, _shut_down, only_if_lapsed=False)
             except Exception:  # its lease lapses instead
                 logger.exception("background response %s: not ended at shutdown", response_id)
         for task in self._tasks:
             task.cancel()  # the sweep
+
+    async def _wait_for_runs(self, grace_s: float) -> None:
+        """Until no run is left here (nor one about to start), or ``grace_s`` has passed."""
+        deadline = time.monotonic() + grace_s
+        if self._runs or self._starting:
+            logger.info(
+                "shutting down: waiting up to %.0f s for %d background responses",
+                grace_s,
+                len(self._runs) + self._starting,
+            )
+        while (self._runs or self._starting) and (left := deadline - time.monotonic()) > 0:
+            tasks = [task for task, _ in self._runs.values()]
+            if tasks:
+                await asyncio.wait(tasks, timeout=min(left, 1.0))
+            else:  # a start between its claim and its task
+                await asyncio.sleep(min(left, 0.05))
 
     def _spawn(self, coroutine, name: str) -> asyncio.Task:
         task = asyncio.create_task(coroutine, name=name, context=contextvars.Context())
@@ -343,11 +391,20 @@ def _ending(end: Callable[[ResponseEventWriter, Response], None]) -> RunEnding:
 _OUTPUT_ITEM_DONE = TypeAdapter(ResponseOutputItemDoneEvent)
 
 _interrupted = _ending(lambda writer, _: writer.fail(INTERRUPTED_CODE, INTERRUPTED_MESSAGE))
+# A run its replica, shutting down, could not let finish in time.
+_shut_down = _ending(lambda writer, _: writer.fail(INTERRUPTED_CODE, SHUT_DOWN_MESSAGE))
 # A run whose final snapshot could not be stored.
 _unstored = _ending(lambda writer, _: writer.fail("server_error", NOT_STORED_MESSAGE))
 # As the running replica ends a cancelled response (see ResponseStreamTranslator.finish),
 # with the usage stored so far.
 _cancelled = _ending(lambda writer, stored: writer.finish("cancelled", stored.usage))
+
+
+def shutdown_grace_s(budget_s: float) -> float:
+    """How long a replica shutting down lets its runs go on, of Serve's ``budget_s``
+    (``graceful_shutdown_timeout_s``, after which Serve kills it): all but a margin to end the
+    runs left and close the store."""
+    return max(0.0, budget_s - min(SHUTDOWN_MARGIN_S, budget_s / 10))
 
 
 def _event_type(data: str) -> str:

@@ -10,11 +10,18 @@ draining while its streams run: a redeploy and a downscale at once.
 Each stream must end ``response.completed`` with every token: the stopped replica gets no new
 requests, its channels and its caller watch leave the draining requests alone, and the budget
 (``graceful_shutdown_timeout_s``) outlasts them.
+
+A background response started before the redeploy, with no client following it on the
+replica Serve stops (one would hold the replica's drain), finishes on that replica too: its
+``__del__`` lets it run within the budget, and a client reading it through the new replica
+sees its events continue where it left them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,6 +43,11 @@ PREFIX = "/drain"
 # 1,600 tokens at 200 tokens/s: each turn streams for 8 s, most of it after the downscale.
 OUTPUT_TOKENS = 1600
 MAX_TURNS = 8
+# Ray's request-router config serializes its class between a global register and unregister
+# (ray.cloudpickle, not thread-safe): building a deployment's options in one thread while
+# another builds them, or parses them in serve.status(), failed once with "... is not
+# registered for pickle by value". The test's threads take turns.
+_SERVE_CONFIGS = threading.Lock()
 
 
 def _deploy(engine_replicas: int, store_url: str) -> None:
@@ -60,14 +72,15 @@ def _deploy(engine_replicas: int, store_url: str) -> None:
     }
     for deployment in ("ResponsesIngress", "EngineDeployment"):
         assert options[deployment].get("graceful_shutdown_timeout_s"), deployment
-    engine = EngineDeployment.options(
-        **options["EngineDeployment"],
-        num_replicas=engine_replicas,
-        ray_actor_options={"num_cpus": 0},
-    ).bind(args.engine)
-    ingress = ResponsesIngress.options(
-        **options["ResponsesIngress"], num_replicas=1, ray_actor_options={"num_cpus": 0}
-    ).bind(engine, args)
+    with _SERVE_CONFIGS:
+        engine = EngineDeployment.options(
+            **options["EngineDeployment"],
+            num_replicas=engine_replicas,
+            ray_actor_options={"num_cpus": 0},
+        ).bind(args.engine)
+        ingress = ResponsesIngress.options(
+            **options["ResponsesIngress"], num_replicas=1, ray_actor_options={"num_cpus": 0}
+        ).bind(engine, args)
     serve.run(ingress, name=APP, route_prefix=PREFIX)
 
 
@@ -158,5 +171,73 @@ async def _stopping_while_streaming(turns: list[asyncio.Task]) -> bool:
 
 
 def _engine_replica_states() -> dict[str, int]:
-    status = serve.status().applications[APP].deployments["EngineDeployment"]
+    return _replica_states("EngineDeployment")
+
+
+def _replica_states(deployment: str) -> dict[str, int]:
+    with _SERVE_CONFIGS:
+        status = serve.status().applications[APP].deployments[deployment]
     return {getattr(state, "value", state): n for state, n in status.replica_states.items() if n}
+
+
+async def test_a_background_response_finishes_while_its_ingress_replica_is_replaced(
+    app_url: str, drain_app: str
+) -> None:
+    client = AsyncOpenAI(
+        base_url=f"{app_url}{PREFIX}/v1", api_key="sk-test", max_retries=0, timeout=120
+    )
+    raw = await client.responses.with_raw_response.create(
+        model=MODEL,
+        input="tell me a long story",
+        prompt_cache_key=f"drain-{uuid.uuid4()}",
+        background=True,
+    )
+    created, runner = raw.parse(), raw.headers["x-serve-app-replica"]
+    # Followed until its text streams, then left: no request of it holds the replica's drain.
+    seen = await _follow(client, created.id, -1, until_text=True)
+
+    redeploy = asyncio.create_task(asyncio.to_thread(_deploy, 1, drain_app))
+    stopping_at = await _ingress_stopping()
+    # A client following it again from where it left, through whichever replica serves now.
+    rest = await _follow(client, created.id, seen[-1].sequence_number)
+    await redeploy
+
+    final = await client.responses.retrieve(created.id)
+    assert final.status == "completed", final.error
+    assert final.usage.output_tokens >= OUTPUT_TOKENS
+    assert rest[-1].type == "response.completed"
+    whole = await _follow(client, created.id, -1)
+    numbers = [event.sequence_number for event in whole]
+    assert numbers == list(range(len(whole)))
+    assert [event.sequence_number for event in seen + rest] == numbers
+    assert whole[-1].type == "response.completed"
+    text = "".join(event.delta for event in whole if event.type == "response.output_text.delta")
+    assert text and text == final.output_text
+    # It ran on the replica that was replaced, and ended after Serve began stopping it.
+    answered = await client.responses.with_raw_response.retrieve(created.id)
+    assert answered.headers["x-serve-app-replica"] != runner
+    assert final.completed_at is not None and final.completed_at >= int(stopping_at)
+
+
+async def _follow(
+    client: AsyncOpenAI, response_id: str, after: int, until_text: bool = False
+) -> list[Any]:
+    """A background response's events after ``after``: to its end, or (``until_text``) to
+    its first text delta."""
+    events = []
+    stream = await client.responses.retrieve(response_id, stream=True, starting_after=after)
+    async with stream:
+        async for event in stream:
+            events.append(event)
+            if until_text and event.type == "response.output_text.delta":
+                break
+    return events
+
+
+async def _ingress_stopping() -> float:
+    """When the drain app's ingress replica was first seen stopping (time.time())."""
+    deadline = time.monotonic() + 60
+    while "STOPPING" not in await asyncio.to_thread(_replica_states, "ResponsesIngress"):
+        assert time.monotonic() < deadline, "the ingress replica was not stopped"
+        await asyncio.sleep(0.2)
+    return time.time()

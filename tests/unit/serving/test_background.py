@@ -11,20 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
+import types
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from fastapi import FastAPI
 
 from serve_app.config import AppArgs, BackgroundArgs
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.serving.background import INTERRUPTED_CODE, BackgroundRunner
+from serve_app.serving.background import (
+    INTERRUPTED_CODE,
+    SHUT_DOWN_MESSAGE,
+    BackgroundRunner,
+    shutdown_grace_s,
+)
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.ingress import create_api
 from serve_app.store.base import StoredResponse
@@ -47,6 +55,7 @@ SCRIPT = {
                 {"text": "After the pause."},
             ],
         },
+        {"match": "QUICK", "items": [{"reasoning": "Short."}, {"text": "Done."}]},
         {
             "match": "FOREVER",
             "items": [{"reasoning": "This will take a while."}, {"sleep": 60}, {"text": "Late."}],
@@ -306,7 +315,7 @@ async def test_a_runner_whose_run_was_ended_elsewhere_stops_generating(tmp_path:
         assert types.count("response.failed") == 1 and types[-1] == "response.failed"
 
 
-async def test_a_replica_shutting_down_ends_its_runs_at_once(tmp_path: Path) -> None:
+async def test_a_replica_shut_down_without_grace_ends_its_runs_at_once(tmp_path: Path) -> None:
     async with app(tmp_path / "stop.db", lease=BackgroundArgs()) as (api, store, engine):
         created = await sdk_client(api).responses.create(
             model=MODEL, input="FOREVER", background=True
@@ -321,3 +330,132 @@ async def test_a_replica_shutting_down_ends_its_runs_at_once(tmp_path: Path) -> 
         assert engine.num_ongoing_requests() == 0
         types = [json.loads(data)["type"] for _, data in await store.events_after(created.id, -1)]
         assert types[-1] == "response.failed" and "response.incomplete" not in types
+
+
+# --- a replica shutting down (Serve's graceful shutdown: the ingress's __del__) -------------
+
+
+async def test_a_replica_shutting_down_lets_its_runs_finish(tmp_path: Path) -> None:
+    db = tmp_path / "drain.db"
+    lease = BackgroundArgs()
+    async with app(db, lease) as (api, store, _), app(db, lease, "replica-b") as (other, _, _):
+        client = sdk_client(api)
+        created = await client.responses.create(model=MODEL, input="PAUSE", background=True)
+        await asyncio.sleep(0.3)  # the reasoning is out; the engine pauses for PAUSE_S
+        # A client following it through another replica, from where it is now.
+        persisted = await store.events_after(created.id, -1)
+        follower = asyncio.create_task(
+            timed_events(runner(other).stream(created.id, persisted[-1][0]), 0)
+        )
+        started = time.monotonic()
+        stopping = asyncio.create_task(runner(api).stop(grace_s=30))
+        await asyncio.sleep(0.1)
+        # No new run starts on a replica shutting down: a 503 clients retry (elsewhere).
+        transport = httpx.ASGITransport(app=api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+            refused = await http.post(
+                "/v1/responses", json={"model": MODEL, "input": "QUICK", "background": True}
+            )
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["type"] == "server_error"
+        assert not stopping.done()
+        await stopping
+        # It waited for the run (the pause), not for the grace.
+        assert PAUSE_S - 0.5 < time.monotonic() - started < PAUSE_S + 3
+        final = await client.responses.retrieve(created.id)
+        assert final.status == "completed" and final.output_text == "After the pause."
+        assert (await store.get_run(created.id)).ended
+        rest = [data for _, data in await follower]
+        assert rest[-1]["type"] == "response.completed"
+        numbers = [number for number, _ in persisted] + [data["sequence_number"] for data in rest]
+        assert numbers == list(range(len(numbers)))
+
+
+async def test_a_run_that_outlasts_the_grace_is_failed_saying_why(tmp_path: Path) -> None:
+    async with app(tmp_path / "late.db", BackgroundArgs()) as (api, store, engine):
+        created = await sdk_client(api).responses.create(
+            model=MODEL, input="FOREVER", background=True
+        )
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        await runner(api).stop(grace_s=1.0)
+        assert 1.0 <= time.monotonic() - started < 2.5
+        stored = await store.get(created.id)
+        assert stored.response["status"] == "failed"
+        assert stored.response["error"] == {"code": INTERRUPTED_CODE, "message": SHUT_DOWN_MESSAGE}
+        assert [item["type"] for item in stored.output_items] == ["reasoning"]
+        assert engine.num_ongoing_requests() == 0
+        events = [json.loads(data) for _, data in await store.events_after(created.id, -1)]
+        assert [data["sequence_number"] for data in events] == list(range(len(events)))
+        assert [data["type"] for data in events].count("response.failed") == 1
+        assert events[-1]["type"] == "response.failed"
+        assert (await store.get_run(created.id)).ended
+        assert await store.lapsed_runs() == []
+
+
+@pytest.mark.parametrize("steps", range(0, 120, 6))
+async def test_runs_starting_as_the_shutdown_begins_complete_or_are_refused(
+    tmp_path: Path, steps: int
+) -> None:
+    """Each create racing the shutdown, whatever the interleaving (still being prepared, its
+    claim in the store under way, its run not spawned yet), is either refused (503) or runs to
+    its end before the shutdown is over; none is left running or failed by the shutdown."""
+    async with app(tmp_path / "race.db", BackgroundArgs()) as (api, store, _):
+        client = sdk_client(api)
+
+        async def create() -> str | int:
+            try:
+                created = await client.responses.create(model=MODEL, input="QUICK", background=True)
+            except openai.APIStatusError as error:
+                return error.status_code
+            return created.id
+
+        creates = []
+        for _ in range(4):  # each a few turns of the loop after the last
+            creates.append(asyncio.create_task(create()))
+            await asyncio.sleep(0)
+        for _ in range(steps):  # the shutdown begins this many turns of the loop later
+            await asyncio.sleep(0)
+        await runner(api).stop(grace_s=10)
+        # Nothing left running once the shutdown is over: Serve kills the replica then.
+        for response_id in await store.ids():
+            assert (await store.get(response_id)).response["status"] == "completed"
+        outcomes = await asyncio.gather(*creates)
+        for outcome in outcomes:
+            if isinstance(outcome, int):
+                assert outcome == 503
+                continue
+            stored = await store.get(outcome)
+            assert stored.response["status"] == "completed", stored.response["error"]
+            assert (await store.get_run(outcome)).ended
+        assert await store.lapsed_runs() == []
+
+
+def test_a_shutdown_keeps_a_margin_of_its_budget_to_end_what_is_left() -> None:
+    assert shutdown_grace_s(900) == 895  # configs/gpt-oss.yaml
+    assert shutdown_grace_s(60) == 55  # configs/local.yaml
+    assert shutdown_grace_s(20) == 18  # Serve's default
+    assert shutdown_grace_s(2) == pytest.approx(1.8)
+    assert shutdown_grace_s(0) == 0
+
+
+def test_the_ingress_reads_its_shutdown_budget_where_serve_keeps_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray has no public accessor for a replica's ``graceful_shutdown_timeout_s``: the ingress
+    reads its replica context's deployment config. A Ray without it fails here."""
+    from ray import serve
+    from ray.serve._private.config import DeploymentConfig
+    from ray.serve.context import ReplicaContext
+
+    from serve_app.serving import ingress
+
+    assert "_deployment_config" in {field.name for field in dataclasses.fields(ReplicaContext)}
+    context = types.SimpleNamespace(
+        _deployment_config=DeploymentConfig(graceful_shutdown_timeout_s=60)
+    )
+    monkeypatch.setattr(serve, "get_replica_context", lambda: context)
+    assert ingress._shutdown_budget_s() == 60
+    monkeypatch.setattr(serve, "get_replica_context", lambda: types.SimpleNamespace())
+    assert ingress._shutdown_budget_s() == ingress.SERVE_DEFAULT_SHUTDOWN_S
