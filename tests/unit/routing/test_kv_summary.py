@@ -76,3 +76,21 @@ def test_lost_events_make_the_summary_start_over_and_resync_from_the_next_turns(
     assert held.event_counts["EventsLost"] == 1
     _serve(cache, _prompt(1, 4), "a")  # a's next turn: its 5 cached blocks, then 1 new
     assert held.report() == {stable_hash("a"): 16 * 6}
+
+
+def test_two_tenants_prompts_are_held_apart_under_their_cache_salts() -> None:
+    """The same prompt under two salts is two sets of blocks: each tenant's conversation is
+    credited with its own, and evicting one tenant's leaves the other's counted."""
+    held = HeldPrefixes()
+    cache = PrefixKVCache(block_size=16, capacity_tokens=16 * 8, on_events=held)
+    prompt = _prompt(1, 2)  # 4 blocks
+    for session, salt in (("owner-a:conv", "a"), ("owner-b:conv", "b")):
+        hits = cache.lookup_blocks([*prompt, 7], session, salt)
+        assert hits == []  # the other tenant's blocks are no hit
+        cache.insert(prompt, hits, session, salt)
+    assert held.held_tokens("owner-a:conv") == held.held_tokens("owner-b:conv") == 16 * 4
+    assert held.event_counts == {"BlockStored": 2}  # no prefix hit was reported
+    hits = cache.lookup_blocks([*prompt, 7], "owner-b:conv", "b")  # b's repeat hits its own
+    cache.insert([*prompt, *range(64)], hits, "owner-b:conv", "b")  # 4 more: a's go
+    assert held.held_tokens("owner-a:conv") == 0
+    assert held.held_tokens("owner-b:conv") == 16 * 8
