@@ -534,4 +534,3 @@ def test_merged_chunks_keep_logprobs_aligned() -> None:
     assert merged.token_ids == [1, 2, 3]
     assert merged.logprobs == [(-0.1, ()), (-0.2, ()), (-0.3, ((3, -0.3),))]
     assert GenerateChunk(token_ids=[1]).merge(GenerateChunk(token_ids=[2])).logprobs is None
-
