@@ -18,11 +18,15 @@ from pydantic import TypeAdapter
 
 from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
 from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY
-from serve_app.routing.ring import stable_hash
 from tests.conftest import ENGINE
 from tests.support import MODEL
 from tests.support.helpers import wait_for
-from tests.support.replicas import engine_ongoing, engine_replica_serving, routing_stats
+from tests.support.replicas import (
+    engine_ongoing,
+    engine_replica_serving,
+    reported_for,
+    routing_stats,
+)
 
 pytestmark = [
     pytest.mark.serve,  # the running app, in its own stage (the tier is by folder elsewhere)
@@ -143,11 +147,11 @@ def test_the_engines_kv_events_reach_the_routing_report(client: OpenAI, app_clus
         report = _report_holding(key)
         # What the second turn found cached is held for it, whoever stored it first.
         assert cached[key] > 0
-        assert report[HELD_KEY][stable_hash(key)] >= cached[key], (report, cached)
+        assert reported_for(report[HELD_KEY], key) >= cached[key], (report, cached)
         events = report[KV_EVENTS_KEY]
         print(
             f"KV events reported: {events}; held tokens of the conversation: "
-            f"{report[HELD_KEY][stable_hash(key)]}; queued prefill tokens: "
+            f"{reported_for(report[HELD_KEY], key)}; queued prefill tokens: "
             f"{report[QUEUED_KEY]}, prefill rate: {report.get(RATE_KEY)}"
         )
         assert events.get("BlockStored", 0) >= 2  # the first turn's blocks, then the second's hit
@@ -160,7 +164,7 @@ def _report_holding(key: str) -> dict:
     def held() -> bool:
         actor = engine_replica_serving(key)
         reports[:] = [routing_stats(actor)] if actor is not None else []
-        return bool(reports) and reports[0].get(HELD_KEY, {}).get(stable_hash(key), 0) > 0
+        return bool(reports) and reported_for(reports[0].get(HELD_KEY, {}), key, 0) > 0
 
     assert wait_for(held, timeout_s=30), reports
     return reports[0]
