@@ -94,3 +94,22 @@ def test_two_tenants_prompts_are_held_apart_under_their_cache_salts() -> None:
     cache.insert([*prompt, *range(64)], hits, "owner-b:conv", "b")  # 4 more: a's go
     assert held.held_tokens("owner-a:conv") == 0
     assert held.held_tokens("owner-b:conv") == 16 * 8
+
+
+def test_the_summary_keeps_only_the_most_recently_stored_conversations() -> None:
+    """Every conversation starts with the same two blocks, which stay cached: the summary
+    still forgets all but the ``max_reported`` conversations stored most recently (what it
+    reports), rather than keep every one that ever touched the shared head. A forgotten
+    conversation is known again from its next turn, which reports its prefix hit."""
+    held = HeldPrefixes(max_reported=3)
+    cache = PrefixKVCache(block_size=16, capacity_tokens=16 * 1000, on_events=held)
+    for conversation in range(1, 101):
+        _serve(cache, _prompt(conversation, 1), f"c{conversation}")
+    assert cache.peek([*_prompt(1, 1), 7]) == 48  # c1's blocks are all still cached
+    assert held.held_tokens("c1") == 0
+    assert len(held) == 3
+    assert held.report() == {stable_hash(f"c{c}"): 48 for c in (98, 99, 100)}
+    _serve(cache, _prompt(1, 1), "c1")
+    assert held.held_tokens("c1") == 48
+    assert held.held_tokens("c98") == 0  # the least recently stored made room
+    assert list(held.report()) == [stable_hash(f"c{c}") for c in (99, 100, 1)]
