@@ -22,6 +22,7 @@ from tests.conftest import ENGINE
 from tests.support import MODEL
 from tests.support.helpers import wait_for
 from tests.support.replicas import (
+    caller_owner,
     engine_ongoing,
     engine_replica_serving,
     reported_for,
@@ -72,6 +73,28 @@ def test_a_repeated_prefix_is_served_from_the_prefix_cache(client: OpenAI) -> No
     cached = second.usage.input_tokens_details.cached_tokens
     # Everything but the last partial block of the prompt comes from vLLM's prefix cache.
     assert cached >= second.usage.input_tokens // 2, (first.usage, second.usage)
+
+
+def test_one_tenants_prompt_is_no_cache_hit_for_another_in_vllm(app_url: str) -> None:
+    """Two API keys send one long prompt under one ``prompt_cache_key``, to the one engine
+    replica (so to the same vLLM): the ingress gives each key's requests its own
+    ``cache_salt``, vLLM hashes it into the prompt's first block, and the second key's first
+    turn finds at most the head all its prompts share, never the first key's prompt, while
+    each key's repeat is served from its own blocks. Without the salt the second key's first
+    turn would find the whole prompt but its last partial block cached."""
+    owners = [caller_owner(app_url, api_key) for api_key in ("sk-test", "sk-test-2")]
+    if None in owners:
+        pytest.skip("the app is open (no API keys): every caller is one tenant")
+    key = f"tenants-{uuid.uuid4()}"
+    body = {"model": MODEL, "input": f"{key}: {LONG_PROMPT}", "max_output_tokens": 4}
+    for api_key in ("sk-test", "sk-test-2"):
+        client = OpenAI(base_url=f"{app_url}/v1", api_key=api_key, timeout=300)
+        first = client.responses.create(**body, prompt_cache_key=key)
+        again = client.responses.create(**body, prompt_cache_key=key)
+        tokens = first.usage.input_tokens
+        assert tokens > 1000
+        assert first.usage.input_tokens_details.cached_tokens < tokens // 2, (api_key, first.usage)
+        assert again.usage.input_tokens_details.cached_tokens >= tokens // 2, (api_key, again.usage)
 
 
 def test_a_client_that_leaves_mid_stream_frees_the_engine_request(
