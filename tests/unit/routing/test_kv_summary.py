@@ -3,6 +3,10 @@ vLLM-shaped events with KV-cache groups: what an engine replica reports it holds
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from serve_app.engines.kv_events import BlockRemoved, BlockStored, EventsLost
 from serve_app.engines.prefix_cache import PrefixKVCache
 from serve_app.routing.kv_summary import HeldPrefixes
@@ -113,3 +117,28 @@ def test_the_summary_keeps_only_the_most_recently_stored_conversations() -> None
     assert held.held_tokens("c1") == 48
     assert held.held_tokens("c98") == 0  # the least recently stored made room
     assert list(held.report()) == [stable_hash(f"c{c}") for c in (99, 100, 1)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_bounded_summary_never_claims_a_block_that_is_gone(seed: int) -> None:
+    """Random stores (of shared and own blocks) and removals: the summary holds at most its
+    bound, only blocks still cached, and the conversation that stored last with everything its
+    last store named."""
+    rng = random.Random(seed)
+    held = HeldPrefixes(max_reported=4)
+    cached: set[int] = set()
+    for _ in range(400):
+        if rng.random() < 0.7:
+            session = f"c{rng.randrange(12)}"
+            blocks = tuple(rng.sample(range(30), rng.randint(1, 4)))
+            held([BlockStored(blocks, None, 16, session)])
+            cached.update(blocks)
+            assert held.held_tokens(session) >= 16 * len(blocks)
+        else:
+            gone = tuple(rng.sample(sorted(cached), min(len(cached), rng.randint(1, 3))))
+            held([BlockRemoved(gone)])
+            cached.difference_update(gone)
+        assert len(held) <= 4 and len(held.report()) == len(held)
+        assert all(tokens <= 16 * len(cached) for tokens in held.report().values())
+        for conversation in held._held.values():  # the summary's own sets
+            assert conversation <= cached
