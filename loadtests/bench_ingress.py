@@ -92,6 +92,7 @@ async def through_handle(handle, prompt: str) -> Sample:
         request_id=f"bench-{uuid.uuid4().hex}",
         max_tokens=100_000,
         session_id=str(uuid.uuid4()),
+        cache_salt=None,
     )
     start = time.perf_counter()
     first = last = 0.0

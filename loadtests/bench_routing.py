@@ -151,10 +151,11 @@ def render_turns(session: Session) -> list[Turn]:
         }
         request = ResponsesRequest.model_validate(body)
         prompt = render_request(request, now=RENDER_TIME)
-        key = routing_key(request.prompt_cache_key, prompt.token_ids)
+        # One tenant (an open API): the traces' keys, unsalted.
+        key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=None)
         max_tokens = turn["max_output_tokens"]
         generate = engine_request(
-            request, prompt, request_id="", max_tokens=max_tokens, session_id=key
+            request, prompt, request_id="", max_tokens=max_tokens, session_id=key, cache_salt=None
         )
         turns.append(Turn(session.session_id, index, prompt.token_ids, max_tokens, key, generate))
     return turns

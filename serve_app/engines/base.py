@@ -46,8 +46,13 @@ class GenerateRequest:
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingSettings
-    # The routing key (prompt_cache_key or a derived one); engines may log it, never need it.
+    # The routing key (prompt_cache_key or a derived one, scoped by the caller's API key);
+    # engines name it in their KV-cache events and may log it, never need it.
     session_id: str | None = None
+    # The tenant's prefix-cache namespace: a prompt is served only from blocks cached under
+    # the same salt (vLLM's ``cache_salt``, hashed into the first block). None: unsalted, the
+    # blocks every unsalted request shares (an open API, one tenant).
+    cache_salt: str | None = None
     # What the completion must obey (issue 20), engine-neutral: each engine compiles it its own
     # way. None for a request that constrains nothing (the common case pays nothing).
     constraint: CompletionConstraint | None = None

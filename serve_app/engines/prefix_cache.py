@@ -8,6 +8,10 @@ What is modelled (after vLLM v1's ``KVCacheManager``/``BlockPool``):
 - Only *full* blocks of ``block_size`` tokens are cached; a trailing partial block never is.
 - A block's key is the hash of its parent block's key and its own token ids, so a block is
   reusable only after exactly the same prefix (the chain stops at the first miss).
+- A request's ``cache_salt`` (its tenant's, ``GenerateRequest.cache_salt``) is hashed into its
+  first block's key, as vLLM adds it to the first block's extra keys: every later key chains
+  from it, so a salted prompt hits only blocks stored under the same salt, and an unsalted one
+  only unsalted blocks.
 - At most ``len(prompt) - 1`` prompt tokens are served from cache: the last prompt token is
   always computed, because its logits give the first output token.
 - Eviction is least-recently-used, block by block. Within one sequence the deeper blocks are
@@ -96,12 +100,15 @@ class PrefixKVCache:
     def used_blocks(self) -> int:
         return len(self._blocks)
 
-    def _iter_keys(self, token_ids: Sequence[int], known: Sequence[int] = ()) -> Iterator[int]:
+    def _iter_keys(
+        self, token_ids: Sequence[int], known: Sequence[int] = (), salt: str | None = None
+    ) -> Iterator[int]:
         """Chained keys of the full blocks of ``token_ids``, computed lazily.
 
         Lazy so that a lookup that misses early hashes one block, not the whole prompt.
         ``known`` are the keys of leading blocks already hashed (from `insert`): a sequence that
-        grew is hashed from where it was left.
+        grew is hashed from where it was left (its salt is in them already). ``salt`` goes
+        into the first block's key only; the chain carries it to every later block.
         """
         yield from known
         size = self.block_size
@@ -109,29 +116,36 @@ class PrefixKVCache:
         tokens = tuple(token_ids[begin:])  # tuple slices are tuples: one copy per block
         parent = known[-1] if known else _ROOT_KEY
         for start in range(0, len(tokens) - size + 1, size):
-            parent = hash((parent, tokens[start : start + size]))
+            block = tokens[start : start + size]
+            if begin + start == 0 and salt is not None:
+                parent = hash((parent, block, salt))
+            else:
+                parent = hash((parent, block))
             yield parent
 
-    def block_keys(self, token_ids: Sequence[int]) -> list[int]:
+    def block_keys(self, token_ids: Sequence[int], salt: str | None = None) -> list[int]:
         """Keys of every full block of ``token_ids`` (for tests and routing experiments)."""
-        return list(self._iter_keys(token_ids))
+        return list(self._iter_keys(token_ids, salt=salt))
 
-    def peek(self, token_ids: Sequence[int]) -> int:
+    def peek(self, token_ids: Sequence[int], salt: str | None = None) -> int:
         """Like `lookup`, but changes neither the LRU order nor the stats."""
-        return len(self._hit_keys(token_ids)) * self.block_size
+        return len(self._hit_keys(token_ids, salt)) * self.block_size
 
-    def lookup(self, token_ids: Sequence[int]) -> int:
+    def lookup(self, token_ids: Sequence[int], salt: str | None = None) -> int:
         """Prompt tokens that would be served from cache; counts in stats and refreshes LRU.
 
         That is the leading full blocks present, within the first ``len(token_ids) - 1``
-        tokens (the last prompt token is always computed, as in vLLM).
+        tokens (the last prompt token is always computed, as in vLLM), stored under the same
+        ``salt``.
         """
-        return len(self.lookup_blocks(token_ids)) * self.block_size
+        return len(self.lookup_blocks(token_ids, salt=salt)) * self.block_size
 
-    def lookup_blocks(self, token_ids: Sequence[int], session_id: str | None = None) -> list[int]:
+    def lookup_blocks(
+        self, token_ids: Sequence[int], session_id: str | None = None, salt: str | None = None
+    ) -> list[int]:
         """`lookup` returning the keys of the blocks hit, to pass to `insert` as known keys.
         The hit blocks are reported stored for ``session_id``, as vLLM reports a prefix hit."""
-        hits = self._hit_keys(token_ids)
+        hits = self._hit_keys(token_ids, salt)
         self._touch(hits)
         if hits:
             self._emit(BlockStored(tuple(hits), None, self.block_size, session_id))
@@ -140,9 +154,9 @@ class PrefixKVCache:
         self._hit_tokens += len(hits) * self.block_size
         return hits
 
-    def _hit_keys(self, token_ids: Sequence[int]) -> list[int]:
+    def _hit_keys(self, token_ids: Sequence[int], salt: str | None = None) -> list[int]:
         hits: list[int] = []
-        for key in self._iter_keys(token_ids[: max(len(token_ids) - 1, 0)]):
+        for key in self._iter_keys(token_ids[: max(len(token_ids) - 1, 0)], salt=salt):
             if key not in self._blocks:
                 break
             hits.append(key)
@@ -153,16 +167,18 @@ class PrefixKVCache:
         token_ids: Sequence[int],
         known_keys: Sequence[int] = (),
         session_id: str | None = None,
+        salt: str | None = None,
     ) -> list[int]:
         """Cache the full blocks of a computed sequence (prompt + output), evicting LRU blocks.
 
         Returns the sequence's block keys. ``known_keys`` are keys of its leading blocks already
         computed (from `lookup_blocks`, or an earlier `insert` of a shorter version of the same
-        sequence), so a long prompt is hashed once per request rather than three times.
+        sequence, under the same ``salt``), so a long prompt is hashed once per request rather
+        than three times.
         """
         if len(known_keys) * self.block_size > len(token_ids):
             raise ValueError("known_keys cover more blocks than token_ids has")
-        keys = list(self._iter_keys(token_ids, known_keys))
+        keys = list(self._iter_keys(token_ids, known_keys, salt))
         new = [index for index, key in enumerate(keys) if key not in self._blocks]
         self._inserted_blocks += len(new)
         self._touch(keys)

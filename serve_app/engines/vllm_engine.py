@@ -124,7 +124,7 @@ class VLLMEngine(Engine):
         request_id = request.request_id
         if request_id in self._in_flight:
             raise EngineError(f"request {request_id} is already running", code="invalid_request")
-        prompt = await _render(engine, request.prompt_token_ids)
+        prompt = await _render(engine, request.prompt_token_ids, request.cache_salt)
         grammar = self._grammar(request.constraint)
         check = await self._constraint_check(grammar)
         params = _sampling_params(request.sampling, detokenize=False, grammar=grammar)
@@ -267,16 +267,22 @@ class _ConstraintCheck:
                 )
 
 
-async def _render(engine: AsyncLLM, token_ids: Sequence[int]) -> EngineInput:
+async def _render(
+    engine: AsyncLLM, token_ids: Sequence[int], cache_salt: str | None = None
+) -> EngineInput:
     """The prompt as vLLM's renderer makes it: the engine takes rendered input, where a raw
     ``TokensPrompt`` is deprecated. Token ids are validated (vocabulary, ``max_model_len``) and
-    wrapped, never tokenized or detokenized."""
+    wrapped, never tokenized or detokenized. ``cache_salt`` (the tenant's) rides on the prompt,
+    where vLLM takes it: the renderer copies it to the engine input (``_process_tokens``), the
+    request carries it, and its first block's hash includes it (``kv_cache_utils.
+    generate_block_hash_extra_keys``), so the prompt hits only blocks of the same salt."""
     from vllm import TokensPrompt
 
+    prompt = TokensPrompt(prompt_token_ids=list(token_ids))
+    if cache_salt is not None:
+        prompt["cache_salt"] = cache_salt
     try:
-        (rendered,) = await engine.renderer.render_cmpl_async(
-            [TokensPrompt(prompt_token_ids=list(token_ids))]
-        )
+        (rendered,) = await engine.renderer.render_cmpl_async([prompt])
     except Exception as exc:
         raise _engine_error(exc) from exc
     return rendered

@@ -1,8 +1,15 @@
-"""Routing keys: the conversation a request belongs to.
+"""Routing keys: the conversation a request belongs to, and the tenant's cache salt.
 
 Codex sends ``prompt_cache_key`` (its conversation id). Other clients often send none; their
 turns still share the rendered prompt's start (system + developer message + first user
 message), so a hash of that prefix keeps a conversation on one replica too.
+
+Both are scoped by the caller's owner (the digest of its API key,
+``serving/http/auth.py``): two tenants sending the same ``prompt_cache_key``, or the same
+prompt, are two conversations to the router, and each tenant's prompts are cached under its own
+`cache_salt`, so no tenant is served (or timed) from blocks another one computed. An open API
+(no keys: owner None) has no tenants to tell apart: its keys are the client's own and its
+requests unsalted, as before keys existed.
 """
 
 from __future__ import annotations
@@ -17,10 +24,21 @@ from serve_app.harmony.encoding import END_TOKEN, START_TOKEN, get_encoding
 MAX_KEY_PREFIX_TOKENS = 8192
 
 
-def routing_key(prompt_cache_key: str | None, prompt_token_ids: Sequence[int]) -> str:
-    if prompt_cache_key:
-        return prompt_cache_key
-    return "prefix:" + prefix_digest(prompt_token_ids)
+def routing_key(
+    prompt_cache_key: str | None, prompt_token_ids: Sequence[int], *, owner: str | None
+) -> str:
+    """The conversation's key: ``prompt_cache_key``, else a digest of the prompt's start;
+    under ``owner``'s namespace when the API has keys (the owner digest is hex, without the
+    ``:`` that ends it, so no client-chosen key can reach into another owner's namespace)."""
+    key = prompt_cache_key or "prefix:" + prefix_digest(prompt_token_ids)
+    return key if owner is None else f"owner:{owner}:{key}"
+
+
+def cache_salt(owner: str | None) -> str | None:
+    """The engine's prefix-cache namespace for ``owner``'s requests (vLLM's ``cache_salt``):
+    the owner digest itself (32 hex characters, within what vLLM accepts: at most 128, none of
+    ``@ / \\`` or NUL). None for an open API: one anonymous tenant, unsalted."""
+    return owner
 
 
 def key_digest(key: str) -> str:

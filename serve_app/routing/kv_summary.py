@@ -28,14 +28,21 @@ each with its own events): the first full-attention one seen, or every event fro
 that names no group.
 
 Conversations are keyed by the routing key's ``stable_hash``, as in the conversations report
-(``serve_app.routing.directory``), and the report keeps the ``max_reported`` most recently
-stored ones. Pure Python, no Ray.
+(``serve_app.routing.directory``). The summary is bounded: it holds the ``max_reported``
+conversations that stored (or found cached) a block most recently, the ones it reports, and
+forgets the least recently stored one to make room for another. Without the bound a block that
+is never evicted (a system prompt every conversation shares) would keep every conversation that
+ever touched it, and the summary would grow for the replica's lifetime. A forgotten
+conversation whose blocks are still cached is reported as holding nothing (a router predicts a
+whole prefill there, the safe side) until its next turn on the replica reports its prefix hit.
+Memory: at most ``max_reported`` conversations, each with at most the cache's blocks, and no
+block entry without a conversation. Pure Python, no Ray.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from serve_app.engines.kv_events import (
     AllBlocksCleared,
@@ -59,11 +66,13 @@ class HeldPrefixes:
     An instance is a ``KVEventSink``: the engine calls it with each batch."""
 
     def __init__(self, max_reported: int = DEFAULT_MAX_REPORTED) -> None:
+        if max_reported <= 0:
+            raise ValueError("max_reported must be positive")
         self.max_reported = max_reported
         self.event_counts: Counter[str] = Counter()
-        self._owners: dict[BlockHash, set[int]] = {}  # block -> conversations using it
-        self._blocks: Counter[int] = Counter()  # conversation -> its cached blocks
-        self._recent: OrderedDict[int, None] = OrderedDict()  # by last store, oldest first
+        self._owners: dict[BlockHash, set[int]] = {}  # block -> conversations held using it
+        # Conversation -> its cached blocks, by last store (or prefix hit), oldest first.
+        self._held: OrderedDict[int, set[BlockHash]] = OrderedDict()
         self._block_size = 0
         self._group: int | None = None  # the KV-cache group counted, once one is seen
 
@@ -78,17 +87,20 @@ class HeldPrefixes:
                         self._removed(event.block_hashes)
                 case AllBlocksCleared() | EventsLost():
                     self._owners.clear()
-                    self._blocks.clear()
-                    self._recent.clear()
+                    self._held.clear()
+
+    def __len__(self) -> int:
+        """Conversations held (at most ``max_reported``)."""
+        return len(self._held)
 
     def held_tokens(self, session_id: str) -> int:
-        return self._blocks.get(stable_hash(session_id), 0) * self._block_size
+        return len(self._held.get(stable_hash(session_id), ())) * self._block_size
 
     def report(self) -> dict[int, int]:
-        """Held tokens of the most recently stored conversations, at most ``max_reported``."""
+        """Held tokens of the conversations held (the most recently stored ones, at most
+        ``max_reported``), the least recently stored first."""
         size = self._block_size
-        recent = list(self._recent)[-self.max_reported :]
-        return {conversation: self._blocks[conversation] * size for conversation in recent}
+        return {conversation: len(blocks) * size for conversation, blocks in self._held.items()}
 
     def _counts(self, group_idx: int | None) -> bool:
         return group_idx is None or group_idx == self._group
@@ -103,22 +115,33 @@ class HeldPrefixes:
             return
         self._block_size = max(self._block_size, event.block_size)
         conversation = stable_hash(event.session_id)
-        added = 0
+        blocks = self._held.get(conversation)
+        if blocks is None:
+            if not event.block_hashes:
+                return
+            blocks = self._held[conversation] = set()
         for block in event.block_hashes:
-            owners = self._owners.setdefault(block, set())
-            if conversation not in owners:
-                owners.add(conversation)
-                added += 1
-        if added:
-            self._blocks[conversation] += added
-        if conversation in self._blocks:
-            self._recent.pop(conversation, None)
-            self._recent[conversation] = None
+            if block not in blocks:
+                blocks.add(block)
+                self._owners.setdefault(block, set()).add(conversation)
+        self._held.move_to_end(conversation)
+        while len(self._held) > self.max_reported:
+            forgotten, its_blocks = self._held.popitem(last=False)
+            self._disown(forgotten, its_blocks)
+
+    def _disown(self, conversation: int, blocks: Iterable[BlockHash]) -> None:
+        """Take a forgotten conversation from its blocks' owners; a block left with none goes
+        too (a later BlockRemoved of it has nothing to debit)."""
+        for block in blocks:
+            owners = self._owners[block]
+            owners.discard(conversation)
+            if not owners:
+                del self._owners[block]
 
     def _removed(self, blocks: Sequence[BlockHash]) -> None:
         for block in blocks:
             for conversation in self._owners.pop(block, ()):
-                self._blocks[conversation] -= 1
-                if self._blocks[conversation] <= 0:
-                    del self._blocks[conversation]
-                    self._recent.pop(conversation, None)
+                held = self._held[conversation]
+                held.discard(block)
+                if not held:
+                    del self._held[conversation]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 
+import pytest
 from openai import OpenAI
 from openai.types.responses import Response
 
@@ -12,8 +13,12 @@ from serve_app.engines.base import GenerateChunk, GenerateRequest, SamplingSetti
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.routing import metrics
+from serve_app.routing.directory import REPORT_KEY
+from serve_app.routing.keys import cache_salt, routing_key
+from serve_app.routing.ring import stable_hash
 from tests.support import MODEL
 from tests.support.helpers import scrape_metrics, wait_for
+from tests.support.replicas import caller_owner, engine_replica_actors, routing_stats
 
 
 def routing_decisions(app_url: str) -> dict[str, float]:
@@ -91,6 +96,8 @@ def test_a_router_that_placed_nothing_sends_the_next_turn_where_the_conversation
     the engine replicas' reports name it: this test process's handle has a router of its own
     that places nothing but these turns, so only the reports can tell it where each went."""
     client = OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0)
+    # Asked as the ingress asks for sk-test's turns: its conversation, its cache salt.
+    owner = caller_owner(app_url, "sk-test")
     outcomes = ("found", "unknown", "timed_out")
     before = {outcome: waits_for_reports(outcome) for outcome in outcomes}
     for index in range(6):
@@ -99,13 +106,16 @@ def test_a_router_that_placed_nothing_sends_the_next_turn_where_the_conversation
         request = ResponsesRequest.model_validate(
             {"model": MODEL, "input": history, "prompt_cache_key": key}
         )
+        token_ids = render_request(request).token_ids
+        session = routing_key(key, token_ids, owner=owner)
         generate = GenerateRequest(
             request_id=f"follow-{uuid.uuid4()}",
-            prompt_token_ids=render_request(request).token_ids,
+            prompt_token_ids=token_ids,
             sampling=SamplingSettings(max_tokens=8),
-            session_id=key,
+            session_id=session,
+            cache_salt=cache_salt(owner),
         )
-        stream = engine_handle.options(session_id=key, stream=True).generate.remote(generate)
+        stream = engine_handle.options(session_id=session, stream=True).generate.remote(generate)
         # The replica's stream carries heartbeats (Heartbeat) beside the chunks.
         chunks = [chunk for chunk in stream if isinstance(chunk, GenerateChunk)]
         cached = chunks[0].num_cached_tokens
@@ -120,3 +130,43 @@ def test_a_router_that_placed_nothing_sends_the_next_turn_where_the_conversation
 def waits_for_reports(outcome: str) -> float:
     """This process's router's waits (its metrics live here, not on the app's /metrics)."""
     return metrics.REPORT_WAITS.labels(outcome)._value.get()
+
+
+def test_one_tenants_prompt_is_no_cache_hit_for_another(app_url: str, app_cluster: None) -> None:
+    """Two API keys send the same long prompt under the same ``prompt_cache_key`` (issue 38:
+    without a salt the second key's first turn reported nearly the whole prompt cached). Each
+    key's turns are a conversation of their own to the routers, and cached under the key's own
+    salt: the second key's first turn finds at most the head all its prompts share (the system
+    message), never the first key's prompt, even on the engine replica that holds it; each
+    key's next turn is a hit. The routers place a new conversation by balance, so the second
+    key's conversations go round in another order than the first's: some land beside the first
+    key's, which is the case the salt is for (checked, or the test would prove nothing)."""
+    owners = {api_key: caller_owner(app_url, api_key) for api_key in ("sk-test", "sk-test-2")}
+    if None in owners.values():
+        pytest.skip("the app is open (no API keys): every caller is one tenant")
+    keys = [f"tenants-{uuid.uuid4()}" for _ in range(8)]
+    orders = {"sk-test": keys, "sk-test-2": keys[1::2] + keys[::2]}
+    for api_key, order in orders.items():
+        client = OpenAI(base_url=f"{app_url}/v1", api_key=api_key, max_retries=0)
+        for key in order:
+            first, history = first_turn(client, key)  # the same prompt for both keys
+            tokens = first.usage.input_tokens
+            cached = first.usage.input_tokens_details.cached_tokens
+            assert cached < tokens // 2, (key, api_key, cached, tokens)
+            second = client.responses.create(model=MODEL, input=history, prompt_cache_key=key)
+            cached = second.usage.input_tokens_details.cached_tokens
+            assert cached >= tokens - 16, (key, api_key, cached, tokens)
+
+    # Two conversations per key, one per owner, as the engine replicas report them.
+    served = {
+        actor["name"]: set(routing_stats(actor).get(REPORT_KEY, {}))
+        for actor in engine_replica_actors()
+    }
+    beside = 0
+    for key in keys:
+        scoped = [stable_hash(routing_key(key, (), owner=owner)) for owner in owners.values()]
+        assert len(set(scoped)) == 2 and stable_hash(key) not in scoped
+        where = [{name for name, held in served.items() if one in held} for one in scoped]
+        assert all(len(replicas) == 1 for replicas in where), (key, where)
+        beside += where[0] == where[1]
+    assert beside >= 1, "no conversation of the second key landed beside the first key's"

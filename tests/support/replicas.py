@@ -8,16 +8,53 @@ view nor their recent placements, so it may place a new conversation elsewhere t
 from __future__ import annotations
 
 import contextlib
+import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
 import ray
 
 from serve_app.routing.directory import REPORT_KEY
+from serve_app.routing.keys import routing_key
 from serve_app.routing.ring import stable_hash
+from serve_app.serving.http.auth import ApiKeys
 
 CALL_TIMEOUT_S = 30
+# The API keys the session's app may be closed with (tests/conftest.py), and any the
+# environment gives it.
+TEST_API_KEYS = ("sk-test", "sk-test-2")
+
+
+def owner_of(api_key: str) -> str | None:
+    """The owner digest the app gives a caller with ``api_key`` (serving/http/auth.py)."""
+    return ApiKeys([api_key]).owner(f"Bearer {api_key}")
+
+
+def caller_owner(app_url: str, api_key: str) -> str | None:
+    """The owner the running app gives a caller with ``api_key``: None if the app is open (it
+    answers a request without a key), where every caller is one tenant."""
+    if httpx.get(f"{app_url}/v1/models", timeout=30).status_code == 200:
+        return None
+    return owner_of(api_key)
+
+
+def conversation_hashes(prompt_cache_key: str) -> set[int]:
+    """What the engine replicas may report the conversation ``prompt_cache_key`` as: the key
+    itself on an open app, or scoped by the owner of one of the app's keys on a closed one
+    (routing keys are per owner: serve_app/routing/keys.py)."""
+    configured = os.environ.get("SERVE_APP_API_KEYS", "").split(",")
+    api_keys = {key.strip() for key in (*TEST_API_KEYS, *configured) if key.strip()}
+    owners = [None, *(owner_of(key) for key in sorted(api_keys))]
+    return {stable_hash(routing_key(prompt_cache_key, (), owner=owner)) for owner in owners}
+
+
+def reported_for(report: Mapping[int, Any], prompt_cache_key: str, default: Any = None) -> Any:
+    """The entry of a per-conversation report (conversations, held tokens) for the
+    conversation ``prompt_cache_key``, under whichever owner sent it."""
+    found = conversation_hashes(prompt_cache_key) & report.keys()
+    return report[found.pop()] if found else default
 
 
 def replica_actors(deployment: str) -> list[dict]:
@@ -43,7 +80,7 @@ def engine_replica_serving(key: str) -> dict | None:
     serving = [
         actor
         for actor in engine_replica_actors()
-        if stable_hash(key) in routing_stats(actor).get(REPORT_KEY, {})
+        if reported_for(routing_stats(actor).get(REPORT_KEY, {}), key) is not None
     ]
     assert len(serving) <= 1, f"{len(serving)} engine replicas report serving {key}"
     return serving[0] if serving else None

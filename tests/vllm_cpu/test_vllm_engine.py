@@ -18,11 +18,16 @@ from pydantic import TypeAdapter
 
 from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
 from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY
-from serve_app.routing.ring import stable_hash
 from tests.conftest import ENGINE
 from tests.support import MODEL
 from tests.support.helpers import wait_for
-from tests.support.replicas import engine_ongoing, engine_replica_serving, routing_stats
+from tests.support.replicas import (
+    caller_owner,
+    engine_ongoing,
+    engine_replica_serving,
+    reported_for,
+    routing_stats,
+)
 
 pytestmark = [
     pytest.mark.serve,  # the running app, in its own stage (the tier is by folder elsewhere)
@@ -68,6 +73,28 @@ def test_a_repeated_prefix_is_served_from_the_prefix_cache(client: OpenAI) -> No
     cached = second.usage.input_tokens_details.cached_tokens
     # Everything but the last partial block of the prompt comes from vLLM's prefix cache.
     assert cached >= second.usage.input_tokens // 2, (first.usage, second.usage)
+
+
+def test_one_tenants_prompt_is_no_cache_hit_for_another_in_vllm(app_url: str) -> None:
+    """Two API keys send one long prompt under one ``prompt_cache_key``, to the one engine
+    replica (so to the same vLLM): the ingress gives each key's requests its own
+    ``cache_salt``, vLLM hashes it into the prompt's first block, and the second key's first
+    turn finds at most the head all its prompts share, never the first key's prompt, while
+    each key's repeat is served from its own blocks. Without the salt the second key's first
+    turn would find the whole prompt but its last partial block cached."""
+    owners = [caller_owner(app_url, api_key) for api_key in ("sk-test", "sk-test-2")]
+    if None in owners:
+        pytest.skip("the app is open (no API keys): every caller is one tenant")
+    key = f"tenants-{uuid.uuid4()}"
+    body = {"model": MODEL, "input": f"{key}: {LONG_PROMPT}", "max_output_tokens": 4}
+    for api_key in ("sk-test", "sk-test-2"):
+        client = OpenAI(base_url=f"{app_url}/v1", api_key=api_key, timeout=300)
+        first = client.responses.create(**body, prompt_cache_key=key)
+        again = client.responses.create(**body, prompt_cache_key=key)
+        tokens = first.usage.input_tokens
+        assert tokens > 1000
+        assert first.usage.input_tokens_details.cached_tokens < tokens // 2, (api_key, first.usage)
+        assert again.usage.input_tokens_details.cached_tokens >= tokens // 2, (api_key, again.usage)
 
 
 def test_a_client_that_leaves_mid_stream_frees_the_engine_request(
@@ -143,11 +170,11 @@ def test_the_engines_kv_events_reach_the_routing_report(client: OpenAI, app_clus
         report = _report_holding(key)
         # What the second turn found cached is held for it, whoever stored it first.
         assert cached[key] > 0
-        assert report[HELD_KEY][stable_hash(key)] >= cached[key], (report, cached)
+        assert reported_for(report[HELD_KEY], key) >= cached[key], (report, cached)
         events = report[KV_EVENTS_KEY]
         print(
             f"KV events reported: {events}; held tokens of the conversation: "
-            f"{report[HELD_KEY][stable_hash(key)]}; queued prefill tokens: "
+            f"{reported_for(report[HELD_KEY], key)}; queued prefill tokens: "
             f"{report[QUEUED_KEY]}, prefill rate: {report.get(RATE_KEY)}"
         )
         assert events.get("BlockStored", 0) >= 2  # the first turn's blocks, then the second's hit
@@ -160,7 +187,7 @@ def _report_holding(key: str) -> dict:
     def held() -> bool:
         actor = engine_replica_serving(key)
         reports[:] = [routing_stats(actor)] if actor is not None else []
-        return bool(reports) and reports[0].get(HELD_KEY, {}).get(stable_hash(key), 0) > 0
+        return bool(reports) and reported_for(reports[0].get(HELD_KEY, {}), key, 0) > 0
 
     assert wait_for(held, timeout_s=30), reports
     return reports[0]

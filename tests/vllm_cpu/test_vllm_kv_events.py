@@ -158,15 +158,16 @@ class Pool:
         self.held = HeldPrefixes()
         self.removed: list[ours.KVEvent] = []
 
-    def serve(self, prompt: list[int], session: str) -> int:
+    def serve(self, prompt: list[int], session: str, salt: str | None = None) -> int:
         """Schedule the whole prompt as vLLM's scheduler does, then finish the request; the
-        prompt tokens found cached."""
+        prompt tokens found cached. ``salt``: the request's ``cache_salt``."""
         params = _sampling_params(SamplingSettings(max_tokens=4), detokenize=False)
         request = Request(
-            f"{session}-{len(prompt)}",
+            f"{session}-{len(prompt)}-{salt}",
             prompt,
             params,
             None,
+            cache_salt=salt,
             block_hasher=self._hasher,
             session_id=session,
         )
@@ -192,9 +193,9 @@ class SimulatedPool:
         self.held(events)
         self.removed += [event for event in events if isinstance(event, ours.BlockRemoved)]
 
-    def serve(self, prompt: list[int], session: str) -> int:
-        hits = self.cache.lookup_blocks(prompt, session)
-        self.cache.insert(prompt, hits, session)
+    def serve(self, prompt: list[int], session: str, salt: str | None = None) -> int:
+        hits = self.cache.lookup_blocks(prompt, session, salt)
+        self.cache.insert(prompt, hits, session, salt)
         return 16 * len(hits)
 
 
@@ -215,6 +216,24 @@ def test_a_shared_prefix_is_credited_to_every_conversation_and_debited_from_each
     assert pool.serve(list(range(1000, 1160)), "c") == 0  # 10 blocks: everything else goes
     assert pool.removed  # vLLM evicted the shared blocks (and a's and b's own)
     assert pool.held.held_tokens("a") == pool.held.held_tokens("b") == 0
+
+
+@pytest.mark.parametrize("engine", ["vllm", "simulated"])
+def test_a_prompt_hits_only_blocks_stored_under_its_cache_salt(engine: str) -> None:
+    """Two tenants (two salts) send one prompt: the second finds nothing the first stored, an
+    unsalted request nothing either, and each one's repeat hits its own blocks; each tenant's
+    conversation is credited with its own blocks only. The same on vLLM's KV-cache manager
+    (the salt in the first block's extra keys) and on the simulated engine's model."""
+    # vLLM's pool with room for every request's blocks beside the 9 cached ones: a request
+    # allocating its blocks would otherwise evict cached ones (the simulated model caches 10).
+    pool = Pool(blocks=21) if engine == "vllm" else SimulatedPool()
+    prompt = list(range(50))  # 3 full blocks within the first 49 tokens
+    assert pool.serve(prompt, "owner-a:c", "owner-a") == 0
+    assert pool.serve(prompt, "owner-b:c", "owner-b") == 0
+    assert pool.serve(prompt, "open:c") == 0
+    assert pool.serve(prompt, "owner-a:c", "owner-a") == 48
+    assert pool.serve(prompt, "owner-b:c", "owner-b") == 48
+    assert pool.held.held_tokens("owner-a:c") == pool.held.held_tokens("owner-b:c") == 48
 
 
 def encode(*events: KVCacheEvent) -> bytes:

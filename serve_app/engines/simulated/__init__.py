@@ -1,10 +1,11 @@
 """The simulated engine: a CPU stand-in for vLLM, honest about being one.
 
 It has no model weights. It emits well-formed harmony completions made with the real
-encoding, models a block-level prefix KV cache (`PrefixKVCache`) so routing and load tests
-measure real cache behaviour, and models time: prefill of the *uncached* prompt tokens (one
-prefill at a time, first come first served, as prefills share one accelerator) and decode steps
-that slow down as more requests decode together.
+encoding, models a block-level prefix KV cache (`PrefixKVCache`, salted per tenant by the
+request's ``cache_salt`` as vLLM's is) so routing and load tests measure real cache behaviour,
+and models time: prefill of the *uncached* prompt tokens (one prefill at a time, first come
+first served, as prefills share one accelerator) and decode steps that slow down as more
+requests decode together.
 
 What it says:
 - By default, a short analysis message and a final answer that says it comes from the simulated

@@ -112,7 +112,10 @@ class SimulatedEngine(Engine):
         finally:
             if running.prompt_keys is not None:  # aborted before prefill: nothing to cache
                 self.cache.insert(
-                    [*prompt, *running.output], running.prompt_keys, request.session_id
+                    [*prompt, *running.output],
+                    running.prompt_keys,
+                    request.session_id,
+                    request.cache_salt,
                 )
             self.timing.finished(running)
             del self._running[request.request_id]

@@ -79,15 +79,15 @@ class TimingModel:
             while queue[0] is not running:
                 await self.sleep(running, None)  # woken when the request ahead leaves
             prompt = running.request.prompt_token_ids
-            session = running.request.session_id
-            hit_keys = self.cache.lookup_blocks(prompt, session)
+            session, salt = running.request.session_id, running.request.cache_salt
+            hit_keys = self.cache.lookup_blocks(prompt, session, salt)
             cached = len(hit_keys) * self.cache.block_size
             uncached_s = (len(prompt) - cached) / self.config.prefill_tokens_per_s
             running.prefilled_at = max(running.arrived, self._prefill_free_at) + uncached_s
             self._prefill_free_at = running.prefilled_at
             await self.sleep(running, running.prefilled_at - time.monotonic())
             # vLLM caches a prompt's full blocks once computed, before the request ends.
-            running.prompt_keys = self.cache.insert(prompt, hit_keys, session)
+            running.prompt_keys = self.cache.insert(prompt, hit_keys, session, salt)
             return cached
         finally:
             was_first = queue[0] is running

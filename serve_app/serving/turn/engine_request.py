@@ -26,10 +26,12 @@ def engine_request(
     request_id: str,
     max_tokens: int,
     session_id: str | None,
+    cache_salt: str | None,
 ) -> GenerateRequest:
     """What the engine is asked for a turn: the prompt's token ids and the request's sampling
     (the engine's defaults where it sets none), stopping at harmony's ``<|return|>`` or
-    ``<|call|>``, and what the completion must obey. ``session_id``: the routing key."""
+    ``<|call|>``, and what the completion must obey. ``session_id``: the routing key;
+    ``cache_salt``: the caller's prefix-cache namespace (``routing.keys.cache_salt``)."""
     return GenerateRequest(
         request_id=request_id,
         prompt_token_ids=prompt.token_ids,
@@ -41,6 +43,7 @@ def engine_request(
             logprobs=_logprobs_wanted(request),
         ),
         session_id=session_id,
+        cache_salt=cache_salt,
         constraint=_constraint(request, prompt.tools),
     )
 

@@ -21,7 +21,7 @@ from serve_app.harmony.render import RenderedPrompt
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.protocol.requests import InputItem, ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id
-from serve_app.routing.keys import key_digest, routing_key
+from serve_app.routing.keys import cache_salt, key_digest, routing_key
 from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
@@ -62,7 +62,7 @@ class ResponsesService:
         prompt = self._renderer.render(context, owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
-        key = routing_key(request.prompt_cache_key, prompt.token_ids)
+        key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=owner)
         metrics.ROUTING_KEYS.labels(
             "prompt_cache_key" if request.prompt_cache_key else "derived"
         ).inc()
@@ -73,7 +73,12 @@ class ResponsesService:
             else None
         )
         generate = engine_request(
-            request, prompt, request_id=response.id, max_tokens=max_tokens, session_id=key
+            request,
+            prompt,
+            request_id=response.id,
+            max_tokens=max_tokens,
+            session_id=key,
+            cache_salt=cache_salt(owner),
         )
         translator = ResponseStreamTranslator(
             response,
@@ -109,9 +114,14 @@ class ResponsesService:
         context = Context(request, turn.history)
         prompt = self._renderer.render(context, turn.owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
-        key = routing_key(request.prompt_cache_key, prompt.token_ids)
+        key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=turn.owner)
         turn.generate = engine_request(
-            request, prompt, request_id=turn.response.id, max_tokens=max_tokens, session_id=key
+            request,
+            prompt,
+            request_id=turn.response.id,
+            max_tokens=max_tokens,
+            session_id=key,
+            cache_salt=cache_salt(turn.owner),
         )
 
     async def render(self, ask: Ask) -> RenderedPrompt:

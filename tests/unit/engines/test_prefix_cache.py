@@ -134,3 +134,32 @@ def test_lookup_blocks_returns_the_hit_keys_for_insert() -> None:
     assert hits == cache.block_keys(prompt)[:2]
     assert cache.insert(prompt, hits) == cache.block_keys(prompt)
     assert cache.stats().hit_tokens == 8
+
+
+def test_a_salted_prompt_hits_only_blocks_cached_under_its_salt() -> None:
+    """vLLM's ``cache_salt``: in the first block's hash, so in every key chained from it."""
+    cache = PrefixKVCache(block_size=4, capacity_tokens=1024)
+    prompt = list(range(13))  # three full blocks within the first 12 tokens
+    cache.insert(prompt, salt="tenant-a")
+    assert cache.lookup(prompt, salt="tenant-b") == 0
+    assert cache.lookup(prompt) == 0  # unsalted: a namespace of its own
+    assert cache.lookup(prompt, salt="tenant-a") == 12
+    cache.insert(prompt)
+    assert cache.lookup(prompt) == 12
+    assert cache.lookup(prompt, salt="tenant-b") == 0
+    assert cache.stats().used_blocks == 6  # the same tokens, cached once per namespace
+
+
+def test_the_salt_changes_every_block_key_and_a_grown_sequence_keeps_it() -> None:
+    cache = PrefixKVCache(block_size=4, capacity_tokens=1024)
+    prompt, output = list(range(8)), list(range(50, 58))
+    salted, other = cache.block_keys(prompt, "a"), cache.block_keys(prompt, "b")
+    assert not set(salted) & set(other) and not set(salted) & set(cache.block_keys(prompt))
+    # A prompt's keys (from its lookup) extend to its output under the salt they were made with.
+    hits = cache.lookup_blocks([*prompt, 1], salt="a")
+    keys = cache.insert(prompt, hits, salt="a")
+    assert cache.insert([*prompt, *output], keys, salt="a") == cache.block_keys(
+        [*prompt, *output], "a"
+    )
+    assert cache.lookup([*prompt, *output, 1], salt="a") == 16
+    assert cache.peek([*prompt, *output, 1], salt="b") == 0

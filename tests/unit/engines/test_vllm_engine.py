@@ -1,11 +1,15 @@
 """The vLLM engine's mapping of vLLM's DELTA logprobs, on stand-ins shaped like vllm.outputs
-(vLLM 0.32/0.33); the real engine: tests/vllm_cpu."""
+(vLLM 0.32/0.33), and the prompt it hands vLLM's renderer; the real engine: tests/vllm_cpu."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from types import SimpleNamespace
 
-from serve_app.engines.vllm_engine import _StopTokenGuard, _to_chunk
+import pytest
+
+from serve_app.engines.vllm_engine import _render, _StopTokenGuard, _to_chunk
 from serve_app.harmony.encoding import RETURN_TOKEN
 
 
@@ -63,3 +67,26 @@ def test_vllm_logprobs_with_no_alternatives_and_a_restored_stop_token() -> None:
 def test_vllm_output_without_logprobs_gives_none() -> None:
     chunk = _to_chunk(vllm_output([4, 5], None), 10, _StopTokenGuard())
     assert chunk is not None and chunk.logprobs is None
+
+
+async def test_the_cache_salt_rides_on_the_prompt_vllm_renders(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM takes ``cache_salt`` on the prompt (``TokensPrompt``, a TypedDict), and its renderer
+    copies it into the engine input (vllm/renderers/base.py ``_process_tokens``, 0.32 and 0.33):
+    what the engine hands the renderer, with a stand-in for it (vLLM itself: tests/vllm_cpu)."""
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(TokensPrompt=dict))
+    given: list[dict] = []
+
+    class Renderer:
+        async def render_cmpl_async(self, prompts: Sequence[dict]) -> list[dict]:
+            given.extend(prompts)
+            return list(prompts)
+
+    engine = SimpleNamespace(renderer=Renderer())
+    assert await _render(engine, (1, 2, 3), "tenant-a") == {
+        "prompt_token_ids": [1, 2, 3],
+        "cache_salt": "tenant-a",
+    }
+    await _render(engine, [4], None)
+    assert given[1] == {"prompt_token_ids": [4]}  # unsalted: no key at all, as before

@@ -3,6 +3,10 @@ vLLM-shaped events with KV-cache groups: what an engine replica reports it holds
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from serve_app.engines.kv_events import BlockRemoved, BlockStored, EventsLost
 from serve_app.engines.prefix_cache import PrefixKVCache
 from serve_app.routing.kv_summary import HeldPrefixes
@@ -76,3 +80,65 @@ def test_lost_events_make_the_summary_start_over_and_resync_from_the_next_turns(
     assert held.event_counts["EventsLost"] == 1
     _serve(cache, _prompt(1, 4), "a")  # a's next turn: its 5 cached blocks, then 1 new
     assert held.report() == {stable_hash("a"): 16 * 6}
+
+
+def test_two_tenants_prompts_are_held_apart_under_their_cache_salts() -> None:
+    """The same prompt under two salts is two sets of blocks: each tenant's conversation is
+    credited with its own, and evicting one tenant's leaves the other's counted."""
+    held = HeldPrefixes()
+    cache = PrefixKVCache(block_size=16, capacity_tokens=16 * 8, on_events=held)
+    prompt = _prompt(1, 2)  # 4 blocks
+    for session, salt in (("owner-a:conv", "a"), ("owner-b:conv", "b")):
+        hits = cache.lookup_blocks([*prompt, 7], session, salt)
+        assert hits == []  # the other tenant's blocks are no hit
+        cache.insert(prompt, hits, session, salt)
+    assert held.held_tokens("owner-a:conv") == held.held_tokens("owner-b:conv") == 16 * 4
+    assert held.event_counts == {"BlockStored": 2}  # no prefix hit was reported
+    hits = cache.lookup_blocks([*prompt, 7], "owner-b:conv", "b")  # b's repeat hits its own
+    cache.insert([*prompt, *range(64)], hits, "owner-b:conv", "b")  # 4 more: a's go
+    assert held.held_tokens("owner-a:conv") == 0
+    assert held.held_tokens("owner-b:conv") == 16 * 8
+
+
+def test_the_summary_keeps_only_the_most_recently_stored_conversations() -> None:
+    """Every conversation starts with the same two blocks, which stay cached: the summary
+    still forgets all but the ``max_reported`` conversations stored most recently (what it
+    reports), rather than keep every one that ever touched the shared head. A forgotten
+    conversation is known again from its next turn, which reports its prefix hit."""
+    held = HeldPrefixes(max_reported=3)
+    cache = PrefixKVCache(block_size=16, capacity_tokens=16 * 1000, on_events=held)
+    for conversation in range(1, 101):
+        _serve(cache, _prompt(conversation, 1), f"c{conversation}")
+    assert cache.peek([*_prompt(1, 1), 7]) == 48  # c1's blocks are all still cached
+    assert held.held_tokens("c1") == 0
+    assert len(held) == 3
+    assert held.report() == {stable_hash(f"c{c}"): 48 for c in (98, 99, 100)}
+    _serve(cache, _prompt(1, 1), "c1")
+    assert held.held_tokens("c1") == 48
+    assert held.held_tokens("c98") == 0  # the least recently stored made room
+    assert list(held.report()) == [stable_hash(f"c{c}") for c in (99, 100, 1)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_bounded_summary_never_claims_a_block_that_is_gone(seed: int) -> None:
+    """Random stores (of shared and own blocks) and removals: the summary holds at most its
+    bound, only blocks still cached, and the conversation that stored last with everything its
+    last store named."""
+    rng = random.Random(seed)
+    held = HeldPrefixes(max_reported=4)
+    cached: set[int] = set()
+    for _ in range(400):
+        if rng.random() < 0.7:
+            session = f"c{rng.randrange(12)}"
+            blocks = tuple(rng.sample(range(30), rng.randint(1, 4)))
+            held([BlockStored(blocks, None, 16, session)])
+            cached.update(blocks)
+            assert held.held_tokens(session) >= 16 * len(blocks)
+        else:
+            gone = tuple(rng.sample(sorted(cached), min(len(cached), rng.randint(1, 3))))
+            held([BlockRemoved(gone)])
+            cached.difference_update(gone)
+        assert len(held) <= 4 and len(held.report()) == len(held)
+        assert all(tokens <= 16 * len(cached) for tokens in held.report().values())
+        for conversation in held._held.values():  # the summary's own sets
+            assert conversation <= cached

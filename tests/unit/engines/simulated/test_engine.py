@@ -12,6 +12,7 @@ import asyncio
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -414,6 +415,24 @@ async def test_the_next_turn_reuses_the_prompt_and_the_output() -> None:
     assert stats.lookups == 2 and stats.hit_tokens == chunks[0].num_cached_tokens
     # Turn 2 extends turn 1, so its blocks include all of turn 1's.
     assert stats.used_blocks == (len(turn2) + len(tokens_of(chunks))) // 16
+
+
+async def test_a_prompt_is_served_from_cache_only_under_its_own_cache_salt() -> None:
+    """Two tenants send the same prompt: neither is served (or sped up) by the other's
+    blocks, and each one's repeat still is."""
+    sim = engine()
+    tokens = prompt(user("the same long question " * 20))
+    full_blocks = (len(tokens) - 1) // 16 * 16
+
+    async def cached(request_id: str, salt: str | None) -> int:
+        chunks = await collect(sim, replace(request(tokens, request_id), cache_salt=salt))
+        return chunks[0].num_cached_tokens
+
+    assert await cached("a1", "tenant-a") == 0
+    assert await cached("b1", "tenant-b") == 0
+    assert await cached("open1", None) == 0
+    assert await cached("a2", "tenant-a") == full_blocks
+    assert await cached("b2", "tenant-b") == full_blocks
 
 
 # -- Configuration and script loading ---------------------------------------------------------

@@ -197,3 +197,21 @@ async def test_a_requests_tools_are_built_once(
     assert [r.getMessage() for r in left_out] == [
         "Leaving out hosted tools this server cannot run: ['web_search']"
     ]
+
+
+async def test_one_tenants_prompt_is_no_cache_hit_for_another(two_keys_api) -> None:
+    """Two API keys send the same long prompt under the same ``prompt_cache_key``: the second
+    key's first turn finds nothing cached (each key's prompts are cached under its own salt),
+    while each key's repeat is served from its own cache."""
+    alice, bob = sdk_client(two_keys_api, "key-alice"), sdk_client(two_keys_api, "key-bob")
+    body = {"model": MODEL, "input": "One shared document. " * 200, "prompt_cache_key": "same"}
+
+    async def cached(client: openai.AsyncOpenAI) -> tuple[int, int]:
+        usage = (await client.responses.create(**body)).usage
+        return usage.input_tokens_details.cached_tokens, usage.input_tokens
+
+    assert (await cached(alice))[0] == 0
+    hit, tokens = await cached(alice)
+    assert tokens - 16 <= hit < tokens  # the same key's repeat: all but the last partial block
+    assert await cached(bob) == (0, tokens)
+    assert await cached(bob) == (hit, tokens)
