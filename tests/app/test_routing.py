@@ -18,7 +18,7 @@ from tests.support.helpers import scrape_metrics, wait_for
 
 def routing_decisions(app_url: str) -> dict[str, float]:
     """Decisions summed over the ingress replicas (each routes its own requests)."""
-    pattern = r'serve_app:routing_decisions_total\{decision="(\w+)"\} ([0-9.e+]+)'
+    pattern = r'serve_app_routing_decisions_total\{decision="(\w+)"\} ([0-9.e+]+)'
     totals: dict[str, float] = {}
     for text in scrape_metrics(app_url).values():
         for name, value in re.findall(pattern, text):
@@ -57,7 +57,9 @@ def test_every_conversation_hits_its_prefix_cache_on_the_next_turn(app_url: str)
 def reported_conversations(app_url: str) -> list[dict[str, float]]:
     """Per ingress replica: the conversations each engine replica reported, as its router
     received the reports."""
-    pattern = r'serve_app:engine_replica_reported_conversations\{replica="(\w+)"\} ([0-9.e+]+)'
+    pattern = (
+        r'serve_app_engine_replica_reported_conversations\{engine_replica="(\w+)"\} ([0-9.e+]+)'
+    )
     return [
         {replica: float(value) for replica, value in re.findall(pattern, text)}
         for text in scrape_metrics(app_url).values()
@@ -119,4 +121,4 @@ def test_a_router_that_placed_nothing_sends_the_next_turn_where_the_conversation
 
 def waits_for_reports(outcome: str) -> float:
     """This process's router's waits (its metrics live here, not on the app's /metrics)."""
-    return metrics.REPORT_WAITS.labels(outcome)._value.get()
+    return metrics.REPORT_WAITS.labels(outcome).value

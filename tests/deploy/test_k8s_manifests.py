@@ -123,29 +123,26 @@ def test_gpu_workers_and_a_gpu_free_head() -> None:
 
 
 def test_dashboard_queries_only_metrics_the_app_exports() -> None:
+    """Every ``ray_serve_app_`` name in the dashboard's queries is one the app's metrics show on
+    Ray's metrics export (the running app's export: tests/app/test_metrics.py)."""
     import re
 
-    from prometheus_client.metrics import MetricWrapperBase
-
+    from serve_app import telemetry
     from serve_app.routing import metrics as routing_metrics
     from serve_app.serving import metrics as serving_metrics
 
-    suffix = {"counter": "_total", "histogram": "_bucket", "gauge": ""}
-    exported = {
-        family.name + suffix[family.type]
+    exported = telemetry.exported_names(
+        value
         for module in (routing_metrics, serving_metrics)
         for value in vars(module).values()
-        if isinstance(value, MetricWrapperBase)
-        for family in value.describe()
-    }
+        if isinstance(value, telemetry.Metric)
+    )
     dashboard = json.loads((REPO / "k8s" / "grafana-dashboard.json").read_text())
-    queried = {
-        name
-        for panel in dashboard["panels"]
-        for target in panel["targets"]
-        for name in re.findall(r"serve_app:[a-z0-9_:]+", target["expr"])
-    }
-    assert len(queried) >= 8 and queried <= exported, queried - exported
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    queried = {name for expr in queries for name in re.findall(r"\bray_serve_app_\w+", expr)}
+    assert len(queried) >= 15 and queried <= exported, queried - exported
+    # Nothing left of the names before Ray's export (serve_app:..., read from /metrics).
+    assert not [expr for expr in queries if re.search(r"(?<!ray_)\bserve_app[:_]", expr)]
 
 
 def test_every_ray_container_has_the_fast_path_env_of_configs_fast_path_env() -> None:
