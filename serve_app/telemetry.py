@@ -84,10 +84,10 @@ class Metric:
 
     def remove(self, *values: str) -> None:
         """Forget one label set: gone from ``/metrics`` now, from Ray's export once unsent."""
+        # Under the lock `labels` takes: a label set set again meanwhile keeps its /metrics child.
         with self._lock:
-            series = self._series.pop(values, None)
-        if series is not None:
-            self._local.remove(*values)
+            if self._series.pop(values, None) is not None:
+                self._local.remove(*values)
 
     def label_sets(self) -> list[tuple[str, ...]]:
         with self._lock:

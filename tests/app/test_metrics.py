@@ -23,9 +23,8 @@ from prometheus_client.samples import Sample
 
 from serve_app import telemetry
 from tests.support import MODEL
-from tests.support.helpers import REPO
+from tests.support.helpers import REPO, scrape_metrics
 from tests.support.replicas import replica_actors
-from tests.support.weather_history import HISTORY, TOOLS
 from tests.support.websocket import connected, until_terminal
 
 EXPORT_WAIT_S = 90  # a few of Ray's report intervals, on a loaded machine
@@ -81,11 +80,19 @@ def dashboard_names() -> set[str]:
     }
 
 
-def turns_on_both_ingress_replicas(client: OpenAI, ingress: set[str]) -> None:
-    """Two turns of each of several conversations (the second a prefix-cache hit), until
-    both ingress replicas answered some."""
+def engine_replicas_served(app_url: str) -> set[str]:
+    """The engine replicas the ingress replicas sent prompts to, by their own ``/metrics``."""
+    pattern = r'^serve_app_engine_replica_prompt_tokens_total\{engine_replica="(\w+)"\}'
+    pages = scrape_metrics(app_url).values()
+    return {replica for page in pages for replica in re.findall(pattern, page, re.M)}
+
+
+def turns_on_every_replica(client: OpenAI, app_url: str) -> None:
+    """Two turns of each of several conversations (the second a prefix-cache hit), until both
+    ingress replicas answered some and both engine replicas served some."""
+    ingress, engines = replica_ids("ResponsesIngress"), replica_ids("EngineDeployment")
     answered: set[str] = set()
-    for _ in range(40):
+    for conversation in range(1, 41):
         key = str(uuid.uuid4())
         for _turn in range(2):
             raw = client.responses.with_raw_response.create(
@@ -93,17 +100,23 @@ def turns_on_both_ingress_replicas(client: OpenAI, ingress: set[str]) -> None:
             )
             answered.add(raw.headers["x-serve-app-replica"])
             assert raw.parse().status == "completed"
-        if answered >= ingress:
+        # Every fourth conversation: a look at both ingress replicas' /metrics.
+        if (
+            conversation % 4 == 0
+            and answered >= ingress
+            and engine_replicas_served(app_url) >= engines
+        ):
             return
-    raise AssertionError(f"only ingress replicas {answered} of {ingress} answered")
+    served = engine_replicas_served(app_url)
+    raise AssertionError(f"ingress {answered} of {ingress}, engines {served} of {engines} served")
 
 
 def test_every_ingress_and_engine_replica_is_on_the_nodes_metrics_export(
-    client: OpenAI, app_cluster: None
+    client: OpenAI, app_url: str, app_cluster: None
 ) -> None:
     ingress, engines = replica_ids("ResponsesIngress"), replica_ids("EngineDeployment")
     assert len(ingress) == 2 and len(engines) == 2, (ingress, engines)
-    turns_on_both_ingress_replicas(client, ingress)
+    turns_on_every_replica(client, app_url)
 
     def every_replica(exported: dict[str, list[Sample]]) -> bool:
         requests = tagged(exported, f"{PREFIX}requests_total", "replica", status="completed")
@@ -136,16 +149,19 @@ def test_every_ingress_and_engine_replica_is_on_the_nodes_metrics_export(
     ), exported.get(f"{PREFIX}engine_replica_ongoing_requests")
 
 
-def test_every_metric_the_dashboard_queries_is_exported(client: OpenAI, app_cluster: None) -> None:
+def test_every_metric_the_dashboard_queries_is_exported(
+    client: OpenAI, app_url: str, app_cluster: None
+) -> None:
     wanted = dashboard_names()
     assert len(wanted) >= 15, wanted
     # Traffic that moves every panel: turns and their prefix-cache hits, a WebSocket
     # response, a compaction.
-    turns_on_both_ingress_replicas(client, replica_ids("ResponsesIngress"))
+    turns_on_every_replica(client, app_url)
     with connected(client) as connection:
         connection.response.create(model=MODEL, input="Hello over a socket")
         assert until_terminal(connection)[-1].type == "response.completed"
-    compacted = client.responses.compact(model=MODEL, input=HISTORY, extra_body={"tools": TOOLS})
+    history = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"}]
+    compacted = client.responses.compact(model=MODEL, input=history)
     assert compacted.output[-1].type == "compaction"
 
     exported = export_until(lambda exported: wanted <= exported.keys())

@@ -4,6 +4,7 @@ exactly those set now (re-sent each half report interval; a removed one is no lo
 
 from __future__ import annotations
 
+import sys
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -175,4 +176,88 @@ def test_in_a_serve_replica_ray_tags_every_series_with_the_replica(
         "deployment": "EngineDeployment",
         "replica": "abc123",
         "application": "serve_app",
+    }
+
+
+def test_gauges_changed_from_several_threads_while_pushed_end_as_last_set(
+    in_ray: dict[str, FakeRayMetric],
+) -> None:
+    """The router's loop, the replica's loop and the pusher thread touch the same gauges."""
+    import random
+    import threading
+
+    gauge = telemetry.Gauge(unique("threads"), "threads", ["engine_replica"])
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def change(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(2000):
+                chosen = rng.sample(["a", "b", "c", "d"], rng.randint(0, 4))
+                gauge.set_all({(replica,): rng.random() for replica in chosen})
+        except BaseException as error:
+            errors.append(error)
+
+    def push() -> None:
+        try:
+            while not stop.is_set():
+                telemetry.push_gauges()
+        except BaseException as error:
+            errors.append(error)
+
+    pusher = threading.Thread(target=push)
+    # Threads switch every microsecond, not every 5 ms: many more interleavings.
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        pusher.start()
+        changers = [threading.Thread(target=change, args=(seed,)) for seed in range(4)]
+        for thread in changers:
+            thread.start()
+        for thread in changers:
+            thread.join()
+    finally:
+        stop.set()
+        pusher.join()
+        sys.setswitchinterval(switch_interval)
+    assert not errors, errors
+    # /metrics shows exactly the label sets the gauge holds (and re-sends to Ray).
+    shown = {labels for _name, labels in local_samples(gauge.name)}
+    assert shown == {(("engine_replica", replica),) for (replica,) in gauge.label_sets()}
+    gauge.set_all({("x",): 1})
+    in_ray[gauge.name].calls.clear()
+    telemetry.push_gauges()
+    assert in_ray[gauge.name].calls == [("set", 1, {"engine_replica": "x"})]
+    assert local_samples(gauge.name) == {(gauge.name, (("engine_replica", "x"),)): 1}
+
+
+def test_a_label_set_set_again_while_it_is_removed_stays_on_metrics(
+    in_ray: dict[str, FakeRayMetric], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one interleaving that matters, forced: another thread sets ``b`` again just as
+    ``b`` is removed. /metrics must still show it afterwards, as the gauge (and Ray) does."""
+    import threading
+
+    gauge = telemetry.Gauge(unique("interleaved"), "interleaved", ["engine_replica"])
+    gauge.set_all({("a",): 1, ("b",): 2})
+    remove = gauge._local.remove
+
+    def remove_while_b_is_set_again(*values: str) -> None:
+        other = threading.Thread(target=lambda: gauge.labels("b").set(5))
+        other.start()
+        other.join(timeout=0.2)  # blocked by the facade's lock, if it holds one here
+        remove(*values)
+        monkeypatch.setattr(gauge._local, "remove", remove)
+        threads.append(other)
+
+    threads: list[threading.Thread] = []
+    monkeypatch.setattr(gauge._local, "remove", remove_while_b_is_set_again)
+    gauge.set_all({("a",): 1})
+    for thread in threads:
+        thread.join()
+    assert gauge.label_sets() == [("a",), ("b",)]
+    assert local_samples(gauge.name) == {
+        (gauge.name, (("engine_replica", "a"),)): 1,
+        (gauge.name, (("engine_replica", "b"),)): 5,
     }
