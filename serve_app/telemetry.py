@@ -129,7 +129,7 @@ class Series:
     def inc(self, amount: float = 1) -> None:
         self._local.inc(amount)
         if isinstance(self._metric, Gauge):
-            self.set_value(self.value + amount)
+            self._set_value(self.value + amount)
             return
         self.value += amount
         # Ray refuses a counter increment of 0 (prometheus-client took it as a no-op).
@@ -138,13 +138,13 @@ class Series:
 
     def dec(self, amount: float = 1) -> None:
         self._local.dec(amount)
-        self.set_value(self.value - amount)
+        self._set_value(self.value - amount)
 
     def set(self, value: float) -> None:
         self._local.set(value)
-        self.set_value(value)
+        self._set_value(value)
 
-    def set_value(self, value: float) -> None:
+    def _set_value(self, value: float) -> None:
         self.value = value
         if (ray_metric := self._metric._ray_metric()) is not None:
             ray_metric.set(value, tags=self._tags)
