@@ -4,8 +4,9 @@ Layers, bottom to top; a module imports from its own layer and the layers below 
 and no imports go round in a cycle (``lint-imports`` checks it: pyproject.toml's
 ``[tool.importlinter]``):
 
-- ``values`` and ``config``: values several layers share (sampling defaults, token logprobs) and
-  the typed application arguments (``AppArgs``).
+- ``values``, ``config`` and ``telemetry``: values several layers share (sampling defaults,
+  token logprobs), the typed application arguments (``AppArgs``), and the metrics facade
+  (each metric defined once, on Ray's metrics export and prometheus-client's registry).
 - ``protocol``: request and response models, errors, stream events, SSE framing, JSON-schema
   resolving (no harmony, no Ray).
 - ``harmony``: Responses items <-> harmony token ids (rendering, stream translation).

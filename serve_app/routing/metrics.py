@@ -1,16 +1,17 @@
-"""Routing metrics (prometheus-client). They live in the process that routes: the ingress
-replica holding the engine handle, so they appear on the ingress's ``/metrics``."""
+"""Routing metrics (``serve_app.telemetry``). They are recorded in the process that routes: the
+ingress replica holding the engine handle, so on Ray's metrics export they carry that ingress
+replica's tags (``replica``, ``deployment``), and the engine replica they are about is the
+``engine_replica`` label (Serve reserves ``replica``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from prometheus_client import Counter, Gauge
-
 from serve_app.routing.ring import Choice
+from serve_app.telemetry import Counter, Gauge
 
 ROUTING_DECISIONS = Counter(
-    "serve_app:routing_decisions",
+    "serve_app_routing_decisions",
     "Engine requests by routing decision: owner (the conversation's home replica, or for a "
     "new conversation its ring owner, took it), balanced (a new conversation placed off its "
     "ring owner to even the load; it moves no cache), spilled (a known conversation moved off "
@@ -18,7 +19,7 @@ ROUTING_DECISIONS = Counter(
     ["decision"],
 )
 REPORT_WAITS = Counter(
-    "serve_app:routing_report_waits",
+    "serve_app_routing_report_waits",
     "Later turns of conversations unknown to this router that waited for a round of the "
     "engine replicas' reports, by outcome: found (a replica served it), unknown (none did: "
     "placed as new), timed_out (no round within report_wait_s), skipped (placed at once, as "
@@ -26,40 +27,32 @@ REPORT_WAITS = Counter(
     ["outcome"],
 )
 REPLICA_ONGOING = Gauge(
-    "serve_app:engine_replica_ongoing_requests",
+    "serve_app_engine_replica_ongoing_requests",
     "Ongoing requests per engine replica, as the router last saw them.",
-    ["replica"],
+    ["engine_replica"],
 )
 REPLICA_CONVERSATIONS = Gauge(
-    "serve_app:engine_replica_reported_conversations",
+    "serve_app_engine_replica_reported_conversations",
     "Conversations each engine replica served within idle_s, by its latest routing-stats "
     "report as this router received it (a conversation on several counts on the latest).",
-    ["replica"],
+    ["engine_replica"],
 )
 
 REPLICA_PROMPT_TOKENS = Counter(
-    "serve_app:engine_replica_prompt_tokens",
+    "serve_app_engine_replica_prompt_tokens",
     "Prompt tokens sent to each engine replica.",
-    ["replica"],
+    ["engine_replica"],
 )
 REPLICA_CACHED_TOKENS = Counter(
-    "serve_app:engine_replica_prefix_cache_hit_tokens",
+    "serve_app_engine_replica_prefix_cache_hit_tokens",
     "Prompt tokens each engine replica served from its prefix cache.",
-    ["replica"],
+    ["engine_replica"],
 )
-
-_labelled: dict[Gauge, set[str]] = {}
 
 
 def _set_per_replica(gauge: Gauge, values: Mapping[str, int]) -> None:
-    for replica, value in values.items():
-        gauge.labels(replica).set(value)
-    # Drop replicas that are gone (scaled down, restarted), so the gauge stays truthful.
-    seen = _labelled.setdefault(gauge, set())
-    for replica in seen - values.keys():
-        gauge.remove(replica)
-    seen.clear()
-    seen.update(values)
+    # Replicas that are gone (scaled down, restarted) are removed, so the gauge stays truthful.
+    gauge.set_all({(replica,): value for replica, value in values.items()})
 
 
 def record_loads(loads: Mapping[str, int]) -> None:

@@ -80,6 +80,8 @@ class PrefixAffinityRouter(RequestRouter):
         reports = {replica.replica_id.unique_id: replica.routing_stats for replica in replicas}
         self._placer.set_reports(reports)
         metrics.record_reported_conversations(reports, self._placer.directory.active)
+        # Here too, not only per request: a replica that left drops out of the gauge now.
+        metrics.record_loads(self._loads())
         self._reports_arrived.set()
         self._reports_arrived = asyncio.Event()
 

@@ -162,6 +162,8 @@ def create_api(
 
     @api.get("/metrics")
     async def prometheus_metrics() -> Response:
+        # This process's metrics only (the replica that happened to answer); the service's,
+        # every replica's, are on each Ray node's metrics port (serve_app/telemetry.py).
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     return api

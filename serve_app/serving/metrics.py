@@ -1,56 +1,57 @@
-"""Prometheus metrics of the ingress (exposed on ``/metrics``).
+"""Metrics of the ingress and engine replicas (``serve_app.telemetry``: on Ray's metrics export
+as ``ray_serve_app_...``, tagged with the replica; on the ingress replica's own ``/metrics`` as
+``serve_app_...``).
 
-Names follow vLLM's ``vllm:`` style with our own prefix, so dashboards built for vLLM read
-naturally next to them.
+Names carry our own prefix, next to vLLM's ``vllm_`` ones (``ray_vllm_...`` on Ray's export).
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from serve_app.telemetry import Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 REQUESTS = Counter(
-    "serve_app:requests",
+    "serve_app_requests",
     "Responses requests by final status (completed, incomplete, failed, or rejected).",
     ["status"],
 )
 TIME_TO_FIRST_TOKEN = Histogram(
-    "serve_app:time_to_first_token_seconds",
+    "serve_app_time_to_first_token_seconds",
     "From request arrival to the first completion token from the engine.",
     buckets=_LATENCY_BUCKETS,
 )
 TIME_PER_OUTPUT_TOKEN = Histogram(
-    "serve_app:time_per_output_token_seconds",
+    "serve_app_time_per_output_token_seconds",
     "Mean time between output tokens of a request, after the first.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1),
 )
 E2E_LATENCY = Histogram(
-    "serve_app:e2e_request_latency_seconds",
+    "serve_app_e2e_request_latency_seconds",
     "From request arrival to the terminal event.",
     buckets=_LATENCY_BUCKETS,
 )
-PROMPT_TOKENS = Counter("serve_app:prompt_tokens", "Prompt tokens sent to engines.")
+PROMPT_TOKENS = Counter("serve_app_prompt_tokens", "Prompt tokens sent to engines.")
 CACHED_PROMPT_TOKENS = Counter(
-    "serve_app:prompt_cached_tokens", "Prompt tokens served from the engines' prefix caches."
+    "serve_app_prompt_cached_tokens", "Prompt tokens served from the engines' prefix caches."
 )
-GENERATION_TOKENS = Counter("serve_app:generation_tokens", "Completion tokens generated.")
+GENERATION_TOKENS = Counter("serve_app_generation_tokens", "Completion tokens generated.")
 ROUTING_KEYS = Counter(
-    "serve_app:routing_keys",
+    "serve_app_routing_keys",
     "Requests by where their routing key came from (prompt_cache_key or derived prefix).",
     ["source"],
 )
 WEBSOCKET_CONNECTIONS = Gauge(
-    "serve_app:websocket_connections", "WebSocket connections open on this ingress replica."
+    "serve_app_websocket_connections", "WebSocket connections open on this ingress replica."
 )
 WEBSOCKET_RESPONSES = Counter(
-    "serve_app:websocket_responses", "Responses created over WebSocket connections."
+    "serve_app_websocket_responses", "Responses created over WebSocket connections."
 )
 COMPACTIONS = Counter(
-    "serve_app:compactions", "Histories summarized by POST /v1/responses/compact."
+    "serve_app_compactions", "Histories summarized by POST /v1/responses/compact."
 )
 ENGINE_STREAMS = Counter(
-    "serve_app:engine_streams",
+    "serve_app_engine_streams",
     "Engine requests by how their chunks came: over this ingress replica's channel to the "
     "engine replica, or on their own stream (no channel open yet).",
     ["path"],
@@ -58,5 +59,15 @@ ENGINE_STREAMS = Counter(
 ENGINE_STREAMS_ON_CHANNEL = ENGINE_STREAMS.labels("channel")
 ENGINE_STREAMS_OWN = ENGINE_STREAMS.labels("own")
 ENGINE_CHANNELS = Gauge(
-    "serve_app:engine_channels", "Channels open from this ingress replica to engine replicas."
+    "serve_app_engine_channels", "Channels open from this ingress replica to engine replicas."
+)
+
+# Recorded in the engine replicas (serve_app/serving/engine/deployment.py): each one's own view.
+ENGINE_REQUESTS = Counter(
+    "serve_app_engine_requests", "Engine requests this engine replica received."
+)
+ENGINE_RUNNING = Gauge(
+    "serve_app_engine_running_requests",
+    "Engine requests this engine replica is serving now (Serve's own ongoing count also holds "
+    "the open channels, which generate nothing).",
 )

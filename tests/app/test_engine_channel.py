@@ -20,7 +20,7 @@ from tests.support.helpers import scrape_metrics
 def _engine_streams(app_url: str) -> dict[str, Any]:
     """Engine requests by path (channel / own), summed over the ingress replicas, and which
     replicas answered the scrape (so a failure says whose counters it summed)."""
-    pattern = r'^serve_app:engine_streams_total\{path="(\w+)"\} ([0-9.e+]+)$'
+    pattern = r'^serve_app_engine_streams_total\{path="(\w+)"\} ([0-9.e+]+)$'
     totals: dict[str, Any] = {"channel": 0.0, "own": 0.0}
     pages = scrape_metrics(app_url)
     for page in pages.values():

@@ -97,7 +97,7 @@ def test_hosted_tools_are_accepted_not_rejected(app_url: str) -> None:
 def test_metrics_count_requests(app_url: str) -> None:
     served_by = post(app_url, {"model": MODEL, "input": "SDK-TEXT"}).headers["x-serve-app-replica"]
     text = scrape_metrics(app_url)[served_by]
-    assert 'serve_app:requests_total{status="completed"}' in text
+    assert 'serve_app_requests_total{status="completed"}' in text
 
 
 ONE_MIB = 1024 * 1024

@@ -23,7 +23,7 @@ from tests.support.replicas import caller_owner, engine_replica_actors, routing_
 
 def routing_decisions(app_url: str) -> dict[str, float]:
     """Decisions summed over the ingress replicas (each routes its own requests)."""
-    pattern = r'serve_app:routing_decisions_total\{decision="(\w+)"\} ([0-9.e+]+)'
+    pattern = r'serve_app_routing_decisions_total\{decision="(\w+)"\} ([0-9.e+]+)'
     totals: dict[str, float] = {}
     for text in scrape_metrics(app_url).values():
         for name, value in re.findall(pattern, text):
@@ -62,7 +62,9 @@ def test_every_conversation_hits_its_prefix_cache_on_the_next_turn(app_url: str)
 def reported_conversations(app_url: str) -> list[dict[str, float]]:
     """Per ingress replica: the conversations each engine replica reported, as its router
     received the reports."""
-    pattern = r'serve_app:engine_replica_reported_conversations\{replica="(\w+)"\} ([0-9.e+]+)'
+    pattern = (
+        r'serve_app_engine_replica_reported_conversations\{engine_replica="(\w+)"\} ([0-9.e+]+)'
+    )
     return [
         {replica: float(value) for replica, value in re.findall(pattern, text)}
         for text in scrape_metrics(app_url).values()
@@ -129,7 +131,7 @@ def test_a_router_that_placed_nothing_sends_the_next_turn_where_the_conversation
 
 def waits_for_reports(outcome: str) -> float:
     """This process's router's waits (its metrics live here, not on the app's /metrics)."""
-    return metrics.REPORT_WAITS.labels(outcome)._value.get()
+    return metrics.REPORT_WAITS.labels(outcome).value
 
 
 def test_one_tenants_prompt_is_no_cache_hit_for_another(app_url: str, app_cluster: None) -> None:

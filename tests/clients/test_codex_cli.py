@@ -88,7 +88,7 @@ def agent_messages(stdout: str) -> list[str]:
 
 def websocket_responses(app_url: str) -> float:
     """Responses created over WebSocket, summed over the ingress replicas."""
-    pattern = r"^serve_app:websocket_responses_total ([0-9.e+]+)$"
+    pattern = r"^serve_app_websocket_responses_total ([0-9.e+]+)$"
     pages = scrape_metrics(app_url).values()
     return sum(float(value) for page in pages for value in re.findall(pattern, page, re.M))
 

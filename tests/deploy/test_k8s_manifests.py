@@ -123,29 +123,26 @@ def test_gpu_workers_and_a_gpu_free_head() -> None:
 
 
 def test_dashboard_queries_only_metrics_the_app_exports() -> None:
+    """Every ``ray_serve_app_`` name in the dashboard's queries is one the app's metrics show on
+    Ray's metrics export (the running app's export: tests/app/test_metrics.py)."""
     import re
 
-    from prometheus_client.metrics import MetricWrapperBase
-
+    from serve_app import telemetry
     from serve_app.routing import metrics as routing_metrics
     from serve_app.serving import metrics as serving_metrics
 
-    suffix = {"counter": "_total", "histogram": "_bucket", "gauge": ""}
-    exported = {
-        family.name + suffix[family.type]
+    exported = telemetry.exported_names(
+        value
         for module in (routing_metrics, serving_metrics)
         for value in vars(module).values()
-        if isinstance(value, MetricWrapperBase)
-        for family in value.describe()
-    }
+        if isinstance(value, telemetry.Metric)
+    )
     dashboard = json.loads((REPO / "k8s" / "grafana-dashboard.json").read_text())
-    queried = {
-        name
-        for panel in dashboard["panels"]
-        for target in panel["targets"]
-        for name in re.findall(r"serve_app:[a-z0-9_:]+", target["expr"])
-    }
-    assert len(queried) >= 8 and queried <= exported, queried - exported
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    queried = {name for expr in queries for name in re.findall(r"\bray_serve_app_\w+", expr)}
+    assert len(queried) >= 15 and queried <= exported, queried - exported
+    # Nothing left of the names before Ray's export (serve_app:..., read from /metrics).
+    assert not [expr for expr in queries if re.search(r"(?<!ray_)\bserve_app[:_]", expr)]
 
 
 def test_every_ray_container_has_the_fast_path_env_of_configs_fast_path_env() -> None:
@@ -160,3 +157,42 @@ def test_every_ray_container_has_the_fast_path_env_of_configs_fast_path_env() ->
     for container in containers:
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert {name: env.get(name) for name in wanted} == wanted, container["name"]
+
+
+def _matches(selector: dict, labels: dict[str, str]) -> bool:
+    """Kubernetes' label selector (matchLabels, matchExpressions with In) on ``labels``."""
+    if any(labels.get(key) != value for key, value in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In", expression
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+def test_prometheus_scrapes_every_ray_pods_metrics_port_not_the_service() -> None:
+    """Ray's metrics agent on each node exports every replica's metrics there (serve_app's
+    included: tests/app/test_metrics.py): Prometheus reads each Ray pod's metrics-export-port,
+    by the PodMonitor and by the pods' scrape annotations; the Service and Ingress carry no
+    metrics (one replica's, at random)."""
+    (monitor,) = yaml.safe_load_all((REPO / "k8s" / "podmonitor.yaml").read_text())
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["kind"] == "PodMonitor"
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    spec = yaml.safe_load(RAYSERVICE.read_text())["spec"]["rayClusterConfig"]
+    groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+    for group in groups:
+        template = group["template"]
+        port = group["rayStartParams"]["metrics-export-port"]
+        assert _matches(monitor["spec"]["selector"], template["metadata"]["labels"])
+        (container,) = template["spec"]["containers"]
+        named = {p["name"]: str(p["containerPort"]) for p in container["ports"]}
+        assert named[endpoint["port"]] == port, (named, port)
+        annotations = template["metadata"]["annotations"]
+        assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": port}
+    # Not PostgreSQL's pods (they have no metrics port).
+    for doc in yaml.safe_load_all((REPO / "k8s" / "postgres.yaml").read_text()):
+        labels = doc.get("spec", {}).get("template", {}).get("metadata", {}).get("labels")
+        if labels:
+            assert not _matches(monitor["spec"]["selector"], labels)
+    services = list(yaml.safe_load_all((REPO / "k8s" / "service.yaml").read_text()))
+    assert "/metrics" not in json.dumps(services)

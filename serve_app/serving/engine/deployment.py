@@ -41,6 +41,7 @@ from serve_app.engines.base import (
 )
 from serve_app.engines.factory import make_engine
 from serve_app.routing.replica_report import ReplicaReporter
+from serve_app.serving import metrics
 from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS
 from serve_app.serving.engine.channel import (
     CHANNEL_IDLE_S,
@@ -285,6 +286,8 @@ class EngineDeployment:
         producer = asyncio.create_task(self._produce_routed(request, route))
         self._watch(caller, request.request_id, producer)
         finished = False
+        metrics.ENGINE_REQUESTS.inc()
+        metrics.ENGINE_RUNNING.inc()
         try:
             while not finished:
                 outbox = self._outboxes.get(caller) if caller else None
@@ -312,6 +315,7 @@ class EngineDeployment:
                     # Cancelled here like anywhere (a client gone): the finally aborts.
                     await asyncio.sleep(window_s)
         finally:
+            metrics.ENGINE_RUNNING.dec()
             await self._settle(caller, request.request_id, producer, finished)
 
     async def channel(self, caller: str, replica: str) -> AsyncIterator[Batch]:

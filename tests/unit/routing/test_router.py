@@ -101,7 +101,7 @@ async def waiting_for_reports(router: PrefixAffinityRouter, count: int) -> None:
 
 
 def waits(outcome: str) -> float:
-    return metrics.REPORT_WAITS.labels(outcome)._value.get()
+    return metrics.REPORT_WAITS.labels(outcome).value
 
 
 async def test_one_engine_replica_routes_every_turn_at_once() -> None:
