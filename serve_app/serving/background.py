@@ -83,6 +83,8 @@ class BackgroundRunner:
         """Take the lease, store the response as in progress, then run it on its own task.
         `NotStored` (nothing runs) if either write failed: the client's 200 says it is stored."""
         response_id = turn.response.id
+        # Its 200 is sent before the engine is asked: a refusal then ends it failed, stored.
+        turn.announced = True
         try:
             # The lease first: a reader who finds the response finds its run too.
             with stored_or_fail(f"background response {response_id}"):
