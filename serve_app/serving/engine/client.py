@@ -146,7 +146,7 @@ class HandleEngineClient:
             raise RateLimited() from exc
         except Exception as exc:
             if pulse is not None and pulse.silent:  # the watchdog cancelled the call: say why
-                raise _silent(f"request {request_id}", replica, self._watchdog, pulse) from exc
+                raise _silent(f"request {request_id}", replica, pulse) from exc
             raise
         finally:
             self._watchdog.forget(pulse)
@@ -187,7 +187,7 @@ class HandleEngineClient:
         except asyncio.CancelledError:
             if not pulse.silent:
                 raise
-            ended = _silent("the channel", replica, self._watchdog, pulse)
+            ended = _silent("the channel", replica, pulse)
             with contextlib.suppress(Exception):
                 response.cancel()
         except Exception as exc:
@@ -211,11 +211,11 @@ class HandleEngineClient:
         task.add_done_callback(self._lingering.discard)
 
 
-def _silent(what: str, replica: str | None, watchdog: Watchdog, pulse: Pulse) -> EngineSilent:
+def _silent(what: str, replica: str | None, pulse: Pulse) -> EngineSilent:
     """The error of a stream the watchdog found silent (logged: a replica died or hangs)."""
     message = (
         f"{what} from engine replica {replica or '(not known yet)'} carried nothing for "
-        f"{watchdog.silent_for(pulse):.1f} s, heartbeats included: the replica is gone or stuck"
+        f"{pulse.silent_for:.1f} s, heartbeats included: the replica is gone or stuck"
     )
     logger.warning(message)
     return EngineSilent(message)

@@ -78,7 +78,7 @@ class Pulse:
     """One watched stream: `beat` on each item it carries; ``silent`` once declared dead.
     ``replica``: the engine replica it comes from, once known (the watchdog asks Ray about it)."""
 
-    __slots__ = ("_clock", "last", "on_silence", "replica", "silent")
+    __slots__ = ("_clock", "last", "on_silence", "replica", "silent", "silent_for")
 
     def __init__(
         self,
@@ -91,6 +91,7 @@ class Pulse:
         self.on_silence = on_silence
         self.replica = replica
         self.silent = False
+        self.silent_for = 0.0  # how long, when declared dead
 
     def beat(self) -> None:
         self.last = self._clock()
@@ -131,9 +132,6 @@ class Watchdog:
     def forget(self, pulse: Pulse | None) -> None:
         if pulse is not None:
             self._pulses.discard(pulse)
-
-    def silent_for(self, pulse: Pulse) -> float:
-        return self._clock() - pulse.last
 
     async def _run(self) -> None:
         last_round = time.monotonic()
@@ -177,6 +175,7 @@ class Watchdog:
     def _declare_dead(self, pulse: Pulse) -> None:
         self._pulses.discard(pulse)
         pulse.silent = True
+        pulse.silent_for = self._clock() - pulse.last
         try:
             pulse.on_silence()
         except Exception:  # one stream's failure to cancel must not stop the others'
