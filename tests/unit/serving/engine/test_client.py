@@ -182,3 +182,18 @@ async def test_a_stream_is_opened_when_the_engine_takes_it_not_at_its_first_toke
     assert first_token_at > 0.5, seen  # the prefill took that long
     # The 200 and response.created came as the replica took it, not with the first token.
     assert headers_at < 0.3 and seen["response.created"] < 0.3, (headers_at, seen)
+
+
+async def test_a_refused_turn_due_a_compaction_is_a_429_before_any_event(busy_app) -> None:
+    # Server-side compaction asks the engine for the summary first: its refusal comes before
+    # the compaction item opens, so before response.created too.
+    history = [{"role": "user", "content": "OLD-TOOL-OUTPUT " + "sunny and warm, " * 300}]
+    body = {
+        "model": MODEL,
+        "input": history,
+        "stream": True,
+        "context_management": [{"type": "compaction", "compact_threshold": 1000}],
+    }
+    answer = await busy_app.post("/v1/responses", json=body)
+    assert "data:" not in answer.text
+    _check_refusal(answer.status_code, answer.headers, answer.json())
