@@ -7,17 +7,33 @@ is unchanged. Run it against the app before and after a change, on the same mach
 
     python -m tests.local_app --port 8123 &
     PYTHONPATH=. python loadtests/bench_open.py --url http://127.0.0.1:8123 --requests 200
+
+or on Ray: ``--serve`` starts ``serve run configs/local.yaml`` (one ingress, one engine replica)
+on a free port for the run (``--no-channels``: every request on its own stream, where the engine
+replica's `Accepted` is one item more per request):
+
+    PYTHONPATH=. python loadtests/bench_open.py --serve --no-channels
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import statistics
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
+import yaml
+
+from tests.support import serve_run  # the repository's root on PYTHONPATH, as the usage says
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MODEL = "gpt-oss-120b"
 
@@ -65,11 +81,34 @@ async def main(url: str, requests: int, concurrency: int, key: str | None) -> No
         print(f"  {what:12s} median {statistics.median(times):7.1f} ms   p90 {p90:7.1f} ms")
 
 
+@contextlib.contextmanager
+def served(channels: bool) -> Iterator[str]:
+    """``serve run configs/local.yaml`` on a free port, for the block; its URL."""
+    config = yaml.safe_load((ROOT / "configs" / "local.yaml").read_text())
+    config["http_options"]["port"] = port = serve_run.free_port()
+    # The replicas run elsewhere than `.`: PYTHONPATH absolute, to import this tree.
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {"RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": pythonpath}
+    if not channels:
+        env["SERVE_APP_ENGINE_CHANNELS"] = "0"
+    with (
+        tempfile.TemporaryDirectory(prefix="bench_open_") as folder,
+        serve_run.running(config, Path(folder), env, startup_timeout_s=300),
+    ):
+        yield f"http://127.0.0.1:{port}"
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8123")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--key", default=None, help="an API key, if the app is closed")
+    parser.add_argument("--serve", action="store_true", help="on serve run configs/local.yaml")
+    parser.add_argument("--no-channels", action="store_true", help="with --serve: no channels")
+    parser.add_argument("--rounds", type=int, default=1)
     options = parser.parse_args()
-    asyncio.run(main(options.url, options.requests, options.concurrency, options.key))
+    with served(not options.no_channels) if options.serve else contextlib.nullcontext() as url:
+        for _ in range(options.rounds):
+            run = main(url or options.url, options.requests, options.concurrency, options.key)
+            asyncio.run(run)
