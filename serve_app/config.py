@@ -130,11 +130,15 @@ class StreamingArgs(BaseModel):
     # A stream from an engine replica that has carried nothing for this long carries a
     # heartbeat (serve_app/serving/engine/liveness.py). $SERVE_APP_ENGINE_HEARTBEAT_S overrides it.
     heartbeat_s: float = Field(default=0.25, gt=0)
-    # An ingress fails the requests of a stream silent (heartbeats included) for this long: its
-    # engine replica, or the way to it, is dead. Well above `heartbeat_s`, so that a late
-    # heartbeat on a loaded machine is not taken for a death. $SERVE_APP_ENGINE_SILENCE_S
-    # overrides it.
+    # A stream silent (heartbeats included) for this long makes the ingress ask Ray whether its
+    # engine replica's actor is gone: if so, the stream's requests fail now. Well above
+    # `heartbeat_s`, so that a late heartbeat on a loaded machine is not taken for a death.
+    # $SERVE_APP_ENGINE_SILENCE_S overrides it.
     silence_s: float = Field(default=1.5, gt=0)
+    # A stream silent this long fails even though Ray still lists its replica alive: the
+    # replica's loop is stuck, not merely starved by a burst of load (which held one for 1.5 s
+    # under the overload test). $SERVE_APP_ENGINE_LIVE_SILENCE_S overrides it.
+    live_silence_s: float = Field(default=15.0, gt=0)
 
     def resolved(self) -> StreamingArgs:
         """These settings with the environment's overrides applied."""
@@ -150,6 +154,8 @@ class StreamingArgs(BaseModel):
             update["heartbeat_s"] = float(heartbeat)
         if (silence := env.get(SILENCE_ENV)) is not None:
             update["silence_s"] = float(silence)
+        if (live_silence := env.get(LIVE_SILENCE_ENV)) is not None:
+            update["live_silence_s"] = float(live_silence)
         return self.model_copy(update=update)
 
 
@@ -158,6 +164,7 @@ CHANNELS_ENV = "SERVE_APP_ENGINE_CHANNELS"
 CHANNEL_IDLE_ENV = "SERVE_APP_CHANNEL_IDLE_S"
 HEARTBEAT_ENV = "SERVE_APP_ENGINE_HEARTBEAT_S"
 SILENCE_ENV = "SERVE_APP_ENGINE_SILENCE_S"
+LIVE_SILENCE_ENV = "SERVE_APP_ENGINE_LIVE_SILENCE_S"
 API_KEYS_ENV = "SERVE_APP_API_KEYS"
 API_KEYS_FILE_ENV = "SERVE_APP_API_KEYS_FILE"
 REASONING_KEY_ENV = "SERVE_APP_REASONING_KEY"

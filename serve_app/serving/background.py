@@ -111,6 +111,8 @@ class BackgroundRunner:
 
     async def _claim(self, turn: Turn) -> None:
         response_id = turn.response.id
+        # Its 200 is sent before the engine is asked: a refusal then ends it failed, stored.
+        turn.announced = True
         try:
             # The lease first: a reader who finds the response finds its run too.
             with stored_or_fail(f"background response {response_id}"):

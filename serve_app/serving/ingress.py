@@ -34,7 +34,7 @@ from serve_app.serving.admission.responses import failed_response_error
 from serve_app.serving.background import BackgroundRunner, shutdown_grace_s
 from serve_app.serving.compaction import compact
 from serve_app.serving.conversations import conversations_router
-from serve_app.serving.engine.client import EngineClient, HandleEngineClient
+from serve_app.serving.engine.client import EngineClient, HandleEngineClient, replicas_gone
 from serve_app.serving.engine.liveness import Watchdog
 from serve_app.serving.http.auth import ApiKeys, Owner, RequireKey, caller
 from serve_app.serving.http.body_limit import BodyLimits
@@ -93,8 +93,8 @@ def create_api(
                 return _event_stream(background.stream(turn.response.id))
             return JSONResponse(dump_response(turn.response))
         if body.stream:
-            return _event_stream(_sse(service.event_batches(turn)))
-        response = await service.run(turn)
+            return _event_stream(await _opened(service.event_batches(turn)))
+        response = await service.run(turn)  # the engines at capacity: `RateLimited`, a 429
         if response.status == "failed" and response.error is not None:
             raise failed_response_error(response.error.message, response.error.code)
         return JSONResponse(dump_response(response))
@@ -175,6 +175,25 @@ async def _sse(batches: AsyncGenerator[list[ResponseStreamEvent]]) -> AsyncItera
     async with contextlib.aclosing(batches):
         async for batch in batches:
             yield b"".join(encode_event(event) for event in batch)
+
+
+async def _opened(batches: AsyncGenerator[list[ResponseStreamEvent]]) -> AsyncIterator[bytes]:
+    """The stream's SSE, its first batch (``response.created``) read before the 200 is sent:
+    it comes once an engine has taken the request, and a refusal before it (`RateLimited`)
+    is answered as an HTTP 429, not a ``response.failed`` inside a 200 (OpenAI's way, which
+    SDKs retry and load balancers count)."""
+    try:
+        first = await anext(batches)
+    except BaseException:  # refused, failed, or the client left: the engine request ends
+        await batches.aclose()
+        raise
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield b"".join(encode_event(event) for event in first)
+        async for chunk in _sse(batches):
+            yield chunk
+
+    return stream()
 
 
 class NameTheReplica:
@@ -300,7 +319,12 @@ class ResponsesIngress:
                 engine_handle,
                 caller=ray.get_runtime_context().get_actor_name(),
                 channels=streaming.channels,
-                watchdog=Watchdog(streaming.silence_s, streaming.heartbeat_s),
+                watchdog=Watchdog(
+                    streaming.silence_s,
+                    streaming.heartbeat_s,
+                    streaming.live_silence_s,
+                    gone=replicas_gone,  # a silent replica's death confirmed with Ray
+                ),
             ),
             vault,
             self._store,

@@ -35,7 +35,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from openai.types.responses.responses_server_event import ResponseWsError, ResponseWsErrorError
 
 from serve_app.config import Limits
-from serve_app.protocol.errors import APIError
+from serve_app.protocol.errors import APIError, RateLimited
 from serve_app.protocol.requests import InputItem
 from serve_app.protocol.responses import usage
 from serve_app.protocol.sse import event_json
@@ -303,15 +303,25 @@ async def _stream(
     """One response streamed on its lane; the successor steering asks for, if any."""
     metrics.WEBSOCKET_RESPONSES.inc()
     record = desk.start(turn, sink.stream_id, unsteerable)
+    refused: RateLimited | None = None
     try:
         async with aclosing(service.event_batches(turn)) as batches:
             # A send to a closed socket raises: leaving the loop closes the events, which
             # aborts the engine request.
             async for batch in batches:
                 await sink.send_batch([event_json(event) for event in batch])
+    except RateLimited as error:  # the engines at capacity before its first event
+        refused = error
     finally:
         successor = desk.end(record)
     request = turn.request
+    if refused is not None:
+        # As over HTTP (a 429 before the stream): an error event, no response.created; the
+        # response never existed, and what it continued is forgotten as for a failure.
+        if desk.lane_of(request.previous_response_id) in (sink.stream_id, False):
+            recent.pop(request.previous_response_id or "", None)
+        await _send_error(sink, refused)
+        return None
     if turn.response.status == "failed":
         # A failure forgets what it continued, if its own lane made it (a fork failing does
         # not take another lane's response away).

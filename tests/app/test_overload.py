@@ -1,6 +1,8 @@
 """Overload: with every engine replica full and the queues full, new requests are turned away
-at once with a retryable answer (429 + Retry-After; in a stream, rate_limit_exceeded with the
-delay Codex waits), nothing hangs, and capacity comes back when the load goes."""
+at once with a retryable answer (429 + Retry-After, a stream's before any event, as OpenAI's;
+the message names the delay Codex waits), nothing hangs, and capacity comes back when the load
+goes. The requests carry the session's first API key (the app may be closed: `SERVE_APP_API_KEYS`
+names it)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from tests.conftest import ENGINE_MAX_ONGOING, ENGINE_MAX_QUEUED, REPLICAS
@@ -20,6 +23,8 @@ from tests.support.helpers import run_locust
 
 pytestmark = pytest.mark.faults
 CAPACITY = REPLICAS * ENGINE_MAX_ONGOING + REPLICAS * ENGINE_MAX_QUEUED
+KEY = "sk-test"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 async def open_slow_stream(
@@ -33,7 +38,12 @@ async def open_slow_stream(
         "stream": True,
         "prompt_cache_key": str(uuid.uuid4()),
     }
-    async with http.stream("POST", f"{url}/v1/responses", json=body) as response:
+    async with http.stream("POST", f"{url}/v1/responses", json=body, headers=AUTH) as response:
+        if response.status_code == 429:  # refused before the stream (issue 38)
+            error = json.loads(await response.aread())["error"]
+            assert "try again in 1s" in error["message"]
+            assert response.headers["retry-after"] == "1"
+            return error["code"]
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
                 continue
@@ -79,7 +89,7 @@ async def test_overload_is_answered_at_once_and_retryably(app_url: str) -> None:
     admitted: list[str] = []
     engine_slots = REPLICAS * ENGINE_MAX_ONGOING
     limits = httpx.Limits(max_connections=200)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+    async with httpx.AsyncClient(timeout=60, limits=limits, headers=AUTH) as http:
         streams = await fill_until_turned_away(http, app_url, release, admitted)
         assert any(stream.done() for stream in streams), "no request was turned away"
         assert await eventually(lambda: len(admitted) >= engine_slots, timeout=30), (
@@ -109,7 +119,7 @@ async def test_overload_is_answered_at_once_and_retryably(app_url: str) -> None:
     assert outcomes.count("admitted") >= engine_slots
     assert set(outcomes) <= {"admitted", "rate_limit_exceeded"}
 
-    async with httpx.AsyncClient(timeout=60) as http:  # capacity is back
+    async with httpx.AsyncClient(timeout=60, headers=AUTH) as http:  # capacity is back
         for _ in range(30):
             answer = await http.post(
                 f"{app_url}/v1/responses", json={"model": MODEL, "input": "SDK-TEXT"}
@@ -118,6 +128,55 @@ async def test_overload_is_answered_at_once_and_retryably(app_url: str) -> None:
                 break
             await asyncio.sleep(1)
         assert answer.status_code == 200 and answer.json()["status"] == "completed"
+
+
+async def test_a_stream_the_full_engines_refuse_is_a_429_before_any_event(app_url: str) -> None:
+    """Before issue 38: ``200``, ``response.created``, then ``response.failed`` with
+    ``rate_limit_exceeded`` inside the stream, which the SDK does not retry and a load balancer
+    counts as a success. Now the refusal comes before the stream, as OpenAI's: HTTP 429 with
+    Retry-After, and the openai SDK raises `RateLimitError` from ``create(stream=True)``."""
+    release = asyncio.Event()
+    admitted: list[str] = []
+    limits = httpx.Limits(max_connections=200)
+    sdk = openai.AsyncOpenAI(base_url=f"{app_url}/v1", api_key=KEY, max_retries=0, timeout=60)
+    async with httpx.AsyncClient(timeout=60, limits=limits, headers=AUTH) as http:
+        streams = await fill_until_turned_away(http, app_url, release, admitted)
+        assert any(stream.done() for stream in streams), "no request was turned away"
+        assert await eventually(lambda: len(admitted) >= REPLICAS * ENGINE_MAX_ONGOING, 30)
+
+        async def streamed_probe() -> object:
+            """What ``create(stream=True)`` does now: raises, or a stream (read to its end)."""
+            try:
+                stream = await sdk.responses.create(model=MODEL, input="SDK-TEXT", stream=True)
+            except openai.APIStatusError as refused:
+                return refused
+            return [event.type async for event in stream]
+
+        async def raw_probe() -> httpx.Response:
+            body = {"model": MODEL, "input": "SDK-TEXT", "stream": True}
+            return await http.post(f"{app_url}/v1/responses", json=body)
+
+        probes = [asyncio.create_task(streamed_probe()) for _ in range(6)]
+        probes += [asyncio.create_task(raw_probe()) for _ in range(6)]
+        answered, _ = await asyncio.wait(probes, timeout=5)
+        assert answered, "every streamed request waited: nothing was turned away"
+        for probe in answered:
+            match probe.result():
+                case openai.RateLimitError() as refused:
+                    assert refused.status_code == 429
+                    assert refused.code == "rate_limit_exceeded"
+                    assert refused.response.headers["retry-after"] == "1"
+                case httpx.Response() as raw:
+                    assert raw.status_code == 429, raw.text[:500]
+                    assert raw.headers["content-type"] == "application/json"
+                    assert raw.headers["retry-after"] == "1"
+                    assert raw.json()["error"]["code"] == "rate_limit_exceeded"
+                case other:
+                    pytest.fail(f"a streamed request answered at once, not refused: {other!r}")
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*streams), timeout=60)
+        await asyncio.wait_for(asyncio.gather(*probes), timeout=60)  # queued ones complete
+    await sdk.close()
 
 
 def test_locust_at_four_times_capacity_loses_nothing_and_hangs_nothing(

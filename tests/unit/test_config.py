@@ -15,6 +15,7 @@ def test_unset_variables_leave_the_args_as_configured(monkeypatch: pytest.Monkey
         "SERVE_APP_CHANNEL_IDLE_S",
         "SERVE_APP_ENGINE_HEARTBEAT_S",
         "SERVE_APP_ENGINE_SILENCE_S",
+        "SERVE_APP_ENGINE_LIVE_SILENCE_S",
         "SERVE_APP_API_KEYS",
         "SERVE_APP_API_KEYS_FILE",
         "SERVE_APP_REASONING_KEY",
@@ -34,6 +35,7 @@ def test_unset_variables_leave_the_args_as_configured(monkeypatch: pytest.Monkey
         "channel_idle_s": 2.0,
         "heartbeat_s": 0.25,
         "silence_s": 1.5,
+        "live_silence_s": 15.0,
     }
 
 
@@ -43,13 +45,14 @@ def test_each_variable_overrides_its_field(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("SERVE_APP_CHANNEL_IDLE_S", "0.5")
     monkeypatch.setenv("SERVE_APP_ENGINE_HEARTBEAT_S", "0.1")
     monkeypatch.setenv("SERVE_APP_ENGINE_SILENCE_S", "3")
+    monkeypatch.setenv("SERVE_APP_ENGINE_LIVE_SILENCE_S", "20")
     monkeypatch.setenv("SERVE_APP_API_KEYS", " k1, ,k2 ")
     monkeypatch.setenv("SERVE_APP_API_KEYS_FILE", "/run/keys")
     monkeypatch.setenv("SERVE_APP_REASONING_KEY", "secret")
     args = AppArgs.model_validate({"secrets": {"api_keys": ["config-key"]}})
     streaming, secrets = args.streaming.resolved(), args.secrets.resolved()
     assert (streaming.window_s, streaming.channels, streaming.channel_idle_s) == (0, False, 0.5)
-    assert (streaming.heartbeat_s, streaming.silence_s) == (0.1, 3)
+    assert (streaming.heartbeat_s, streaming.silence_s, streaming.live_silence_s) == (0.1, 3, 20)
     assert secrets.api_keys == ["k1", "k2"]
     assert (secrets.api_keys_file, secrets.reasoning_key) == ("/run/keys", "secret")
     monkeypatch.setenv("SERVE_APP_ENGINE_CHANNELS", "1")

@@ -6,16 +6,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Collection, Coroutine
 from contextvars import Context
 from typing import Any, Protocol
 
+import ray
 from ray.serve.exceptions import BackPressureError
 
 from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest, error_chunk
 from serve_app.protocol.errors import RateLimited
 from serve_app.serving.engine.channel import ChannelClosed, Inboxes, OnChannel
-from serve_app.serving.engine.liveness import EngineSilent, Heartbeat, Pulse, Watchdog
+from serve_app.serving.engine.liveness import (
+    Accepted,
+    EngineSilent,
+    Heartbeat,
+    Pulse,
+    Watchdog,
+)
 from serve_app.serving.metrics import ENGINE_CHANNELS, ENGINE_STREAMS_ON_CHANNEL, ENGINE_STREAMS_OWN
 
 logger = logging.getLogger(__name__)
@@ -23,11 +30,15 @@ logger = logging.getLogger(__name__)
 # A channel an engine replica refused (it is gone, or the call found it full) is not asked for
 # again sooner than this; its requests stream on their own meanwhile.
 CHANNEL_RETRY_S = 1.0
+# How Ray Serve names a replica's actor: this prefix, then "app#deployment#<replica id>".
+SERVE_REPLICA_PREFIX = "SERVE_REPLICA::"
 
 
 class EngineClient(Protocol):
     def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        """Stream a request's chunks; closing the iterator early aborts the request."""
+        """Stream a request's chunks; closing the iterator early aborts the request. The first
+        chunk comes once an engine has taken the request (an empty one if that is known before
+        its first token); a refusal before it (every engine full) raises `RateLimited`."""
         ...
 
 
@@ -74,10 +85,18 @@ class HandleEngineClient:
             # The own stream: chunks, or a marker after which the rest rides a channel.
             async for item in response:
                 if pulse is None:  # watched from its first item: it may wait in a queue before
-                    pulse = self._watchdog.watch(response.cancel)
+                    pulse = self._watchdog.watch(response.cancel, _replica_of(item))
+                    if isinstance(item, Accepted | OnChannel | Heartbeat):
+                        # The replica has it, Ray's back-pressure can no longer refuse it: the
+                        # caller may tell its client so (an empty chunk), before any token.
+                        yield GenerateChunk(replica=_replica_of(item))
                 else:
                     pulse.beat()
                 match item:
+                    case Accepted():
+                        replica = item.replica  # a channel for the next requests
+                        self._open_channel(replica)
+                        continue
                     case Heartbeat():
                         continue
                     case OnChannel():
@@ -127,7 +146,7 @@ class HandleEngineClient:
             raise RateLimited() from exc
         except Exception as exc:
             if pulse is not None and pulse.silent:  # the watchdog cancelled the call: say why
-                raise _silent(f"request {request_id}", replica, self._watchdog) from exc
+                raise _silent(f"request {request_id}", replica, pulse) from exc
             raise
         finally:
             self._watchdog.forget(pulse)
@@ -159,7 +178,7 @@ class HandleEngineClient:
         ENGINE_CHANNELS.inc()
         # Silent too long (the replica died, or hangs): this reader is stopped, whatever the
         # transport does with the call, and the requests riding the channel fail.
-        pulse = self._watchdog.watch(asyncio.current_task().cancel)
+        pulse = self._watchdog.watch(asyncio.current_task().cancel, replica)
         try:
             async for batch in response:  # an empty batch is a heartbeat
                 pulse.beat()
@@ -168,7 +187,7 @@ class HandleEngineClient:
         except asyncio.CancelledError:
             if not pulse.silent:
                 raise
-            ended = _silent("the channel", replica, self._watchdog)
+            ended = _silent("the channel", replica, pulse)
             with contextlib.suppress(Exception):
                 response.cancel()
         except Exception as exc:
@@ -192,14 +211,43 @@ class HandleEngineClient:
         task.add_done_callback(self._lingering.discard)
 
 
-def _silent(what: str, replica: str | None, watchdog: Watchdog) -> EngineSilent:
+def _silent(what: str, replica: str | None, pulse: Pulse) -> EngineSilent:
     """The error of a stream the watchdog found silent (logged: a replica died or hangs)."""
     message = (
         f"{what} from engine replica {replica or '(not known yet)'} carried nothing for "
-        f"{watchdog.silence_s:g} s, heartbeats included: the replica is gone or stuck"
+        f"{pulse.silent_for:.1f} s, heartbeats included: the replica is gone or stuck"
     )
     logger.warning(message)
     return EngineSilent(message)
+
+
+def _replica_of(item: object) -> str | None:
+    """The engine replica a stream's item names, if it names one."""
+    match item:
+        case Accepted(replica=replica) | OnChannel(replica=replica):
+            return replica
+        case GenerateChunk(replica=replica):
+            return replica
+    return None
+
+
+async def replicas_gone(replicas: Collection[str]) -> set[str]:
+    """Those of these engine replicas (Serve replica ids) whose actor Ray no longer lists: a
+    dead actor's name is released, a kill shows within well under a second. One GCS call, off
+    the event loop (`Watchdog`'s question before it fails a silent replica's streams). Raises
+    if the listing lacks even this ingress's own replica: Ray could not be asked."""
+    alive = await asyncio.to_thread(_serve_replica_ids)
+    if not alive:
+        raise LookupError("Ray listed no Serve replica, this one included")
+    return set(replicas) - alive
+
+
+def _serve_replica_ids() -> set[str]:
+    return {
+        actor["name"].rsplit("#", 1)[-1]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["name"].startswith(SERVE_REPLICA_PREFIX)
+    }
 
 
 def _unexpected(request_id: str, item: object, where: str) -> GenerateChunk:
@@ -229,6 +277,7 @@ class InProcessEngineClient:
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         finished = False
+        yield GenerateChunk()  # taken at once: nothing in this process refuses a request
         try:
             async for chunk in self._engine.generate(request):
                 yield chunk

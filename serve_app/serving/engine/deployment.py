@@ -50,7 +50,7 @@ from serve_app.serving.engine.channel import (
     OnChannel,
     Outbox,
 )
-from serve_app.serving.engine.liveness import HEARTBEAT, HEARTBEAT_S, Heartbeat
+from serve_app.serving.engine.liveness import HEARTBEAT, HEARTBEAT_S, Accepted, Heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -267,10 +267,11 @@ class EngineDeployment:
 
     async def generate(
         self, request: GenerateRequest, caller: str | None = None
-    ) -> AsyncIterator[GenerateChunk | OnChannel | Heartbeat]:
+    ) -> AsyncIterator[GenerateChunk | OnChannel | Accepted | Heartbeat]:
         """Stream the engine's chunks until ``caller`` has a channel open here; from then on
         send them on it, after an `OnChannel` marker (``serve_app.serving.engine.channel``).
-        A request that starts with the channel open streams only the marker.
+        A request that starts with the channel open streams only the marker; one that does not
+        starts with `Accepted` (the ingress answers its client then: not refused by Ray).
 
         On its own stream, the engine runs ahead into a queue and every yield sends all that is
         queued as one chunk, so a slow reader gets fewer, larger chunks; after each send the
@@ -285,7 +286,7 @@ class EngineDeployment:
         route = _Route(request.request_id, self._replica_id)
         producer = asyncio.create_task(self._produce_routed(request, route))
         self._watch(caller, request.request_id, producer)
-        finished = False
+        finished = accepted = False
         metrics.ENGINE_REQUESTS.inc()
         metrics.ENGINE_RUNNING.inc()
         try:
@@ -296,6 +297,10 @@ class EngineDeployment:
                     yield OnChannel(self._replica_id)
                     finished = await self._ride(outbox, route, producer, caller)
                     return
+                if not accepted:  # at once, not with the first token (after the prefill)
+                    accepted = True
+                    yield Accepted(self._replica_id)
+                    continue
                 chunk = await route.next_chunk(self._heartbeat_s())
                 if chunk is None:
                     break

@@ -115,17 +115,22 @@ class _Service(Protocol):
 async def compact_first(service: _Service, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]:
     """The compaction of a turn whose prompt reached its threshold, as event batches (after
     ``response.created``); then ``turn.generate`` asks for the answer from the summary alone.
-    A summary that cannot be written raises its `APIError` (the turn ends failed)."""
+    A summary that cannot be written raises its `APIError` (the turn ends failed); one the
+    engines refuse before it starts, `RateLimited` before any event (the turn is refused)."""
     writer = turn.translator.writer
-    item = writer.open_compaction()
-    yield writer.take_events()
     items = [*turn.history, *turn.request.input_items]
     ask = await service.prepare(
         Ask(summary_request(turn.request, items), turn.owner, check_limits=False)
     )
     async with contextlib.aclosing(service.event_batches(ask)) as batches:
+        # The summary's first batch comes once an engine has taken it: the item opens then.
+        first = await anext(batches)
+        item = writer.open_compaction()
+        if _writes(first):
+            writer.compacting(item)
+        yield writer.take_events()
         async for batch in batches:
-            if any(event.type == "response.output_text.delta" for event in batch):
+            if _writes(batch):
                 writer.compacting(item)
                 yield writer.take_events()
     summary = summary_of(ask.response)
@@ -150,3 +155,8 @@ async def compact_first(service: _Service, turn: Turn) -> AsyncIterator[list[Res
     except Exception as error:  # a bug of ours: this turn fails, logged, no other
         logger.exception("response %s: not rendered after compaction", turn.response.id)
         raise ServerError("The compacted context could not be rendered.") from error
+
+
+def _writes(batch: list[ResponseStreamEvent]) -> bool:
+    """Whether the summary's batch writes its text."""
+    return any(event.type == "response.output_text.delta" for event in batch)

@@ -41,10 +41,13 @@ class EventLoop:
 
     async def event_batches(self, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]:
         """``events``, as one non-empty list per engine chunk: what a transport sends in one
-        write (one ASGI message costs the same whether it carries one event or ten)."""
+        write (one ASGI message costs the same whether it carries one event or ten).
+
+        The first batch (``response.created``) comes once an engine has taken the request, as
+        OpenAI's: the engines at capacity before that raise `RateLimited` (the client's 429,
+        nothing stored), unless the response was announced already (``turn.announced``)."""
         translator = turn.translator
-        if started := translator.start():
-            yield started
+        opening = translator.start()  # sent when the engine has taken the request
         terminal: list[ResponseStreamEvent] = []
         prompt_tokens = cached_tokens = 0
         first_token_seen = False
@@ -53,10 +56,14 @@ class EventLoop:
             if turn.before_answer is not None:
                 async with contextlib.aclosing(turn.before_answer(turn)) as before:
                     async for batch in before:
-                        yield batch
+                        yield [*opening, *batch]
+                        opening = []
             # Closed on leaving (a steered end breaks out early): that aborts the engine request.
             async with contextlib.aclosing(self._engine_chunks(turn)) as chunks:
                 async for chunk in chunks:
+                    if opening:
+                        yield opening
+                        opening = []
                     replica = replica or chunk.replica
                     prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
                     cached_tokens = max(cached_tokens, chunk.num_cached_tokens)
@@ -94,9 +101,12 @@ class EventLoop:
                 terminal = translator.fail("The engine stream ended early.", "server_error")
         except RateLimited as busy:
             # Every engine replica is full and the queue too (the engine client's word for
-            # it). Codex retries this code after the delay the message names; non-streaming
-            # callers get 429 with Retry-After.
+            # it). Before the first event: the request is refused (HTTP 429 with Retry-After,
+            # a WebSocket error event), as OpenAI refuses it. After: the stream ends with this
+            # code, which Codex retries after the delay the message names.
             logger.warning("response %s: engines at capacity", turn.response.id)
+            if opening and not turn.announced:
+                raise
             terminal = translator.fail(busy.message, RATE_LIMITED)
         except APIError as error:  # what runs before the answer could not be done
             terminal = translator.fail(error.message, error.code or SERVER_ERROR)
@@ -116,7 +126,7 @@ class EventLoop:
             routing_metrics.record_prompt(replica, prompt_tokens, cached_tokens)
             _record(turn)
         if terminal:
-            yield terminal
+            yield [*opening, *terminal]
 
     async def _engine_chunks(self, turn: Turn) -> AsyncIterator[GenerateChunk]:
         """The engine's chunks, until the translator has made the ``max_tool_calls`` calls

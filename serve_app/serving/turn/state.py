@@ -61,6 +61,10 @@ class Turn:
     # (a compaction, serve_app.serving.turn.context_management): its event batches; it may point
     # ``generate`` elsewhere. An `APIError` from it ends the turn failed.
     before_answer: Callable[[Turn], AsyncIterator[list[ResponseStreamEvent]]] | None = None
+    # The client was told of the response before the engine was asked (a background run's
+    # answer): the engines at capacity then end it ``failed`` (``rate_limit_exceeded``) in its
+    # events, rather than refusing the request (serve_app.serving.turn.events).
+    announced: bool = False
 
     @property
     def response(self) -> Response:

@@ -39,6 +39,8 @@ class _Call:
         self._items: asyncio.Queue[Any] = asyncio.Queue()
         self._items_seen = items_seen
         self._hung = False
+        self._flowing = asyncio.Event()  # cleared: items wait (`hold`)
+        self._flowing.set()
         self._task = asyncio.create_task(self._drive(generator))
 
     async def _drive(self, generator: AsyncIterator[Any]) -> None:
@@ -61,6 +63,7 @@ class _Call:
 
     async def __anext__(self) -> Any:
         item = await self._items.get()
+        await self._flowing.wait()
         if item is _DONE:
             self._items.put_nowait(_DONE)
             raise StopAsyncIteration
@@ -70,6 +73,11 @@ class _Call:
         return item
 
     def cancel(self) -> None:
+        if not self._flowing.is_set():  # held: what waited is dropped, the caller told at once
+            while not self._items.empty():
+                self._items.get_nowait()
+            self._items.put_nowait(RequestCancelledError("cancelled"))
+            self._flowing.set()
         if self._hung:  # as a gRPC call cancelled by its caller: the caller's wait ends
             self._items.put_nowait(RequestCancelledError("cancelled"))
         self._task.cancel()
@@ -78,6 +86,14 @@ class _Call:
         """The replica's process died: the call stops and its caller gets Ray's error."""
         self._task.cancel()
         self._items.put_nowait(ActorDiedError())
+
+    def hold(self) -> None:
+        """The replica's items stop reaching the caller, heartbeats included, until `release`:
+        as from a replica whose event loop is starved (alive, its actor listed by Ray)."""
+        self._flowing.clear()
+
+    def release(self) -> None:
+        self._flowing.set()
 
     def hang(self) -> None:
         """The replica stops sending and no error comes, as over gRPC from a replica that died

@@ -19,6 +19,7 @@ from serve_app.routing.ring import stable_hash
 from serve_app.serving.engine.channel import Outbox
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.engine.deployment import _END, EngineDeployment, _Route
+from serve_app.serving.engine.liveness import Accepted
 
 Replica = EngineDeployment.func_or_class  # the plain class behind the Serve deployment
 
@@ -115,6 +116,8 @@ async def test_an_engine_error_ends_the_stream_with_its_code_on_a_replica_and_in
         replica = SimpleNamespace(_engine=_FailingEngine(error))
         await Replica._produce(replica, request, lambda c, _, sent=on_replica: sent.append(c))
         in_process = [c async for c in InProcessEngineClient(_FailingEngine(error)).stream(request)]
+        accepted, *in_process = in_process  # in process, taken at once: an empty first chunk
+        assert accepted == GenerateChunk()
         for chunks in (on_replica, in_process):
             assert [chunk.finish_reason for chunk in chunks] == [None, "error"]
             assert (chunks[-1].error, chunks[-1].error_code) == (message, code)
@@ -154,8 +157,11 @@ def _request(request_id: str) -> GenerateRequest:
     return GenerateRequest(request_id, [200006, 1428, 200008, 12194, 200007], SamplingSettings(400))
 
 
-async def _read(stream: AsyncIterator[GenerateChunk]) -> list[GenerateChunk]:
-    return [chunk async for chunk in stream]
+async def _read(stream: AsyncIterator[GenerateChunk | Accepted]) -> list[GenerateChunk]:
+    """A request's own stream, read to its end: its chunks after the replica's `Accepted`."""
+    accepted, *chunks = [item async for item in stream]
+    assert isinstance(accepted, Accepted)
+    return chunks
 
 
 @pytest.mark.parametrize("listing", ["caller gone", "listing fails"])
