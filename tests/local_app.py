@@ -3,9 +3,10 @@
     python -m tests.local_app --port 8123 &
     SERVE_APP_TEST_URL=http://127.0.0.1:8123 python -m pytest tests/clients/test_openai_sdk.py
 
-Same API, the same scripted simulated engine (tests/fixtures/engine_script.yaml) and reasoning
-key as the session app of tests/conftest.py, one process, a store in a temporary folder. Tests
-that look inside Ray (``engine_handle``, ``app_cluster``) still need the real app.
+Same API, the same scripted simulated engine (tests/fixtures/engine_script.yaml), reasoning
+key and API keys (tests/support's ``API_KEY`` and ``OTHER_API_KEY``; $SERVE_APP_API_KEYS
+overrides them) as the session app of tests/conftest.py, one process, a store in a temporary
+folder. Tests that look inside Ray (``engine_handle``, ``app_cluster``) still need the real app.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from pathlib import Path
 
 import uvicorn
 
-from serve_app.config import AppArgs
+from serve_app.config import AppArgs, SecretArgs
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.http.auth import ApiKeys
 from serve_app.serving.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
-from tests.support import ENGINE_SCRIPT
+from tests.support import API_KEY, ENGINE_SCRIPT, OTHER_API_KEY
 
 REASONING_KEY = "test-reasoning-key"
 
@@ -42,7 +43,7 @@ async def serve(port: int, decode_tokens_per_s: float) -> None:
         InProcessEngineClient(engine),
         ReasoningVault(REASONING_KEY),
         store,
-        api_keys=ApiKeys.from_env(),
+        api_keys=ApiKeys.from_env(SecretArgs(api_keys=[API_KEY, OTHER_API_KEY])),
     )
     server = uvicorn.Server(uvicorn.Config(api, host="127.0.0.1", port=port, log_level="warning"))
     try:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import ENGINE_MAX_ONGOING, ENGINE_MAX_QUEUED, REPLICAS
-from tests.support import MODEL
+from tests.support import AUTH, MODEL
 from tests.support.helpers import run_locust
 
 pytestmark = pytest.mark.faults
@@ -79,7 +79,7 @@ async def test_overload_is_answered_at_once_and_retryably(app_url: str) -> None:
     admitted: list[str] = []
     engine_slots = REPLICAS * ENGINE_MAX_ONGOING
     limits = httpx.Limits(max_connections=200)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+    async with httpx.AsyncClient(headers=AUTH, timeout=60, limits=limits) as http:
         streams = await fill_until_turned_away(http, app_url, release, admitted)
         assert any(stream.done() for stream in streams), "no request was turned away"
         assert await eventually(lambda: len(admitted) >= engine_slots, timeout=30), (
@@ -109,7 +109,7 @@ async def test_overload_is_answered_at_once_and_retryably(app_url: str) -> None:
     assert outcomes.count("admitted") >= engine_slots
     assert set(outcomes) <= {"admitted", "rate_limit_exceeded"}
 
-    async with httpx.AsyncClient(timeout=60) as http:  # capacity is back
+    async with httpx.AsyncClient(headers=AUTH, timeout=60) as http:  # capacity is back
         for _ in range(30):
             answer = await http.post(
                 f"{app_url}/v1/responses", json={"model": MODEL, "input": "SDK-TEXT"}
@@ -145,7 +145,7 @@ def test_locust_at_four_times_capacity_loses_nothing_and_hangs_nothing(
         assert any(reason in error for reason in turned_away), failure
     # No timeout, no dropped connection, no malformed stream: those would be exceptions.
     assert read_csv(prefix.with_name("overload_exceptions.csv")) == []
-    with httpx.Client(timeout=60) as http:  # capacity is back
+    with httpx.Client(headers=AUTH, timeout=60) as http:  # capacity is back
         answer = http.post(f"{app_url}/v1/responses", json={"model": MODEL, "input": "SDK-TEXT"})
     assert answer.status_code == 200 and answer.json()["status"] == "completed"
 

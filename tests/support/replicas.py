@@ -16,6 +16,7 @@ import ray
 
 from serve_app.routing.directory import REPORT_KEY
 from serve_app.routing.ring import stable_hash
+from tests.support import AUTH
 
 CALL_TIMEOUT_S = 30
 
@@ -91,7 +92,7 @@ def wait_for_ingress_replicas(app_url: str, count: int, timeout_s: float = 120) 
     while len(seen) < count:
         assert time.monotonic() < deadline, f"only {len(seen)} ingress replicas came back"
         with contextlib.suppress(httpx.HTTPError):
-            answer = httpx.get(f"{app_url}/v1/models", timeout=10)
+            answer = httpx.get(f"{app_url}/v1/models", headers=AUTH, timeout=10)
             if answer.status_code == 200:
                 seen.add(answer.headers["x-serve-app-replica"])
         time.sleep(0.2)
