@@ -8,6 +8,7 @@ import httpx
 import pytest
 from openai import AuthenticationError, NotFoundError, OpenAI
 
+from serve_app.serving.http.exposure import serve_http_host
 from tests.support import API_KEY, MODEL, OTHER_API_KEY
 
 
@@ -29,3 +30,9 @@ def test_the_two_keys_are_two_tenants_and_other_keys_are_refused(app_url: str) -
     with pytest.raises(AuthenticationError):
         client("sk-wrong").responses.retrieve(created.id)
     assert httpx.get(f"{app_url}/v1/models", timeout=30).status_code == 401
+
+
+async def test_the_ingress_learns_the_host_serve_listens_on(app_cluster: None) -> None:
+    """What an ingress replica asks as it starts (Serve's controller, as Ray 2.60's own replicas
+    ask it), against the real Serve: the session app listens on loopback."""
+    assert await serve_http_host() == "127.0.0.1"
