@@ -14,6 +14,9 @@ events (their "response time" column holds the value):
 - TOKENS_PER_S: output tokens per second after the first token;
 - INPUT_TOKENS and CACHED_TOKENS: per turn, for the token-weighted prefix-cache hit rate.
 
+With $SERVE_APP_API_KEY set, each request carries it as its bearer key (an app with API keys
+answers 401 without one).
+
     locust -f loadtests/locustfile.py --headless -u 8 -r 8 -t 60s --host http://127.0.0.1:8000 \\
         --csv /tmp/run && python loadtests/report.py /tmp/run
 """
@@ -45,6 +48,7 @@ MODEL = os.environ.get("MODEL", "gpt-oss-120b")
 TURN_TIMEOUT_S = float(os.environ.get("TURN_TIMEOUT_S", "600"))
 STORE_SHARE = float(os.environ.get("STORE_SHARE", "0"))
 OUTCOMES_FILE = os.environ.get("OUTCOMES_FILE")
+API_KEY = os.environ.get("SERVE_APP_API_KEY")
 _next_session = itertools.cycle(SESSIONS)
 
 
@@ -55,6 +59,10 @@ def record(kind: str, value: float) -> None:
 
 
 class CodexSession(HttpUser):
+    def on_start(self) -> None:
+        if API_KEY:
+            self.client.headers["authorization"] = f"Bearer {API_KEY}"
+
     @task
     def play_session(self) -> None:
         session = next(_next_session)

@@ -28,7 +28,8 @@ terminal event within ``--stream-bound``) and improper failures, with their deta
     PYTHONPATH=. python loadtests/soak_store.py writes --responses 500 --appends 200 --stores sqlite
     PYTHONPATH=. python loadtests/soak_store.py faults --duration 600   # kills included
 
-This is a soak, not a test: it prints numbers and asserts nothing.
+This is a soak, not a test: it prints numbers and asserts nothing. With $SERVE_APP_API_KEY set
+(an app with API keys), every request carries it.
 """
 
 from __future__ import annotations
@@ -185,6 +186,12 @@ def _refused(op: str, status: int, content: bytes) -> Outcome:
     return Outcome(op, outcomes.http_refusal(status, body), detail)
 
 
+def auth() -> dict[str, str]:
+    """The bearer header of $SERVE_APP_API_KEY, when set (read when asked: a test sets it)."""
+    key = os.environ.get("SERVE_APP_API_KEY")
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
 async def sse_response(client: httpx.AsyncClient, body: dict, bound_s: float) -> Outcome:
     op = "sse+conversation" if "conversation" in body else "sse"
     async with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as reply:
@@ -213,7 +220,10 @@ async def ws_response(url: str, body: dict, bound_s: float) -> Outcome:
     from websockets.asyncio.client import connect
 
     ws_url = url.replace("http://", "ws://") + "/v1/responses"
-    async with asyncio.timeout(bound_s), connect(ws_url, max_size=None) as socket:
+    async with (
+        asyncio.timeout(bound_s),
+        connect(ws_url, max_size=None, additional_headers=auth()) as socket,
+    ):
         await socket.send(json.dumps({"type": "response.create", **body}))
         async for message in socket:
             event = json.loads(message)
@@ -267,7 +277,9 @@ def plan(responses: int, appends: int, ws_share: float, conversations: list[str]
 async def run_writes(url: str, args: argparse.Namespace) -> tuple[list[Outcome], float]:
     limits = httpx.Limits(max_connections=args.writers * 2)
     timeout = httpx.Timeout(args.stream_bound, connect=30)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+    async with httpx.AsyncClient(
+        base_url=url, headers=auth(), limits=limits, timeout=timeout
+    ) as client:
         count = max(1, args.appends // ITEMS_PER_CONVERSATION) if args.appends else 0
         conversations = [await create_conversation(client) for _ in range(count)]
         jobs = plan(args.responses, args.appends, args.ws_share, conversations)
@@ -347,7 +359,7 @@ async def check(url: str, acked: list[Outcome]) -> dict[int, str]:
     """For each acknowledged outcome (by index): kept, lost or unchecked."""
     verdicts: dict[int, str] = {}
     limit = asyncio.Semaphore(16)
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+    async with httpx.AsyncClient(base_url=url, headers=auth(), timeout=60) as client:
         conversations = {o.conversation for o in acked if o.conversation}
         listed: dict[str, set[str] | None] = {}
 
@@ -505,7 +517,7 @@ def wait_for_ingress(url: str, count: int, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
     while len(seen) < count and time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
-            reply = httpx.get(f"{url}/v1/models", timeout=10)
+            reply = httpx.get(f"{url}/v1/models", headers=auth(), timeout=10)
             if reply.status_code == 200:
                 seen.add(reply.headers.get("x-serve-app-replica", ""))
         time.sleep(0.2)

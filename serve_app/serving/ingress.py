@@ -38,9 +38,11 @@ from serve_app.serving.engine.client import EngineClient, HandleEngineClient, re
 from serve_app.serving.engine.liveness import Watchdog
 from serve_app.serving.http.auth import ApiKeys, Owner, RequireKey, caller
 from serve_app.serving.http.body_limit import BodyLimits
+from serve_app.serving.http.exposure import ApiAccess, Exposure, api_access, serve_http_host
 from serve_app.serving.http.keepalive import KeepAliveStreamingResponse
 from serve_app.serving.http.pagination import Paging
 from serve_app.serving.http.pagination import page as _page
+from serve_app.serving.readiness import Readiness, not_ready_body
 from serve_app.serving.reasoning_keys import shared_vault
 from serve_app.serving.turn.service import ResponsesService
 from serve_app.serving.turn.state import Ask
@@ -63,10 +65,14 @@ def create_api(
     store: ResponseStore,
     replica_id: str = "local",
     api_keys: ApiKeys | None = None,
+    access: ApiAccess | None = None,
 ) -> FastAPI:
-    """The HTTP API, usable with any `EngineClient` (the Serve ingress passes a handle)."""
+    """The HTTP API, usable with any `EngineClient` (the Serve ingress passes a handle).
+    ``access``: what `/health` says of the API (by default, closed when there are keys)."""
     api = FastAPI(title="serve_app", description="OpenAI Responses API for gpt-oss")
     api_keys = api_keys or ApiKeys([])
+    access = access or ("closed" if api_keys.enabled else "open")
+    readiness = Readiness(store, engine)
     limits = args.limits
 
     api.add_middleware(BodyLimits, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
@@ -156,9 +162,20 @@ def create_api(
     # proxy answers `/-/healthz` itself. So the limits keep user traffic from taking every
     # slot: `max_websockets_per_replica` below `max_ongoing_requests`, `body_timeout_s` for slow
     # bodies, and `RequireKey` refusing a request without a valid key before its body.
+    #
+    # `/health` is liveness, and says whether the API is open (no keys); `/ready` is
+    # readiness: the store and an engine answer, or a 503 naming what did not
+    # (serve_app/serving/readiness.py).
     @api.get("/health")
     async def health() -> dict:
-        return {"status": "ok"}
+        return {"status": "ok", "api": access}
+
+    @api.get("/ready", response_model=None)
+    async def ready() -> dict | JSONResponse:
+        failures = await readiness.failures()
+        if failures:
+            return JSONResponse(not_ready_body(failures), status_code=503)
+        return {"status": "ready", "api": access}
 
     @api.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -305,9 +322,14 @@ class ResponsesIngress:
 
     async def __init__(self, engine_handle, args: AppArgs) -> None:
         store_url = args.store.resolved_url()
-        require_shared_store(store_url, alive_nodes())
+        nodes = alive_nodes()
+        require_shared_store(store_url, nodes)
+        # Closed by default: without keys, an app reachable beyond loopback refuses to start.
+        api_keys = ApiKeys.from_env(args.secrets)
+        exposure = Exposure(await serve_http_host(), nodes)
+        access = api_access(api_keys.enabled, exposure, args.allow_open_api)
         logger.info("response store: %s", printable(store_url))
-        self._store = SqlResponseStore(store_url)
+        self._store = SqlResponseStore(store_url, args.store)
         await self._store.start()
         streaming = args.streaming.resolved()
         vault = await shared_vault(args.secrets.resolved(), self._store)
@@ -329,7 +351,8 @@ class ResponsesIngress:
             vault,
             self._store,
             replica_id=serve.get_replica_context().replica_id.unique_id,
-            api_keys=ApiKeys.from_env(args.secrets),
+            api_keys=api_keys,
+            access=access,
         )
         # Background responses whose replica died (or whose app restarted) are ended now.
         self._api.state.background.start_sweeping()

@@ -97,6 +97,10 @@ class ResponseStore(abc.ABC):
         """Connect and create the schema if needed."""
 
     @abc.abstractmethod
+    async def ping(self) -> None:
+        """One cheap round trip to the store (readiness); raises when it cannot answer."""
+
+    @abc.abstractmethod
     async def put(self, stored: StoredResponse) -> None:
         """Insert or replace a response (atomically: all of it or none). Returns once it is
         committed; raises if it could not be (after the store's own retries)."""

@@ -34,6 +34,7 @@ from sqlalchemy import (
     event,
     func,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import make_url
@@ -45,6 +46,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from serve_app.config import StoreConfig
 from serve_app.store.base import (
     BackgroundRun,
     ItemPage,
@@ -79,8 +81,10 @@ T = TypeVar("T")
 
 
 class SqlResponseStore(ResponseStore):
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pool: StoreConfig | None = None) -> None:
+        """``pool``: the connection pool's sizes (`StoreConfig`'s; its ``url`` is not read)."""
         self.url = url
+        self._pool = pool or StoreConfig(url=url)
         self._engine: AsyncEngine | None = None
         self._sessions: async_sessionmaker | None = None
         self._writes: async_sessionmaker | None = None
@@ -92,7 +96,9 @@ class SqlResponseStore(ResponseStore):
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
             private_sqlite_file(Path(url.database).expanduser())
         # A connection to an SQLite file does not go stale: no ping (a round trip per write).
-        self._engine = create_async_engine(url, pool_pre_ping=url.get_backend_name() != "sqlite")
+        self._engine = create_async_engine(
+            url, pool_pre_ping=url.get_backend_name() != "sqlite", **self._pool_options(url)
+        )
         if url.get_backend_name() == "sqlite":
             event.listen(self._engine.sync_engine, "connect", sqlite_pragmas)
             event.listen(self._engine.sync_engine, "begin", sqlite_begin)
@@ -437,6 +443,22 @@ class SqlResponseStore(ResponseStore):
     async def ids(self) -> list[str]:
         async with self._session() as session:
             return list((await session.scalars(select(ResponseRow.id))).all())
+
+    def _pool_options(self, url: Any) -> dict[str, Any]:
+        """The pool's sizes, for a pool of connections: an in-memory SQLite database has one
+        connection (SQLAlchemy's StaticPool), which takes none."""
+        if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+            return {}
+        return {
+            "pool_size": self._pool.pool_size,
+            "max_overflow": self._pool.max_overflow,
+            "pool_timeout": self._pool.pool_timeout_s,
+        }
+
+    async def ping(self) -> None:
+        """One round trip to the database (readiness): raises when it cannot answer."""
+        async with self._session() as session:
+            await session.execute(text("SELECT 1"))
 
     async def close(self) -> None:
         if self._engine is not None:

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from openai import BadRequestError, OpenAI
 
-from tests.support import MODEL, open_responses
+from tests.support import AUTH, MODEL, open_responses
 from tests.support.weather_history import HISTORY, TOOLS
 
 
@@ -42,7 +42,9 @@ def test_compact_a_stored_chain_by_previous_response_id(client: OpenAI) -> None:
 
 
 def test_compact_errors(app_url: str, client: OpenAI) -> None:
-    missing = httpx.post(f"{app_url}/v1/responses/compact", json={"input": "hi"}, timeout=30)
+    missing = httpx.post(
+        f"{app_url}/v1/responses/compact", json={"input": "hi"}, headers=AUTH, timeout=30
+    )
     assert missing.status_code == 400
     assert missing.json()["error"]["param"] == "model"
     forged = {"type": "compaction", "encrypted_content": "c2ExAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}
@@ -80,7 +82,7 @@ def test_compact_output_is_valid_open_responses(app_url: str, body: dict) -> Non
     `object`, a `compaction` item): every kept message an item with id, status and content
     parts, usage with its details. Checked against the vendored part of the specification in
     CI (the whole document when it is here)."""
-    answer = httpx.post(f"{app_url}/v1/responses/compact", json=body, timeout=60)
+    answer = httpx.post(f"{app_url}/v1/responses/compact", json=body, headers=AUTH, timeout=60)
     assert answer.status_code == 200, answer.text
     compacted = answer.json()
     open_responses.check_compact_resource(compacted)
@@ -95,7 +97,9 @@ def test_compact_output_is_valid_open_responses(app_url: str, body: dict) -> Non
 def test_compact_output_starts_a_new_websocket_chain(app_url: str, client: OpenAI) -> None:
     """The compliance suite's `websocket-compact-new-chain`: /compact's output, as it came,
     is the whole input of a new WebSocket response (no previous_response_id)."""
-    compacted = httpx.post(f"{app_url}/v1/responses/compact", json=COMPLIANCE_BODY, timeout=60)
+    compacted = httpx.post(
+        f"{app_url}/v1/responses/compact", json=COMPLIANCE_BODY, headers=AUTH, timeout=60
+    )
     assert compacted.status_code == 200, compacted.text
     items = [*compacted.json()["output"], {"role": "user", "content": "When do we launch?"}]
     with client.responses.connect() as connection:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from openai import BadRequestError, OpenAI
 
-from tests.support import MODEL, open_responses
+from tests.support import AUTH, MODEL, open_responses
 from tests.support.helpers import wait_for
 from tests.support.weather_history import HISTORY as WEATHER_HISTORY
 from tests.support.weather_history import TOOLS
@@ -186,7 +186,7 @@ def test_bad_context_management_is_a_400_naming_it(
     app_url: str, client: OpenAI, entries: Any, param: str
 ) -> None:
     body = {"model": MODEL, "input": "hi", "context_management": entries}
-    answer = httpx.post(f"{app_url}/v1/responses", json=body, timeout=30)
+    answer = httpx.post(f"{app_url}/v1/responses", json=body, headers=AUTH, timeout=30)
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error"

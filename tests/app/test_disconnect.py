@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from serve_app.serving.http.keepalive import KEEPALIVE_S
-from tests.support import MODEL
+from tests.support import AUTH, MODEL
 from tests.support.helpers import wait_for
 from tests.support.replicas import (
     engine_ongoing,
@@ -33,7 +33,7 @@ def _slow_turn(key: str) -> dict:
 def test_disconnect_mid_stream_aborts_the_engine_request(app_url: str, app_cluster: None) -> None:
     running_mid_stream = None
     with httpx.stream(
-        "POST", f"{app_url}/v1/responses", json=_slow_turn(KEY), timeout=30
+        "POST", f"{app_url}/v1/responses", json=_slow_turn(KEY), headers=AUTH, timeout=30
     ) as response:
         for line in response.iter_lines():
             if line.startswith("data:") and "response.reasoning_text.done" in line:
@@ -54,7 +54,7 @@ def test_disconnect_after_the_front_changed_aborts_the_engine_request(
     client's FIN. The keep-alive's write makes it see the client gone."""
     key = "disconnect-after-reload"
     url = f"{app_url}/v1/responses"
-    with httpx.stream("POST", url, json=_slow_turn(key), timeout=120) as response:
+    with httpx.stream("POST", url, json=_slow_turn(key), headers=AUTH, timeout=120) as response:
         serving = response.headers["x-serve-app-replica"]
         lines = response.iter_lines()  # one iterator: httpx streams a body once
         for line in lines:

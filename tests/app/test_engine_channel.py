@@ -13,7 +13,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from serve_app.serving.engine.channel import CHANNEL_IDLE_S
-from tests.support import MODEL
+from tests.support import API_KEY, MODEL
 from tests.support.helpers import scrape_metrics
 
 
@@ -49,7 +49,7 @@ async def test_the_app_streams_its_requests_over_channels_without_losing_a_token
     app_url: str,
 ) -> None:
     before = _engine_streams(app_url)
-    async with AsyncOpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0) as client:
+    async with AsyncOpenAI(base_url=f"{app_url}/v1", api_key=API_KEY, max_retries=0) as client:
         # Back to back, so the channels opened by the first round stay open; 4 at once, within
         # the test app's queue of 4 per ingress replica (a burst of 8 on one would be a 429).
         for round_ in range(6):
@@ -80,7 +80,7 @@ async def test_a_client_leaving_does_not_close_the_channel_its_request_opened(
     client of that request leaving must not end it for the requests riding it."""
     await asyncio.sleep(CHANNEL_IDLE_S + 0.5)  # earlier tests' channels closed: the next opens one
     key = "channel-opener"
-    async with AsyncOpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0) as client:
+    async with AsyncOpenAI(base_url=f"{app_url}/v1", api_key=API_KEY, max_retries=0) as client:
         opener = await client.responses.create(
             model=MODEL, input="SDK-SLOW: open", prompt_cache_key=key, stream=True
         )

@@ -15,7 +15,7 @@ import ray
 
 from serve_app.config import BackgroundArgs
 from serve_app.serving.engine.deployment import CALLER_CHECK_PERIOD_S
-from tests.support import MODEL
+from tests.support import AUTH, MODEL
 from tests.support.replicas import (
     engine_ongoing,
     engine_replica_actors,
@@ -39,7 +39,9 @@ def test_engine_replica_killed_mid_stream(app_url: str, app_cluster: None) -> No
     body = {"model": MODEL, "input": "SDK-SLOW: take long", "stream": True, "prompt_cache_key": KEY}
     seen = []
     killed = float("nan")
-    with httpx.stream("POST", f"{app_url}/v1/responses", json=body, timeout=60) as response:
+    with httpx.stream(
+        "POST", f"{app_url}/v1/responses", json=body, headers=AUTH, timeout=60
+    ) as response:
         for line in response.iter_lines():
             seen.append(line)
             if line.startswith("data:") and "response.reasoning_text.done" in line:
@@ -59,7 +61,7 @@ def test_engine_replica_killed_mid_stream(app_url: str, app_cluster: None) -> No
 
     # The same conversation is served at once by a live replica.
     retry = {"model": MODEL, "input": "SDK-TEXT: again", "prompt_cache_key": KEY}
-    answer = httpx.post(f"{app_url}/v1/responses", json=retry, timeout=60).json()
+    answer = httpx.post(f"{app_url}/v1/responses", json=retry, headers=AUTH, timeout=60).json()
     assert answer["status"] == "completed", answer
 
     deadline = time.monotonic() + 90
@@ -88,7 +90,9 @@ def attach(
     seen: list[tuple[float, dict]] = []
     started = time.monotonic()
     url = f"{app_url}/v1/responses/{response_id}?stream=true"
-    with httpx.stream("GET", url, timeout=httpx.Timeout(30, read=timeout_s)) as response:
+    with httpx.stream(
+        "GET", url, headers=AUTH, timeout=httpx.Timeout(30, read=timeout_s)
+    ) as response:
         assert response.status_code == 200, response.read()
         for line in response.iter_lines():
             if line.startswith("data: "):
@@ -101,7 +105,7 @@ def attach(
 def retrieve(app_url: str, response_id: str) -> dict | None:
     """The response, or None while the proxy still routes to the killed replica."""
     with contextlib.suppress(httpx.HTTPError):
-        answer = httpx.get(f"{app_url}/v1/responses/{response_id}", timeout=10)
+        answer = httpx.get(f"{app_url}/v1/responses/{response_id}", headers=AUTH, timeout=10)
         if answer.status_code == 200:
             return answer.json()
     return None
@@ -116,7 +120,7 @@ def test_ingress_replica_killed_during_a_background_response(
         "background": True,
         "prompt_cache_key": BACKGROUND_KEY,
     }
-    created = httpx.post(f"{app_url}/v1/responses", json=body, timeout=30)
+    created = httpx.post(f"{app_url}/v1/responses", json=body, headers=AUTH, timeout=30)
     response_id, runner = created.json()["id"], created.headers["x-serve-app-replica"]
     time.sleep(2)  # the reasoning is done; the engine pauses mid-turn for 60 s
 
@@ -151,7 +155,7 @@ def test_ingress_replica_killed_during_a_background_response(
     assert [event["sequence_number"] for event in streamed] == list(range(len(streamed)))
     assert streamed[-1]["type"] == "response.failed"
     # It is over: cancel says so.
-    cancel = httpx.post(f"{app_url}/v1/responses/{response_id}/cancel", timeout=30)
+    cancel = httpx.post(f"{app_url}/v1/responses/{response_id}/cancel", headers=AUTH, timeout=30)
     assert cancel.status_code == 400 and "failed" in cancel.json()["error"]["message"]
 
     # The engine did not go on generating for the dead replica (the turn pauses 60 s).

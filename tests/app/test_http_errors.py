@@ -10,12 +10,12 @@ import httpx
 import pytest
 import zstandard
 
-from tests.support import MODEL
+from tests.support import AUTH, MODEL
 from tests.support.helpers import scrape_metrics
 
 
 def post(app_url: str, body: object, **kwargs) -> httpx.Response:
-    return httpx.post(f"{app_url}/v1/responses", json=body, timeout=30, **kwargs)
+    return httpx.post(f"{app_url}/v1/responses", json=body, headers=AUTH, timeout=30, **kwargs)
 
 
 def assert_openai_error(response: httpx.Response, status: int) -> dict:
@@ -67,7 +67,7 @@ def test_malformed_json_is_400(app_url: str) -> None:
         f"{app_url}/v1/responses",
         content=b'{"model": ',
         timeout=30,
-        headers={"content-type": "application/json"},
+        headers={**AUTH, "content-type": "application/json"},
     )
     assert assert_openai_error(response, 400)["type"] == "invalid_request_error"
 
@@ -84,7 +84,7 @@ def test_unknown_previous_response_is_404(app_url: str) -> None:
 
 
 def test_unknown_route_is_404_in_openai_shape(app_url: str) -> None:
-    assert_openai_error(httpx.get(f"{app_url}/v1/nothing-here", timeout=30), 404)
+    assert_openai_error(httpx.get(f"{app_url}/v1/nothing-here", headers=AUTH, timeout=30), 404)
 
 
 def test_hosted_tools_are_accepted_not_rejected(app_url: str) -> None:
@@ -110,7 +110,7 @@ def test_oversize_body_with_content_length_is_413(app_url: str) -> None:
         f"{app_url}/v1/responses",
         content=body,
         timeout=60,
-        headers={"content-type": "application/json"},
+        headers={**AUTH, "content-type": "application/json"},
     )
     assert "16777216 bytes" in assert_openai_error(response, 413)["message"]
 
@@ -128,7 +128,7 @@ def test_oversize_chunked_body_is_413(app_url: str) -> None:
             f"{app_url}/v1/responses",
             content=chunks(),
             timeout=60,
-            headers={"content-type": "application/json"},
+            headers={**AUTH, "content-type": "application/json"},
         )
     except httpx.WriteError:
         pytest.fail("the server closed the connection without an answer")
@@ -145,7 +145,7 @@ def test_chunked_body_within_the_limit_is_served(app_url: str) -> None:
         f"{app_url}/v1/responses",
         content=chunks(),
         timeout=60,
-        headers={"content-type": "application/json"},
+        headers={**AUTH, "content-type": "application/json"},
     )
     assert response.status_code == 200, response.text
     assert response.json()["status"] == "completed"
@@ -159,7 +159,7 @@ def post_encoded(app_url: str, content: bytes, encoding: str) -> httpx.Response:
         f"{app_url}/v1/responses",
         content=content,
         timeout=60,
-        headers={"content-type": "application/json", "content-encoding": encoding},
+        headers={**AUTH, "content-type": "application/json", "content-encoding": encoding},
     )
 
 
@@ -217,7 +217,7 @@ def test_a_compressed_body_in_pieces_and_members_is_decoded(app_url: str, encodi
         f"{app_url}/v1/responses",
         content=pieces(),
         timeout=60,
-        headers={"content-type": "application/json", "content-encoding": encoding},
+        headers={**AUTH, "content-type": "application/json", "content-encoding": encoding},
     )
     assert "content-length" not in response.request.headers
     assert response.status_code == 200, response.text

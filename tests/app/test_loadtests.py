@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
+from tests.support import API_KEY, API_KEY_ENV, AUTH
 from tests.support.helpers import REPO, run_locust
 
 sys.path.insert(0, str(REPO / "loadtests"))
@@ -48,13 +50,16 @@ def test_a_short_stored_replay_records_outcomes_and_every_acknowledged_turn_is_k
     assert {turn["outcome"] for turn in turns} <= {"acked", "refused"}, turns
     for turn in acked:
         assert turn["op"] == "stored"
-        reply = httpx.get(f"{app_url}/v1/responses/{turn['id']}", timeout=30)
+        reply = httpx.get(f"{app_url}/v1/responses/{turn['id']}", headers=AUTH, timeout=30)
         assert reply.status_code == 200 and reply.json()["id"] == turn["id"]
 
 
-def test_a_small_soak_of_writes_keeps_every_acknowledged_one(app_url: str) -> None:
+def test_a_small_soak_of_writes_keeps_every_acknowledged_one(
+    app_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The soak's writers and its check against the test app: every kind of write, each
     acknowledged one found again (a 429 from the test app's small engine is a proper refusal)."""
+    monkeypatch.setenv(API_KEY_ENV, API_KEY)
     args = argparse.Namespace(
         responses=24, appends=16, writers=4, ws_share=0.25, stream_bound=60.0, prompt="codex"
     )

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.conftest import ENGINE_MAX_ONGOING, ENGINE_MAX_QUEUED, REPLICAS
-from tests.support import MODEL
+from tests.support import AUTH, MODEL
 from tests.support.helpers import run_locust
 
 pytestmark = pytest.mark.faults
@@ -204,7 +204,7 @@ def test_locust_at_four_times_capacity_loses_nothing_and_hangs_nothing(
         assert any(reason in error for reason in turned_away), failure
     # No timeout, no dropped connection, no malformed stream: those would be exceptions.
     assert read_csv(prefix.with_name("overload_exceptions.csv")) == []
-    with httpx.Client(timeout=60) as http:  # capacity is back
+    with httpx.Client(headers=AUTH, timeout=60) as http:  # capacity is back
         answer = http.post(f"{app_url}/v1/responses", json={"model": MODEL, "input": "SDK-TEXT"})
     assert answer.status_code == 200 and answer.json()["status"] == "completed"
 

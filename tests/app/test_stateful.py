@@ -10,7 +10,7 @@ import pytest
 import ray
 from openai import OpenAI
 
-from tests.support import MODEL
+from tests.support import AUTH, MODEL
 from tests.support.replicas import replica_actor, replica_actors, wait_for_ingress_replicas
 
 WEATHER_TOOL = {
@@ -126,7 +126,9 @@ def test_input_items_are_paged_with_cursors(client: OpenAI) -> None:
 def test_input_tokens_counts_the_rendered_prompt(app_url: str, client: OpenAI) -> None:
     created = client.responses.create(model=MODEL, input="SDK-TEXT: count me")
     body = {"model": MODEL, "input": "SDK-TEXT: count me"}
-    counted = httpx.post(f"{app_url}/v1/responses/input_tokens", json=body, timeout=30).json()
+    counted = httpx.post(
+        f"{app_url}/v1/responses/input_tokens", json=body, headers=AUTH, timeout=30
+    ).json()
     assert counted == {
         "object": "response.input_tokens",
         "input_tokens": created.usage.input_tokens,
@@ -135,9 +137,12 @@ def test_input_tokens_counts_the_rendered_prompt(app_url: str, client: OpenAI) -
 
 def test_cancel_of_a_foreground_response_is_rejected(app_url: str, client: OpenAI) -> None:
     created = client.responses.create(model=MODEL, input="SDK-TEXT")
-    response = httpx.post(f"{app_url}/v1/responses/{created.id}/cancel", timeout=30)
+    response = httpx.post(f"{app_url}/v1/responses/{created.id}/cancel", headers=AUTH, timeout=30)
     assert response.status_code == 400
-    assert httpx.post(f"{app_url}/v1/responses/resp_nope/cancel", timeout=30).status_code == 404
+    assert (
+        httpx.post(f"{app_url}/v1/responses/resp_nope/cancel", headers=AUTH, timeout=30).status_code
+        == 404
+    )
 
 
 def test_stored_responses_survive_an_ingress_restart(
@@ -210,7 +215,9 @@ def test_background_stream_resumes_after_a_sequence_number(client: OpenAI) -> No
 
 def test_only_background_responses_stream_after_creation(app_url: str, client: OpenAI) -> None:
     created = client.responses.create(model=MODEL, input="SDK-TEXT")
-    response = httpx.get(f"{app_url}/v1/responses/{created.id}?stream=true", timeout=30)
+    response = httpx.get(
+        f"{app_url}/v1/responses/{created.id}?stream=true", headers=AUTH, timeout=30
+    )
     assert response.status_code == 400
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=MODEL, input="SDK-TEXT", background=True, store=False)

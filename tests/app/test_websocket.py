@@ -13,7 +13,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from serve_app.serving.websocket import MAX_PENDING_MESSAGES
-from tests.support import MODEL
+from tests.support import AUTH, MODEL
 from tests.support.helpers import wait_for
 from tests.support.replicas import engine_ongoing
 from tests.support.websocket import TERMINAL, until_terminal
@@ -114,7 +114,7 @@ def test_stored_responses_continue_on_a_new_socket_and_over_http(client) -> None
 
 
 def test_plain_websocket_client_gets_sse_events_as_json_messages(app_url: str) -> None:
-    with connect(socket_url(app_url)) as socket:
+    with connect(socket_url(app_url), additional_headers=AUTH) as socket:
         socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "SDK-TOOL"}))
         events = []
         while not events or events[-1]["type"] not in TERMINAL:
@@ -139,7 +139,7 @@ def test_closing_the_socket_mid_stream_aborts_the_engine_request(
     app_url: str, app_cluster: None
 ) -> None:
     key = "websocket-disconnect-conversation"
-    with connect(socket_url(app_url)) as socket:
+    with connect(socket_url(app_url), additional_headers=AUTH) as socket:
         create = {"model": MODEL, "input": "SDK-SLOW: hold", "prompt_cache_key": key}
         socket.send(json.dumps({"type": "response.create", **create}))
         while json.loads(socket.recv(timeout=30))["type"] != "response.reasoning_text.done":
@@ -151,7 +151,7 @@ def test_closing_the_socket_mid_stream_aborts_the_engine_request(
 def test_a_client_flooding_messages_is_closed(app_url: str, app_cluster: None) -> None:
     key = "websocket-flood-conversation"
     create = {"type": "response.create", "model": MODEL, "prompt_cache_key": key}
-    with connect(socket_url(app_url)) as socket:
+    with connect(socket_url(app_url), additional_headers=AUTH) as socket:
         socket.send(json.dumps({**create, "input": "SDK-SLOW: hold"}))
         while json.loads(socket.recv(timeout=30))["type"] != "response.reasoning_text.done":
             pass  # the slow response is now in the engine, paused mid-turn
@@ -218,7 +218,7 @@ def test_a_prewarm_is_continued_by_its_id_with_its_whole_context(client) -> None
 
 
 def test_prompt_cache_prewarm_is_a_prewarm_and_the_options_are_strict(app_url: str) -> None:
-    with connect(socket_url(app_url)) as socket:
+    with connect(socket_url(app_url), additional_headers=AUTH) as socket:
         # `prompt_cache_options.prewarm: true` is a prewarm too, whatever `generate` says.
         create = {"type": "response.create", "model": MODEL, "input": "SDK-SLOW: hold"}
         socket.send(json.dumps({**create, "prompt_cache_options": {"prewarm": True}}))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import API_KEY
 from tests.support.helpers import REPO, scrape_metrics
 
 CODEX_DIR = REPO / "tests" / "codex"
@@ -60,7 +61,7 @@ def run_codex(
         *extra,
         task,
     ]
-    env = {**os.environ, "CODEX_HOME": str(home), "LOCAL_API_KEY": "sk-test", "NO_COLOR": "1"}
+    env = {**os.environ, "CODEX_HOME": str(home), "LOCAL_API_KEY": API_KEY, "NO_COLOR": "1"}
     result = subprocess.run(
         command,
         cwd=work,

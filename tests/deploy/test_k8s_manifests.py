@@ -196,3 +196,70 @@ def test_prometheus_scrapes_every_ray_pods_metrics_port_not_the_service() -> Non
             assert not _matches(monitor["spec"]["selector"], labels)
     services = list(yaml.safe_load_all((REPO / "k8s" / "service.yaml").read_text()))
     assert "/metrics" not in json.dumps(services)
+def _ray_containers(manifest: dict) -> list[dict]:
+    cluster = manifest["spec"]["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    return [container for pod in pods for container in pod["template"]["spec"]["containers"]]
+
+
+def _secret_keys_created_by_the_readme() -> set[str]:
+    """The keys of the `serve-app` Secret that k8s/README.md's `kubectl create secret` makes."""
+    import re
+
+    readme = (REPO / "k8s" / "README.md").read_text()
+    command = re.search(r"kubectl create secret generic serve-app((?:[^\n]*\\\n)*[^\n]*)", readme)
+    assert command, "k8s/README.md no longer creates the serve-app Secret"
+    return set(re.findall(r"--from-literal=([a-z0-9-]+)=", command.group(1)))
+
+
+def api_key_sources(manifest: dict) -> list[str | None]:
+    """Per Ray container, the Secret key its API keys come from (None: the app gets none).
+    `SERVE_APP_API_KEYS` or `SERVE_APP_API_KEYS_FILE` from the serve-app Secret, or keys in the
+    embedded Serve config's args (a secret in a manifest: not how this one does it)."""
+    serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    (app,) = serve_config["applications"]
+    secrets = app["args"].get("secrets", {})
+    in_config = "args" if secrets.get("api_keys") or secrets.get("api_keys_file") else None
+    sources = []
+    for container in _ray_containers(manifest):
+        named = {entry["name"]: entry for entry in container.get("env", [])}
+        entry = named.get("SERVE_APP_API_KEYS") or named.get("SERVE_APP_API_KEYS_FILE")
+        ref = (entry or {}).get("valueFrom", {}).get("secretKeyRef", {})
+        sources.append(ref.get("key") if ref.get("name") == "serve-app" else in_config)
+    return sources
+
+
+def api_access_on_the_cluster(manifest: dict) -> str:
+    """What the app decides at start-up on the cluster the manifest makes (Serve's host from its
+    config, two or more nodes): `OpenApiRefused` when it gets no keys."""
+    from serve_app.serving.http.exposure import Exposure, api_access
+
+    serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    (app,) = serve_config["applications"]
+    has_keys = all(source is not None for source in api_key_sources(manifest))
+    host = serve_config.get("http_options", {}).get("host")
+    allow_open = AppArgs.model_validate(app["args"]).allow_open_api
+    return api_access(has_keys, Exposure(host, nodes=2), allow_open)
+
+
+def test_the_rayservice_gives_every_ray_container_the_api_keys_of_the_secret() -> None:
+    """Closed by default on the cluster: the keys come from the Secret the README creates, and
+    the app's own start-up decision, on what the manifest sets, is a closed API."""
+    manifest = yaml.safe_load(RAYSERVICE.read_text())
+    sources = api_key_sources(manifest)
+    assert sources and all(source is not None for source in sources), sources
+    assert set(sources) <= _secret_keys_created_by_the_readme()
+    assert api_access_on_the_cluster(manifest) == "closed"
+
+
+def test_a_rayservice_without_keys_would_not_start() -> None:
+    from serve_app.serving.http.exposure import OpenApiRefused
+
+    manifest = yaml.safe_load(RAYSERVICE.read_text())
+    for container in _ray_containers(manifest):
+        container["env"] = [
+            e for e in container["env"] if not e["name"].startswith("SERVE_APP_API")
+        ]
+    assert None in api_key_sources(manifest)
+    with pytest.raises(OpenApiRefused):
+        api_access_on_the_cluster(manifest)

@@ -234,3 +234,16 @@ def test_every_code_name_is_where_the_readme_says(part: str) -> None:
     assert len(claims) > 5  # the reader found the names, not nothing
     false = [reason for claim in claims if (reason := problem(claim)) is not None]
     assert not false, "README.md says what is not so:\n" + "\n".join(false)
+
+
+def test_the_gpu_command_runs_production_closed_and_on_the_fast_path() -> None:
+    """The "On GPUs" command starts what the README calls production: Ray's fast path
+    (configs/fast-path.env exported before `serve run`) and API keys, without which
+    configs/gpt-oss.yaml, listening on every interface, refuses to start."""
+    gpu = section(README.read_text(), "On GPUs")
+    (block,) = re.findall(r"```bash\n(.*?)```", gpu, re.S)[:1]
+    lines = [line.split("#", 1)[0].strip() for line in block.splitlines()]
+    run = next(i for i, line in enumerate(lines) if "serve run configs/gpt-oss.yaml" in line)
+    before = lines[:run]
+    assert "set -a; . configs/fast-path.env; set +a" in before, block
+    assert any(line.startswith("export SERVE_APP_API_KEYS=") for line in before), block

@@ -27,7 +27,7 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.ingress import create_api
 from serve_app.store.sql import SqlResponseStore
-from tests.support import REPO
+from tests.support import API_KEY, API_KEY_ENV, REPO
 
 # The JavaScript clients (npm, installed by scripts/test.sh): the AI SDK, zod.
 JS_DIR = REPO / "tests" / "js"
@@ -139,14 +139,15 @@ def scrape_metrics(app_url: str, replicas: int = 2, tries: int = 40) -> dict[str
 def run_locust(
     app_url: str, prefix: Path, users: int, seconds: int, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """Replay the sample Codex traces with loadtests/locustfile.py, headless; CSVs at ``prefix``."""
+    """Replay the sample Codex traces with loadtests/locustfile.py, headless; CSVs at ``prefix``.
+    Its requests carry the session app's ``API_KEY``."""
     locust = Path(sys.executable).parent / "locust"
     command = [str(locust), "-f", str(REPO / "loadtests" / "locustfile.py"), "--headless"]
     command += ["-u", str(users), "-r", str(users), "-t", f"{seconds}s", "--stop-timeout", "60"]
     command += ["--host", app_url, "--csv", str(prefix), "--only-summary"]
     return subprocess.run(
         command,
-        env={**os.environ, **env},
+        env={**os.environ, API_KEY_ENV: API_KEY, **env},
         capture_output=True,
         text=True,
         timeout=seconds + 120,

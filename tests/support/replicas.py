@@ -20,11 +20,12 @@ from serve_app.routing.directory import REPORT_KEY
 from serve_app.routing.keys import routing_key
 from serve_app.routing.ring import stable_hash
 from serve_app.serving.http.auth import ApiKeys
+from tests.support import API_KEY, AUTH, OTHER_API_KEY
 
 CALL_TIMEOUT_S = 30
 # The API keys the session's app may be closed with (tests/conftest.py), and any the
 # environment gives it.
-TEST_API_KEYS = ("sk-test", "sk-test-2")
+TEST_API_KEYS = (API_KEY, OTHER_API_KEY)
 
 
 def owner_of(api_key: str) -> str | None:
@@ -128,7 +129,7 @@ def wait_for_ingress_replicas(app_url: str, count: int, timeout_s: float = 120) 
     while len(seen) < count:
         assert time.monotonic() < deadline, f"only {len(seen)} ingress replicas came back"
         with contextlib.suppress(httpx.HTTPError):
-            answer = httpx.get(f"{app_url}/v1/models", timeout=10)
+            answer = httpx.get(f"{app_url}/v1/models", headers=AUTH, timeout=10)
             if answer.status_code == 200:
                 seen.add(answer.headers["x-serve-app-replica"])
         time.sleep(0.2)

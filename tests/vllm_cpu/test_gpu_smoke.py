@@ -17,6 +17,7 @@ import pytest
 from serve_app.config import AppArgs
 from serve_app.engines.vllm_engine import VLLMEngineConfig
 from tests.conftest import ENGINE
+from tests.support import API_KEY
 from tests.support.helpers import REPO
 
 # The rows the CPU app cannot give (no GPU): skipped with their reason, every other must pass.
@@ -60,7 +61,7 @@ def test_the_smoke_serves_a_valid_config(tensor_parallel_size: int) -> None:
 )
 def test_the_smoke_checks_pass_on_the_cpu_app(app_url: str, app_cluster: None) -> None:
     smoke = _smoke()
-    rows = smoke.run_checks(app_url, tensor_parallel_size=1, gpus=False)
+    rows = smoke.run_checks(app_url, tensor_parallel_size=1, gpus=False, api_key=API_KEY)
     table = smoke.format_table(rows, "the GPU smoke's rows on the CPU app:")
     print(table)
     assert [row.check for row in rows] == [name for name, _ in smoke.CHECKS], table

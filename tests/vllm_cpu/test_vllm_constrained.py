@@ -23,7 +23,7 @@ from openai import OpenAI
 from openai.types.responses import Response
 
 from tests.conftest import ENGINE
-from tests.support import MODEL
+from tests.support import API_KEY, MODEL
 
 pytestmark = [
     pytest.mark.serve,  # the running app, in its own stage (the tier is by folder elsewhere)
@@ -75,7 +75,7 @@ TOOLS: list[dict[str, Any]] = [
 
 @pytest.fixture
 def client(app_url: str) -> OpenAI:
-    return OpenAI(base_url=f"{app_url}/v1", api_key="unused", timeout=600)
+    return OpenAI(base_url=f"{app_url}/v1", api_key=API_KEY, timeout=600)
 
 
 def _each(make: Callable[[int], T]) -> list[T]:

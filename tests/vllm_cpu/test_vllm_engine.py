@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
 from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY
 from tests.conftest import ENGINE
-from tests.support import MODEL
+from tests.support import API_KEY, AUTH, MODEL
 from tests.support.helpers import wait_for
 from tests.support.replicas import (
     caller_owner,
@@ -41,7 +41,7 @@ LONG_PROMPT = "Summarize the following notes. " + " ".join(f"note {n}: ok." for 
 
 @pytest.fixture
 def client(app_url: str) -> OpenAI:
-    return OpenAI(base_url=f"{app_url}/v1", api_key="unused", timeout=300)
+    return OpenAI(base_url=f"{app_url}/v1", api_key=API_KEY, timeout=300)
 
 
 def test_random_tokens_still_make_a_well_formed_stream(client: OpenAI) -> None:
@@ -109,7 +109,9 @@ def test_a_client_that_leaves_mid_stream_frees_the_engine_request(
         "prompt_cache_key": key,
     }
     running = None
-    with httpx.stream("POST", f"{app_url}/v1/responses", json=body, timeout=300) as response:
+    with httpx.stream(
+        "POST", f"{app_url}/v1/responses", json=body, headers=AUTH, timeout=300
+    ) as response:
         for line in response.iter_lines():
             if line.startswith("data:") and ".delta" in line:
                 running = engine_ongoing(key)

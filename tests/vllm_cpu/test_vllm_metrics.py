@@ -22,7 +22,7 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ENGINE
-from tests.support import MODEL
+from tests.support import API_KEY, MODEL
 from tests.support.helpers import REPO
 from tests.support.replicas import call_deployment, engine_replica_actors, replica_actor
 
@@ -66,7 +66,7 @@ def test_the_dashboards_vllm_metrics_are_on_rays_metrics_endpoint(
     wanted = _dashboard_vllm_names()
     # KV-cache use, prefix-cache hits and queries, running and waiting requests.
     assert len(wanted) >= 5, wanted
-    client = OpenAI(base_url=f"{app_url}/v1", api_key="unused", timeout=300)
+    client = OpenAI(base_url=f"{app_url}/v1", api_key=API_KEY, timeout=300)
     key = str(uuid.uuid4())
     for _ in range(2):  # the second is a prefix-cache hit
         client.responses.create(
@@ -92,7 +92,7 @@ def test_the_dashboards_vllm_metrics_are_on_rays_metrics_endpoint(
 
 def test_prompts_reach_vllm_rendered_not_raw(app_url: str, app_cluster: None) -> None:
     """vLLM logs once per process when it has to render a raw prompt itself (deprecated)."""
-    client = OpenAI(base_url=f"{app_url}/v1", api_key="unused", timeout=300)
+    client = OpenAI(base_url=f"{app_url}/v1", api_key=API_KEY, timeout=300)
     response = client.responses.create(model=MODEL, input="Hello", max_output_tokens=4)
     assert response.usage is not None and response.usage.output_tokens > 0
 

@@ -41,6 +41,10 @@ class EngineClient(Protocol):
         its first token); a refusal before it (every engine full) raises `RateLimited`."""
         ...
 
+    async def ping(self) -> None:
+        """One cheap call to an engine (readiness): raises when none can answer."""
+        ...
+
 
 class HandleEngineClient:
     """Calls the engine deployment through its handle. Ray's back-pressure error (every engine
@@ -64,6 +68,7 @@ class HandleEngineClient:
         watchdog: Watchdog | None = None,
     ) -> None:
         self._handle = handle.options(stream=True)  # a DeploymentHandle
+        self._unary = handle.options(stream=False)
         self._caller = caller
         self._use_channels = channels and caller is not None
         self._inboxes = Inboxes()
@@ -155,6 +160,13 @@ class HandleEngineClient:
                 # The client went away (or the ingress failed): cancel the engine call, which
                 # makes the engine replica abort the request and free its KV blocks.
                 response.cancel()
+
+    async def ping(self) -> None:
+        """An engine replica's health check, through the handle (routed as a request without
+        a conversation: to the least loaded). Every replica and the queue full: busy, not
+        broken, so no error."""
+        with contextlib.suppress(BackPressureError):
+            await self._unary.check_health.remote()
 
     def _open_channel(self, replica: str | None) -> None:
         """Open a channel to ``replica`` unless one is open (or was refused a moment ago)."""
@@ -288,3 +300,6 @@ class InProcessEngineClient:
         finally:
             if not finished:
                 await self._engine.abort(request.request_id)
+
+    async def ping(self) -> None:
+        await self._engine.check_health()

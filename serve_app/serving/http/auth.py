@@ -3,7 +3,8 @@
 Keys come from ``$SERVE_APP_API_KEYS`` (comma-separated) and/or the file named by
 ``$SERVE_APP_API_KEYS_FILE`` (one per line, ``#`` comments): the overrides of the app's
 `SecretArgs` fields, which a Serve config should leave unset (keys are secrets). With
-no keys configured the API is open (a laptop default). Stored responses and conversations
+no keys configured the API is open: on loopback only, unless the operator allows it
+(serve_app/serving/http/exposure.py: closed by default). Stored responses and conversations
 belong to the key that created them (by a digest, never the key itself); another key gets 404.
 
 The key is checked before anything else of an HTTP request (`RequireKey`, pure ASGI): a missing
@@ -32,7 +33,7 @@ from serve_app.serving.admission.access import Unauthorized
 logger = logging.getLogger(__name__)
 
 # Paths any client may reach without a key: probes, metrics, the API's own description.
-PUBLIC_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/redoc"})
+PUBLIC_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json", "/docs", "/redoc"})
 # Where `RequireKey` leaves the caller's owner digest, in the request's scope state.
 _OWNER = "serve_app.owner"
 
@@ -52,10 +53,9 @@ class ApiKeys:
                 line = line.split("#", 1)[0].strip()
                 if line:
                     keys.append(line)
-        api_keys = cls([key for key in keys if key])
-        if not api_keys.enabled:
-            logger.warning("no API keys configured: the API is open to anyone who reaches it")
-        return api_keys
+        # Without keys the API is open: whether it may be is decided (and logged) by
+        # serve_app/serving/http/exposure.py.
+        return cls([key for key in keys if key])
 
     @property
     def enabled(self) -> bool:

@@ -197,3 +197,41 @@ async def test_a_refused_turn_due_a_compaction_is_a_429_before_any_event(busy_ap
     answer = await busy_app.post("/v1/responses", json=body)
     assert "data:" not in answer.text
     _check_refusal(answer.status_code, answer.headers, answer.json())
+
+
+class _Unary:
+    """``handle.options(stream=False).check_health.remote()``: awaiting it raises ``error``
+    (None: the replica answered)."""
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
+        self.calls = 0
+
+    def options(self, **_: Any) -> _Unary:
+        return self
+
+    @property
+    def check_health(self) -> _Unary:
+        return self
+
+    def remote(self) -> Any:
+        self.calls += 1
+
+        async def answer() -> None:
+            if self.error is not None:
+                raise self.error
+
+        return answer()
+
+
+async def test_ping_asks_an_engine_replica_and_reads_back_pressure_as_busy() -> None:
+    """Readiness: a replica's health check through the handle; an error is the engine's; every
+    replica and the queue full is busy, not broken."""
+    answered = _Unary(None)
+    await HandleEngineClient(answered).ping()
+    assert answered.calls == 1
+    await HandleEngineClient(
+        _Unary(BackPressureError(num_queued_requests=4, max_queued_requests=4))
+    ).ping()
+    with pytest.raises(RuntimeError, match="engine core died"):
+        await HandleEngineClient(_Unary(RuntimeError("engine core died"))).ping()
