@@ -18,13 +18,11 @@ import openai
 import pytest
 
 from tests.conftest import ENGINE_MAX_ONGOING, ENGINE_MAX_QUEUED, REPLICAS
-from tests.support import AUTH, MODEL
+from tests.support import API_KEY, AUTH, MODEL
 from tests.support.helpers import run_locust
 
 pytestmark = pytest.mark.faults
 CAPACITY = REPLICAS * ENGINE_MAX_ONGOING + REPLICAS * ENGINE_MAX_QUEUED
-KEY = "sk-test"
-AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 async def open_slow_stream(
@@ -138,7 +136,7 @@ async def test_a_stream_the_full_engines_refuse_is_a_429_before_any_event(app_ur
     release = asyncio.Event()
     admitted: list[str] = []
     limits = httpx.Limits(max_connections=200)
-    sdk = openai.AsyncOpenAI(base_url=f"{app_url}/v1", api_key=KEY, max_retries=0, timeout=60)
+    sdk = openai.AsyncOpenAI(base_url=f"{app_url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
     async with httpx.AsyncClient(timeout=60, limits=limits, headers=AUTH) as http:
         streams = await fill_until_turned_away(http, app_url, release, admitted)
         assert any(stream.done() for stream in streams), "no request was turned away"

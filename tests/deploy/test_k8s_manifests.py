@@ -196,6 +196,8 @@ def test_prometheus_scrapes_every_ray_pods_metrics_port_not_the_service() -> Non
             assert not _matches(monitor["spec"]["selector"], labels)
     services = list(yaml.safe_load_all((REPO / "k8s" / "service.yaml").read_text()))
     assert "/metrics" not in json.dumps(services)
+
+
 def _ray_containers(manifest: dict) -> list[dict]:
     cluster = manifest["spec"]["rayClusterConfig"]
     pods = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
