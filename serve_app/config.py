@@ -65,6 +65,12 @@ class BackgroundArgs(BaseModel):
 
     lease_s: float = Field(default=10, gt=0)
     renew_s: float = Field(default=2, gt=0)
+    # How long an ingress replica being stopped (a redeploy, a scale-down) lets its background
+    # runs go on before it ends those left `failed`, saying why. Serve kills the replica
+    # `graceful_shutdown_timeout_s` (the ResponsesIngress deployment's option; Serve's default
+    # 20 s) after it began stopping it, and Ray has no public way to read that from a replica:
+    # keep this a margin under it (tests/deploy/test_deployment.py checks the shipped configs).
+    shutdown_grace_s: float = Field(default=18, ge=0)
 
     @model_validator(mode="after")
     def _renewed_within_the_lease(self) -> BackgroundArgs:

@@ -65,9 +65,6 @@ SHUT_DOWN_MESSAGE = (
     "Please try again."
 )
 DRAINING_MESSAGE = "This server is shutting down and starts no background response. Please retry."
-# Of a shutdown's budget, what `stop` keeps to end the unfinished runs and close the store
-# before Serve kills the replica: a tenth, at most this.
-SHUTDOWN_MARGIN_S = 5.0
 
 
 @dataclass
@@ -400,13 +397,6 @@ _unstored = _ending(lambda writer, _: writer.fail("server_error", NOT_STORED_MES
 # As the running replica ends a cancelled response (see ResponseStreamTranslator.finish),
 # with the usage stored so far.
 _cancelled = _ending(lambda writer, stored: writer.finish("cancelled", stored.usage))
-
-
-def shutdown_grace_s(budget_s: float) -> float:
-    """How long a replica shutting down lets its runs go on, of Serve's ``budget_s``
-    (``graceful_shutdown_timeout_s``, after which Serve kills it): all but a margin to end the
-    runs left and close the store."""
-    return max(0.0, budget_s - min(SHUTDOWN_MARGIN_S, budget_s / 10))
 
 
 def _event_type(data: str) -> str:

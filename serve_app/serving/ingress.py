@@ -31,7 +31,7 @@ from serve_app.protocol.sse import encode_event
 from serve_app.serving import metrics
 from serve_app.serving.admission import stored as rules
 from serve_app.serving.admission.responses import failed_response_error
-from serve_app.serving.background import BackgroundRunner, shutdown_grace_s
+from serve_app.serving.background import BackgroundRunner
 from serve_app.serving.compaction import compact
 from serve_app.serving.conversations import conversations_router
 from serve_app.serving.engine.client import EngineClient, HandleEngineClient, replicas_gone
@@ -54,8 +54,6 @@ from serve_app.store.sql import SqlResponseStore
 logger = logging.getLogger(__name__)
 
 _HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
-# Serve's graceful_shutdown_timeout_s when a deployment sets none.
-SERVE_DEFAULT_SHUTDOWN_S = 20.0
 
 
 def create_api(
@@ -356,6 +354,7 @@ class ResponsesIngress:
         )
         # Background responses whose replica died (or whose app restarted) are ended now.
         self._api.state.background.start_sweeping()
+        self._shutdown_grace_s = args.background.shutdown_grace_s
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return self._api
@@ -365,14 +364,5 @@ class ResponsesIngress:
         # drained: the background responses running here finish first, within the shutdown's
         # budget (the replica and its engine handle work on meanwhile); those that cannot are
         # ended `failed` before Serve kills the replica, rather than when their leases lapse.
-        grace_s = shutdown_grace_s(_shutdown_budget_s())
-        await self._api.state.background.stop(grace_s)
+        await self._api.state.background.stop(self._shutdown_grace_s)
         await self._store.close()
-
-
-def _shutdown_budget_s() -> float:
-    """The deployment's ``graceful_shutdown_timeout_s``: Serve kills a replica this long after
-    it began stopping it. Ray 2.60 has no public accessor; the replica's context holds the
-    deployment's config (tests/unit/serving/test_background.py checks it is there)."""
-    config = getattr(serve.get_replica_context(), "_deployment_config", None)
-    return float(getattr(config, "graceful_shutdown_timeout_s", SERVE_DEFAULT_SHUTDOWN_S))

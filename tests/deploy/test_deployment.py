@@ -114,6 +114,32 @@ def test_an_engine_replica_has_the_gpus_its_tensor_parallel_workers_need() -> No
         assert gpus_per_replica(engine) == options["tensor_parallel_size"]
 
 
+# Serve's graceful_shutdown_timeout_s when a deployment sets none.
+SERVE_DEFAULT_SHUTDOWN_S = 20.0
+
+
+def serve_configs() -> list[tuple[str, dict[str, Any]]]:
+    """Every Serve config that ships: configs/*.yaml and the RayService's."""
+    shipped = [(path.name, yaml.safe_load(path.read_text())) for path in CONFIGS]
+    return [*shipped, ("k8s/rayservice.yaml", cluster_serve_config())]
+
+
+@pytest.mark.parametrize("name", [name for name, _ in serve_configs()])
+def test_background_runs_get_their_grace_before_serve_kills_the_ingress_replica(name: str) -> None:
+    """A stopped ingress replica lets its background runs go on `background.shutdown_grace_s`,
+    then ends those left `failed`: that must happen before Serve kills it, at its deployment's
+    graceful_shutdown_timeout_s (which a replica cannot read through Ray's public API), with a
+    margin of a tenth of the budget or 5 s, whichever is less, to end them and close the store."""
+    config = dict(serve_configs())[name]
+    (app,) = config["applications"]
+    grace_s = AppArgs.model_validate(app["args"]).background.shutdown_grace_s
+    ingress = deployments(config)["ResponsesIngress"]
+    budget_s = ingress.get("graceful_shutdown_timeout_s", SERVE_DEFAULT_SHUTDOWN_S)
+    assert grace_s <= budget_s - min(5.0, budget_s / 10), (name, grace_s, budget_s)
+    # And no shorter than the engine's turns need (a run cut early is a failed run).
+    assert grace_s >= budget_s - 5.0, (name, grace_s, budget_s)
+
+
 # --- one store for the cluster ----------------------------------------------------------------
 
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import time
-import types
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,6 @@ from serve_app.serving.background import (
     INTERRUPTED_CODE,
     SHUT_DOWN_MESSAGE,
     BackgroundRunner,
-    shutdown_grace_s,
 )
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.ingress import create_api
@@ -430,32 +427,3 @@ async def test_runs_starting_as_the_shutdown_begins_complete_or_are_refused(
             assert stored.response["status"] == "completed", stored.response["error"]
             assert (await store.get_run(outcome)).ended
         assert await store.lapsed_runs() == []
-
-
-def test_a_shutdown_keeps_a_margin_of_its_budget_to_end_what_is_left() -> None:
-    assert shutdown_grace_s(900) == 895  # configs/gpt-oss.yaml
-    assert shutdown_grace_s(60) == 55  # configs/local.yaml
-    assert shutdown_grace_s(20) == 18  # Serve's default
-    assert shutdown_grace_s(2) == pytest.approx(1.8)
-    assert shutdown_grace_s(0) == 0
-
-
-def test_the_ingress_reads_its_shutdown_budget_where_serve_keeps_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Ray has no public accessor for a replica's ``graceful_shutdown_timeout_s``: the ingress
-    reads its replica context's deployment config. A Ray without it fails here."""
-    from ray import serve
-    from ray.serve._private.config import DeploymentConfig
-    from ray.serve.context import ReplicaContext
-
-    from serve_app.serving import ingress
-
-    assert "_deployment_config" in {field.name for field in dataclasses.fields(ReplicaContext)}
-    context = types.SimpleNamespace(
-        _deployment_config=DeploymentConfig(graceful_shutdown_timeout_s=60)
-    )
-    monkeypatch.setattr(serve, "get_replica_context", lambda: context)
-    assert ingress._shutdown_budget_s() == 60
-    monkeypatch.setattr(serve, "get_replica_context", lambda: types.SimpleNamespace())
-    assert ingress._shutdown_budget_s() == ingress.SERVE_DEFAULT_SHUTDOWN_S
