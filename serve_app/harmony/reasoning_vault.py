@@ -35,7 +35,17 @@ def _derive_key(secret: str) -> bytes:
 
 class ReasoningVault:
     def __init__(self, secret: str) -> None:
-        self._aead = AESGCM(_derive_key(secret))
+        self._key = _derive_key(secret)
+        self._aead = AESGCM(self._key)
+
+    # Pickled as its key: the ingress's render workers (serve_app/serving/turn/render_pool.py,
+    # child processes of the replica on the same host) open sealed items as the replica does.
+    def __getstate__(self) -> bytes:
+        return self._key
+
+    def __setstate__(self, key: bytes) -> None:
+        self._key = key
+        self._aead = AESGCM(key)
 
     @classmethod
     def from_secret(cls, secret: str | None) -> ReasoningVault:

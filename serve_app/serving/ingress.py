@@ -76,6 +76,7 @@ def create_api(
     service = ResponsesService(args, engine, vault, store)
     background = BackgroundRunner(service, store, replica_id, args.background)
     api.state.background = background  # the Serve ingress starts its lease sweep
+    api.state.service = service  # its render workers stop with the replica (`close`)
     api.include_router(conversations_router(store))
     api.include_router(websocket_router(service, api_keys, limits))
     _install_error_handlers(api)
@@ -311,4 +312,5 @@ class ResponsesIngress:
         # Serve's graceful shutdown (a redeploy, a scale-down): end the background responses
         # running here now rather than when their leases lapse.
         await self._api.state.background.stop()
+        self._api.state.service.close()
         await self._store.close()

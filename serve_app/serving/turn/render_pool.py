@@ -1,0 +1,153 @@
+"""Rendering off the event loop: a large request's prompt is rendered (and truncated) in a
+worker process, so no request holds the ingress's event loop, and with it every stream the
+replica serves, for as long as harmony tokenizes it.
+
+Why a process: harmony's tokenizer (Rust, `openai_harmony`) holds the GIL while it runs, so a
+thread would not free the loop (two threads tokenizing take as long as one doing both, and a
+ticking thread waits out each call: docs/reliability.md). Byte-pair merging is quadratic in a
+piece's length: a piece just under the door's 20,000-character limit costs ~0.14 s, so a
+valid 7.6 MB body of them renders for ~40-55 s.
+
+Why not everything: a worker round trip pickles the request there and the token ids back.
+A request with at most `Limits.render_inline_chars` characters of text (and nodes) renders on
+the loop: whatever its pieces, that holds it for a few milliseconds at most
+(`loadtests/bench_stall.py` measures both sides). Counting stops at the threshold, so the
+check costs no more than the threshold's worth of walking.
+
+The pool's workers are spawned (not forked: an ingress replica runs threads) when the first
+large request comes, each loading harmony's encoding once; `Limits.render_workers` of them.
+One owner (API key digest; None for an open API) may have at most
+`Limits.max_render_jobs_per_owner` requests queued or rendering there; one more is a 429
+``rate_limit_exceeded`` (param ``input``) at once, so one tenant cannot make the others' large
+requests wait behind a queue of its own. A job counts until its worker is done with it, even
+when its client left (a running job cannot be stopped; a queued one is dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+from array import array
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from pydantic import BaseModel
+
+from serve_app.config import AppArgs
+from serve_app.harmony.encoding import get_encoding
+from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.protocol.errors import RateLimited, ServerError
+from serve_app.serving.turn.state import Context
+
+logger = logging.getLogger(__name__)
+
+# (args, vault, context, owner, truncate) -> token ids; raises `UnrenderableRequest`.
+RenderFn = Callable[[AppArgs, ReasoningVault, Context, str | None, bool], list[int]]
+
+# What a worker process holds: set once by `_start_worker`.
+_worker: tuple[AppArgs, ReasoningVault, RenderFn] | None = None
+
+
+class RenderPool:
+    def __init__(self, args: AppArgs, vault: ReasoningVault, render: RenderFn) -> None:
+        self._args = args
+        self._vault = vault
+        self._render = render
+        self._limits = args.limits
+        self._executor: ProcessPoolExecutor | None = None
+        self._jobs: Counter[str | None] = Counter()  # queued or rendering, by owner
+
+    async def token_ids(self, context: Context, owner: str | None, truncate: bool) -> list[int]:
+        """``context``'s prompt token ids, rendered here when it is small, else in a worker."""
+        if not is_large(context, self._limits.render_inline_chars):
+            return self._render(self._args, self._vault, context, owner, truncate)
+        self._admit(owner)
+        loop = asyncio.get_running_loop()
+        try:
+            job = self._pool().submit(_render_job, context, owner, truncate)
+        except BrokenProcessPool:
+            self._executor = None  # a worker died: the next request starts a new pool
+            job = self._pool().submit(_render_job, context, owner, truncate)
+        self._jobs[owner] += 1
+        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release, owner))
+        try:
+            ids = await asyncio.wrap_future(job)
+        except BrokenProcessPool as error:
+            self._executor = None
+            logger.error("a render worker died: %s", error)
+            raise ServerError("The request could not be rendered: a worker stopped.") from error
+        return ids.tolist()
+
+    def jobs(self, owner: str | None) -> int:
+        """The owner's requests queued or rendering in the pool now."""
+        return self._jobs[owner]
+
+    def close(self) -> None:
+        """Stop the workers (queued jobs are dropped)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def _admit(self, owner: str | None) -> None:
+        limit = self._limits.max_render_jobs_per_owner
+        if self._jobs[owner] >= limit:
+            refused = RateLimited(
+                f"Too many large requests of this API key are being rendered: at most {limit} "
+                "at once (limits.max_render_jobs_per_owner). Please try again in 1s."
+            )
+            refused.param = "input"
+            raise refused
+
+    def _release(self, owner: str | None) -> None:
+        self._jobs[owner] -= 1
+        if self._jobs[owner] <= 0:
+            del self._jobs[owner]
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            self._executor = ProcessPoolExecutor(
+                max_workers=self._limits.render_workers,
+                # Not fork: the replica runs threads (Ray's, the store's), which a fork copies
+                # mid-flight. Spawn starts each worker from a fresh interpreter.
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_worker,
+                initargs=(self._args, self._vault, self._render),
+            )
+        return self._executor
+
+
+def is_large(context: Context, limit: int) -> bool:
+    """Whether ``context`` (its request and history) holds more than ``limit`` characters of
+    text and nodes: walked until it does, so a check costs at most ``limit`` steps."""
+    total = 0
+    stack: list[object] = [context.request, context.history]
+    while stack:
+        node = stack.pop()
+        total += len(node) if isinstance(node, str) else 1
+        if total > limit:
+            return True
+        if isinstance(node, BaseModel):
+            stack.extend(getattr(node, name) for name in type(node).model_fields)
+            stack.extend((node.__pydantic_extra__ or {}).values())
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return False
+
+
+def _start_worker(args: AppArgs, vault: ReasoningVault, render: RenderFn) -> None:
+    global _worker
+    _worker = (args, vault, render)
+    get_encoding()  # loaded once per worker, before its first job
+
+
+def _render_job(context: Context, owner: str | None, truncate: bool) -> array:
+    """In a worker: the token ids, as an array (pickled as bytes, not one object per id)."""
+    if _worker is None:
+        raise RuntimeError("render worker not started")
+    args, vault, render = _worker
+    return array("I", render(args, vault, context, owner, truncate))
