@@ -28,6 +28,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
+import threading
+import time
 from array import array
 from collections import Counter
 from collections.abc import Callable
@@ -143,6 +146,16 @@ def _start_worker(args: AppArgs, vault: ReasoningVault, render: RenderFn) -> Non
     global _worker
     _worker = (args, vault, render)
     get_encoding()  # loaded once per worker, before its first job
+    parent = os.getppid()
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    """A worker outlives no replica: a replica killed (not shut down) leaves its workers
+    waiting for jobs that never come; each checks every second that its parent is there."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def _render_job(context: Context, owner: str | None, truncate: bool) -> array:
