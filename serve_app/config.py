@@ -108,13 +108,13 @@ class Limits(BaseModel):
     # Rendering off the event loop (serve_app/serving/turn/render_pool.py): a request with more
     # than this many characters of text (request and history) renders in a worker process;
     # up to it, on the loop, which it holds for a few ms at most (docs/reliability.md).
-    render_inline_chars: int = Field(default=16_384, ge=0)
-    # Worker processes per ingress replica, spawned at the first large request.
+    render_inline_chars: int = Field(default=2048, ge=0)
+    # Worker processes per ingress replica, spawned at the first request rendered there.
     render_workers: int = Field(default=2, gt=0)
-    # Large requests one owner (API key; everyone, for an open API) may have queued or
-    # rendering in those workers at once; one more is a 429 `rate_limit_exceeded` (param
-    # `input`).
-    max_render_jobs_per_owner: int = Field(default=4, gt=0)
+    # Characters of text one owner (API key; everyone, for an open API) may have queued or
+    # rendering in those workers at once; more is a 429 `rate_limit_exceeded` (param `input`).
+    # A request over it alone passes when the owner has nothing there.
+    max_render_chars_per_owner: int = Field(default=16 * 1024 * 1024, gt=0)
 
 
 class StreamingArgs(BaseModel):

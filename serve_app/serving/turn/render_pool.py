@@ -8,19 +8,20 @@ ticking thread waits out each call: docs/reliability.md). Byte-pair merging is q
 piece's length: a piece just under the door's 20,000-character limit costs ~0.14 s, so a
 valid 7.6 MB body of them renders for ~40-55 s.
 
-Why not everything: a worker round trip pickles the request there and the token ids back.
-A request with at most `Limits.render_inline_chars` characters of text (and nodes) renders on
-the loop: whatever its pieces, that holds it for a few milliseconds at most
-(`loadtests/bench_stall.py` measures both sides). Counting stops at the threshold, so the
-check costs no more than the threshold's worth of walking.
+Why not everything: a request with at most `Limits.render_inline_chars` characters of text
+(2,048, nodes counted as one each) renders on the loop: whatever its pieces, that holds it
+about as long as sending it to a worker costs the loop (~0.4 ms of the loop thread's CPU per
+job, whatever its size; the round trip adds a few ms of latency): docs/reliability.md.
 
 The pool's workers are spawned (not forked: an ingress replica runs threads) when the first
 large request comes, each loading harmony's encoding once; `Limits.render_workers` of them.
 One owner (API key digest; None for an open API) may have at most
-`Limits.max_render_jobs_per_owner` requests queued or rendering there; one more is a 429
-``rate_limit_exceeded`` (param ``input``) at once, so one tenant cannot make the others' large
-requests wait behind a queue of its own. A job counts until its worker is done with it, even
-when its client left (a running job cannot be stopped; a queued one is dropped).
+`Limits.max_render_chars_per_owner` characters queued or rendering there (a request larger
+than that alone passes when the owner has nothing there); more is a 429
+``rate_limit_exceeded`` (param ``input``) at once, so one tenant cannot stack a queue of heavy
+requests ahead of the others'. Counted in characters, not requests, so ordinary requests
+(kilobytes each) in bursts are never refused. A job counts until its worker is done with it,
+even when its client left (a running job cannot be stopped; a queued one is dropped).
 """
 
 from __future__ import annotations
@@ -61,21 +62,24 @@ class RenderPool:
         self._render = render
         self._limits = args.limits
         self._executor: ProcessPoolExecutor | None = None
-        self._jobs: Counter[str | None] = Counter()  # queued or rendering, by owner
+        self._queued: Counter[str | None] = Counter()  # characters queued or rendering, by owner
 
     async def token_ids(self, context: Context, owner: str | None, truncate: bool) -> list[int]:
         """``context``'s prompt token ids, rendered here when it is small, else in a worker."""
-        if not is_large(context, self._limits.render_inline_chars):
+        bound = self._limits.max_render_chars_per_owner
+        size = text_size(context, max(bound, self._limits.render_inline_chars))
+        if size <= self._limits.render_inline_chars:
             return self._render(self._args, self._vault, context, owner, truncate)
-        self._admit(owner)
+        size = min(size, bound)
+        self._admit(owner, size)
         loop = asyncio.get_running_loop()
         try:
             job = self._pool().submit(_render_job, context, owner, truncate)
         except BrokenProcessPool:
-            self._executor = None  # a worker died: the next request starts a new pool
+            self._executor = None  # a worker died: a new pool
             job = self._pool().submit(_render_job, context, owner, truncate)
-        self._jobs[owner] += 1
-        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release, owner))
+        self._queued[owner] += size
+        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release, owner, size))
         try:
             ids = await asyncio.wrap_future(job)
         except BrokenProcessPool as error:
@@ -84,9 +88,9 @@ class RenderPool:
             raise ServerError("The request could not be rendered: a worker stopped.") from error
         return ids.tolist()
 
-    def jobs(self, owner: str | None) -> int:
-        """The owner's requests queued or rendering in the pool now."""
-        return self._jobs[owner]
+    def queued(self, owner: str | None) -> int:
+        """The characters of the owner's requests queued or rendering in the pool now."""
+        return self._queued[owner]
 
     def close(self) -> None:
         """Stop the workers (queued jobs are dropped)."""
@@ -94,20 +98,24 @@ class RenderPool:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
 
-    def _admit(self, owner: str | None) -> None:
-        limit = self._limits.max_render_jobs_per_owner
-        if self._jobs[owner] >= limit:
+    def _admit(self, owner: str | None, size: int) -> None:
+        """Within the owner's bound; a request over it alone passes when the owner has nothing
+        in the pool (a request that rendered before the bound still renders)."""
+        bound = self._limits.max_render_chars_per_owner
+        queued = self._queued[owner]
+        if queued and queued + size > bound:
             refused = RateLimited(
-                f"Too many large requests of this API key are being rendered: at most {limit} "
-                "at once (limits.max_render_jobs_per_owner). Please try again in 1s."
+                f"Too much text of this API key is being rendered: {queued:,} characters are "
+                f"queued, and this request's {size:,} more would pass the {bound:,} allowed "
+                "(limits.max_render_chars_per_owner). Please try again in 1s."
             )
             refused.param = "input"
             raise refused
 
-    def _release(self, owner: str | None) -> None:
-        self._jobs[owner] -= 1
-        if self._jobs[owner] <= 0:
-            del self._jobs[owner]
+    def _release(self, owner: str | None, size: int) -> None:
+        self._queued[owner] -= size
+        if self._queued[owner] <= 0:
+            del self._queued[owner]
 
     def _pool(self) -> ProcessPoolExecutor:
         if self._executor is None:
@@ -122,16 +130,15 @@ class RenderPool:
         return self._executor
 
 
-def is_large(context: Context, limit: int) -> bool:
-    """Whether ``context`` (its request and history) holds more than ``limit`` characters of
-    text and nodes: walked until it does, so a check costs at most ``limit`` steps."""
+def text_size(context: Context, limit: int) -> int:
+    """The characters of text in ``context`` (its request and history), each other node
+    counted as one; walked until past ``limit``, so a count costs at most ``limit`` steps
+    (and never more than the door's own walk of the request, `check_text`)."""
     total = 0
     stack: list[object] = [context.request, context.history]
-    while stack:
+    while stack and total <= limit:
         node = stack.pop()
         total += len(node) if isinstance(node, str) else 1
-        if total > limit:
-            return True
         if isinstance(node, BaseModel):
             stack.extend(getattr(node, name) for name in type(node).model_fields)
             stack.extend((node.__pydantic_extra__ or {}).values())
@@ -139,7 +146,7 @@ def is_large(context: Context, limit: int) -> bool:
             stack.extend(node.values())
         elif isinstance(node, list | tuple):
             stack.extend(node)
-    return False
+    return total
 
 
 def _start_worker(args: AppArgs, vault: ReasoningVault, render: RenderFn) -> None:

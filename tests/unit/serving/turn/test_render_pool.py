@@ -20,7 +20,7 @@ from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.http.auth import ApiKeys
-from serve_app.serving.turn.render_pool import RenderPool, is_large
+from serve_app.serving.turn.render_pool import RenderPool, text_size
 from serve_app.serving.turn.rendering import Renderer, render_token_ids
 from serve_app.serving.turn.state import Context
 from tests.support import MODEL
@@ -118,14 +118,17 @@ async def test_a_rendering_error_is_the_same_400(pool: RenderPool) -> None:
     assert "msg_unresolved" in errors[0][1]["error"]["message"]
 
 
-def test_only_a_large_request_is_large() -> None:
-    assert not is_large(_context({"input": "Hello"}), 16_384)
-    assert is_large(_context({"input": "x" * 20_000}), 16_384)
-    # Counted across items and history, nodes too: many small items are large.
+def test_text_size_counts_text_and_nodes_until_past_its_limit() -> None:
+    assert text_size(_context({"input": "Hello"}), 2048) < 100  # its fields, one each
+    whole = text_size(_context({"input": "x" * 20_000}), 1 << 30)
+    assert 20_000 < whole < 20_100
+    assert 2048 < text_size(_context({"input": "x" * 20_000}), 2048) <= whole
+    # Nodes count too: many small items are large.
     many = [{"role": "user", "content": "hi"}] * 5000
-    assert is_large(_context({"input": many}), 16_384)
-    history = _context({"input": "x" * 9000}).request.input_items
-    assert is_large(_context({"input": "y" * 9000}, history), 16_384)
+    assert text_size(_context({"input": many}), 2048) > 2048
+    # The history too.
+    history = _context({"input": "x" * 1500}).request.input_items
+    assert text_size(_context({"input": "y" * 1500}, history), 2048) > 2048
 
 
 async def _answers(api: Any, bodies: list[dict[str, Any]], path: str) -> list[tuple[int, Any]]:
@@ -219,35 +222,40 @@ async def test_a_heavy_request_does_not_hold_the_loop(tmp_path: Path) -> None:
     assert gap < max(0.25, took / 3), (gap, took)
 
 
-async def test_one_owner_may_queue_only_so_many_large_requests(tmp_path: Path) -> None:
-    limits = Limits(render_inline_chars=0, render_workers=1, max_render_jobs_per_owner=2)
-    heavy = {"model": MODEL, "input": " ".join([PIECE] * 3)}
+async def test_one_owner_may_queue_only_so_much_text(tmp_path: Path) -> None:
+    limits = Limits(render_inline_chars=0, render_workers=1, max_render_chars_per_owner=100_000)
+    heavy = {"model": MODEL, "input": " ".join([PIECE] * 3)}  # 60,000 characters
+    larger = {"model": MODEL, "input": " ".join([PIECE] * 6)}  # over the bound alone
     keys = ApiKeys(["key-a", "key-b"])
+    owner_a = keys.owner("Bearer key-a")
     async with in_process_api(tmp_path / "bound.db", AppArgs(limits=limits), api_keys=keys) as api:
         transport = httpx.ASGITransport(app=api)
         async with httpx.AsyncClient(transport=transport, base_url="http://app", timeout=120) as c:
 
-            async def count(key: str) -> httpx.Response:
+            async def count(key: str, body: dict[str, Any] = heavy) -> httpx.Response:
                 return await c.post(
                     "/v1/responses/input_tokens",
-                    json=heavy,
+                    json=body,
                     headers={"authorization": f"Bearer {key}"},
                 )
 
-            first = [asyncio.create_task(count("key-a")) for _ in range(2)]
+            first = asyncio.create_task(count("key-a"))
             pool = api.state.service._renderer.pool
-            while pool.jobs(keys.owner("Bearer key-a")) < 2:
+            while not pool.queued(owner_a):
                 await asyncio.sleep(0.01)
-            refused = await count("key-a")
+            refused = await count("key-a")  # 60,000 more would pass 100,000
             other = asyncio.create_task(count("key-b"))  # another owner: not refused
-            assert [r.status_code for r in await asyncio.gather(*first)] == [200, 200]
+            assert (await first).status_code == 200
             assert (await other).status_code == 200
-            again = await count("key-a")  # its jobs are done: it may again
+            assert pool.queued(owner_a) == 0
+            again = await count("key-a")  # its text is rendered: it may again
+            alone = await count("key-a", larger)  # nothing of its own there: passes
     assert refused.status_code == 429
     assert refused.headers["retry-after"] == "1"
     error = refused.json()["error"]
     assert error["type"] == "rate_limit_error"
     assert error["code"] == "rate_limit_exceeded"
     assert error["param"] == "input"
-    assert "max_render_jobs_per_owner" in error["message"]
+    assert "max_render_chars_per_owner" in error["message"]
     assert again.status_code == 200
+    assert alone.status_code == 200
