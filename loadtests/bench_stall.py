@@ -186,6 +186,7 @@ def serve(port: int, render_inline_chars: int, tokens_per_s: float, output_token
             limits=Limits(render_inline_chars=render_inline_chars),
         )
         api = create_api(args, InProcessEngineClient(engine), ReasoningVault("bench"), store)
+        api.state.service.warm()  # as the ingress replica does
         config = uvicorn.Config(api, host="127.0.0.1", port=port, log_level="warning")
         try:
             await uvicorn.Server(config).serve()

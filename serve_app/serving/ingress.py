@@ -304,6 +304,7 @@ class ResponsesIngress:
         )
         # Background responses whose replica died (or whose app restarted) are ended now.
         self._api.state.background.start_sweeping()
+        self._api.state.service.warm()  # its render workers, started before any request
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return self._api

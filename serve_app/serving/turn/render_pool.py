@@ -13,8 +13,9 @@ Why not everything: a request with at most `Limits.render_inline_chars` characte
 about as long as sending it to a worker costs the loop (~0.4 ms of the loop thread's CPU per
 job, whatever its size; the round trip adds a few ms of latency): docs/reliability.md.
 
-The pool's workers are spawned (not forked: an ingress replica runs threads) when the first
-large request comes, each loading harmony's encoding once; `Limits.render_workers` of them.
+The pool's workers are spawned (not forked: an ingress replica runs threads) as the ingress
+replica starts (`warm`; elsewhere at the first request that needs one), each loading harmony's
+encoding once; `Limits.render_workers` of them.
 One owner (API key digest; None for an open API) may have at most
 `Limits.max_render_chars_per_owner` characters queued or rendering there (a request larger
 than that alone passes when the owner has nothing there); more is a 429
@@ -87,6 +88,13 @@ class RenderPool:
             logger.error("a render worker died: %s", error)
             raise ServerError("The request could not be rendered: a worker stopped.") from error
         return ids.tolist()
+
+    def warm(self) -> None:
+        """Start the workers now, not at the first request that needs one (a worker takes
+        seconds to start in a Ray replica: measured 12.7 s under load, docs/reliability.md)."""
+        pool = self._pool()
+        for _ in range(self._limits.render_workers):
+            pool.submit(_warm)
 
     def queued(self, owner: str | None) -> int:
         """The characters of the owner's requests queued or rendering in the pool now."""
@@ -163,6 +171,10 @@ def _exit_with(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(1.0)
     os._exit(0)
+
+
+def _warm() -> None:
+    """A job that only makes sure its worker has started."""
 
 
 def _render_job(context: Context, owner: str | None, truncate: bool) -> array:

@@ -54,6 +54,10 @@ class ResponsesService:
     def vault(self) -> ReasoningVault:
         return self._vault
 
+    def warm(self) -> None:
+        """Start the render workers now (an ingress replica starting)."""
+        self._renderer.pool.warm()
+
     def close(self) -> None:
         """Stop the render workers, if any started (the replica is going away)."""
         self._renderer.pool.close()
