@@ -3,6 +3,7 @@ served by the same ingress (issue 38, point 4: no request holds the event loop).
 
     PYTHONPATH=. python loadtests/bench_stall.py                 # before and after, Ray-free
     PYTHONPATH=. python loadtests/bench_stall.py --pieces 380    # the issue's 7.6 MB request
+    PYTHONPATH=. python loadtests/bench_stall.py --serve-run     # before and after, serve run
     PYTHONPATH=. python loadtests/bench_stall.py --url http://127.0.0.1:8000   # a running app
 
 Without ``--url`` it starts the ingress's FastAPI app on uvicorn (as ``tests.local_app``: one
@@ -24,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -159,7 +161,6 @@ def report(result: Round) -> str:
 
 def serve(port: int, render_inline_chars: int, tokens_per_s: float, output_tokens: int) -> None:
     """The app, Ray-free (as tests.local_app), for one round."""
-    import tempfile
     from pathlib import Path
 
     import uvicorn
@@ -218,6 +219,34 @@ def start_app(render_inline_chars: int | None, options: argparse.Namespace) -> t
     raise RuntimeError("the app did not start")
 
 
+def serve_run_app(render_inline_chars: int | None, options: argparse.Namespace, folder: str):
+    """``serve run configs/local.yaml`` (one ingress and one engine replica, the simulated
+    engine at ``--tokens-per-s``): the ingress in a Ray replica, as users run it."""
+    from pathlib import Path
+
+    import yaml
+
+    from tests.support import REPO, serve_run
+
+    config = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
+    config["http_options"]["port"] = free_port()
+    app = config["applications"][0]
+    app["args"]["default_max_output_tokens"] = options.output_tokens + 1000
+    engine = app["args"]["engine"]["options"]
+    engine.update(
+        decode_tokens_per_s=options.tokens_per_s, default_output_tokens=options.output_tokens
+    )
+    if render_inline_chars is not None:
+        app["args"].setdefault("limits", {})["render_inline_chars"] = render_inline_chars
+    run = serve_run.start(config, Path(folder))
+    try:
+        serve_run.wait_healthy(run)
+    except BaseException:
+        serve_run.stop(run)
+        raise
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="an app already running (one round, as it is)")
@@ -225,6 +254,9 @@ def main() -> None:
     parser.add_argument("--pieces", type=int, default=40, help="19,999-character pieces")
     parser.add_argument("--tokens-per-s", type=float, default=50.0)
     parser.add_argument("--output-tokens", type=int, default=30_000)
+    parser.add_argument(
+        "--serve-run", action="store_true", help="the app under `serve run` (Ray), not uvicorn"
+    )
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--render-inline-chars", type=int, default=None, help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -243,12 +275,23 @@ def main() -> None:
         return
     results = []
     for name, inline in (("before", ALL_INLINE), ("after", None)):
-        process, url = start_app(inline, options)
-        try:
-            results.append(asyncio.run(run_round(name, url, options.streams, options.pieces)))
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
+        if options.serve_run:
+            from tests.support import serve_run
+
+            with tempfile.TemporaryDirectory() as folder:
+                run = serve_run_app(inline, options, folder)
+                try:
+                    rounds = asyncio.run(run_round(name, run.url, options.streams, options.pieces))
+                finally:
+                    serve_run.stop(run)
+            results.append(rounds)
+        else:
+            process, url = start_app(inline, options)
+            try:
+                results.append(asyncio.run(run_round(name, url, options.streams, options.pieces)))
+            finally:
+                process.terminate()
+                process.wait(timeout=30)
         print(report(results[-1]))
     before, after = results
     print(f"largest gap, before / after: {before.gap_s / after.gap_s:.1f}x")
