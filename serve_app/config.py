@@ -109,7 +109,7 @@ class Limits(BaseModel):
     # than this many characters of text (request and history) renders in a worker process;
     # up to it, on the loop, which it holds for a few ms at most (docs/reliability.md).
     render_inline_chars: int = Field(default=2048, ge=0)
-    # Worker processes per ingress replica, spawned at the first request rendered there.
+    # Worker processes per ingress replica, started with it (each ~133 MB, docs/reliability.md).
     render_workers: int = Field(default=2, gt=0)
     # Characters of text one owner (API key; everyone, for an open API) may have queued or
     # rendering in those workers at once; more is a 429 `rate_limit_exceeded` (param `input`).
