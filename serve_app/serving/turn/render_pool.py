@@ -160,6 +160,9 @@ def text_size(context: Context, limit: int) -> int:
 def _start_worker(args: AppArgs, vault: ReasoningVault, render: RenderFn) -> None:
     global _worker
     _worker = (args, vault, render)
+    # Below the replica's own threads: on a busy machine the streams' event loop gets the CPU
+    # before a render does (a render is throughput, a stream's next token is latency).
+    os.nice(10)
     get_encoding()  # loaded once per worker, before its first job
     parent = os.getppid()
     threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
