@@ -72,6 +72,16 @@ def largest_gap(streams: list[Stream], start: float, end: float) -> float:
     return longest
 
 
+def quiet_gap(streams: list[Stream], start: float, end: float) -> float:
+    """The longest time between two deliveries of one stream, both within [start, end]: the
+    noise before the heavy request (a gap that runs into it is its doing, not counted)."""
+    longest = 0.0
+    for stream in streams:
+        times = [t for t in stream.deliveries if start <= t <= end]
+        longest = max(longest, *(b - a for a, b in itertools.pairwise(times)), 0.0)
+    return longest
+
+
 async def sse_stream(host: str, port: int, stream: Stream, stop: asyncio.Event) -> None:
     """One streamed response, read until ``stop`` (its connection closed then, which aborts it)."""
     body = json.dumps({"model": MODEL, "input": "Tell me a long story.", "stream": True})
@@ -145,7 +155,7 @@ async def run_round(name: str, url: str, streams: int, pieces: int) -> Round:
         status=status,
         served_s=served,
         gap_s=largest_gap(opened, started, ended),
-        quiet_gap_s=largest_gap(opened, started - quiet_window, started),
+        quiet_gap_s=quiet_gap(opened, started - quiet_window, started),
         load=os.getloadavg(),
     )
 
