@@ -120,6 +120,16 @@ class Limits(BaseModel):
     # them; one more is `response.steer.failed` with `too_many_pending_steers`. Their bytes
     # count against `max_websocket_pending_bytes` too.
     max_websocket_steers_per_response: int = Field(default=8, gt=0)
+    # Rendering off the event loop (serve_app/serving/turn/render_pool.py): a request with more
+    # than this many characters of text (request and history) renders in a worker process;
+    # up to it, on the loop, which it holds for a few ms at most (docs/reliability.md).
+    render_inline_chars: int = Field(default=2048, ge=0)
+    # Worker processes per ingress replica, started with it (each ~133 MB, docs/reliability.md).
+    render_workers: int = Field(default=2, gt=0)
+    # Characters of text one owner (API key; everyone, for an open API) may have queued or
+    # rendering in those workers at once; more is a 429 `rate_limit_exceeded` (param `input`).
+    # A request over it alone passes when the owner has nothing there.
+    max_render_chars_per_owner: int = Field(default=16 * 1024 * 1024, gt=0)
 
 
 class StreamingArgs(BaseModel):

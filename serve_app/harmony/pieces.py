@@ -3,9 +3,11 @@
 o200k's pre-tokenizer cuts text into pieces (a run of letters, of punctuation, of whitespace,
 digits by threes), and byte-pair merging within one piece takes time quadratic in its length,
 in Rust, holding the GIL: one run of a single character costs 32 ms at 10 kB, 0.3 s at 30 kB,
-3.4 s at 100 kB and 16 s at 200 kB, during which the ingress's event loop serves nothing (the
-same lengths in words: 45 ms). A request body may hold 16 MiB. So the door turns away text
-holding a piece longer than `MAX_PIECE_CHARS` (20,000 characters, about 0.13 s) before rendering.
+3.4 s at 100 kB and 16 s at 200 kB, during which the process rendering it serves nothing (the
+same lengths in words: 45 ms; a large request renders in a worker process, not on the ingress's
+event loop: serve_app/serving/turn/render_pool.py). A request body may hold 16 MiB. So the door
+turns away text holding a piece longer than `MAX_PIECE_CHARS` (20,000 characters, about 0.13 s)
+before rendering.
 
 `long_piece` bounds a piece's length from above without running the pre-tokenizer: a piece
 never spans whitespace and digits (but for one leading space), so only a whitespace-free run

@@ -41,8 +41,17 @@ class ReasoningVault:
     def __init__(self, secret: str, *older: str) -> None:
         """``secret`` seals; it and each of ``older`` open (a rotated-out key keeps the blobs
         sealed under it opening until it is dropped from the list)."""
-        self._seal_with = AESGCM(_derive_key(secret))
-        self._open_with = [self._seal_with, *(AESGCM(_derive_key(key)) for key in older)]
+        self.__setstate__([_derive_key(key) for key in (secret, *older)])
+
+    # Pickled as its keys: the ingress's render workers (serve_app/serving/turn/render_pool.py,
+    # child processes of the replica on the same host) open sealed items as the replica does.
+    def __getstate__(self) -> list[bytes]:
+        return self._keys
+
+    def __setstate__(self, keys: list[bytes]) -> None:
+        self._keys = keys
+        self._open_with = [AESGCM(key) for key in keys]
+        self._seal_with = self._open_with[0]
 
     def seal(self, text: str, purpose: bytes = b"", owner: str | None = None) -> str:
         """``purpose`` and ``owner`` are bound to the blob: it opens only for the same, so a

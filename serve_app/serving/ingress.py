@@ -83,6 +83,7 @@ def create_api(
     service = ResponsesService(args, engine, vault, store)
     background = BackgroundRunner(service, store, replica_id, args.background)
     api.state.background = background  # the Serve ingress starts its lease sweep
+    api.state.service = service  # its render workers stop with the replica (`close`)
     api.include_router(conversations_router(store))
     api.include_router(websocket_router(service, api_keys, limits))
     _install_error_handlers(api)
@@ -355,6 +356,7 @@ class ResponsesIngress:
         # Background responses whose replica died (or whose app restarted) are ended now.
         self._api.state.background.start_sweeping()
         self._shutdown_grace_s = args.background.shutdown_grace_s
+        self._api.state.service.warm()  # its render workers, started before any request
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return self._api
@@ -365,4 +367,5 @@ class ResponsesIngress:
         # budget (the replica and its engine handle work on meanwhile); those that cannot are
         # ended `failed` before Serve kills the replica, rather than when their leases lapse.
         await self._api.state.background.stop(self._shutdown_grace_s)
+        self._api.state.service.close()
         await self._store.close()

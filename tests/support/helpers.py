@@ -89,7 +89,10 @@ async def in_process_api(
             **options,
         )
         api.state.engine = simulated
-        yield api
+        try:
+            yield api
+        finally:
+            api.state.service.close()
     finally:
         await simulated.shutdown()
         await store.close()

@@ -4,11 +4,12 @@ OpenAI accepts compressed request bodies; so does this server, for ``gzip`` and 
 (``identity`` is the plain body). Any other coding is refused with a 415 before the body is read.
 Decoding is incremental and each step's output is bounded, so the body size limit
 (``body_limit.py``) counts decoded bytes as they come: a decompression bomb is a 413 after about
-the limit's worth of output, never decoded whole.
+the limit's worth of output, never decoded whole. The event loop runs between two pieces.
 """
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import Iterator
 from typing import Protocol
@@ -90,6 +91,10 @@ def decoded_receive(receive: Receive, decoder: Decoder) -> Receive:
         while True:
             piece = next(pieces, None)
             if piece is not None:
+                # One message's pieces follow with no wait for the network between them: let
+                # the event loop run between two (a 1.5 kB zstd body decodes to 16 MB in
+                # about 60 ms; one piece, a few ms).
+                await asyncio.sleep(0)
                 return {"type": "http.request", "body": piece, "more_body": True}
             if not more_body:
                 decoder.finish()

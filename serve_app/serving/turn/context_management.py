@@ -109,7 +109,7 @@ class _Service(Protocol):
 
     def event_batches(self, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]: ...
 
-    def retarget(self, turn: Turn, request: ResponsesRequest) -> None: ...
+    async def retarget(self, turn: Turn, request: ResponsesRequest) -> None: ...
 
 
 async def compact_first(service: _Service, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]:
@@ -149,7 +149,7 @@ async def compact_first(service: _Service, turn: Turn) -> AsyncIterator[list[Res
     compacted = CompactionItem(type="compaction", id=item.item_id, encrypted_content=sealed)
     answer = turn.request.model_copy(update={"input": [*turn.request.input_items, compacted]})
     try:
-        service.retarget(turn, answer)
+        await service.retarget(turn, answer)
     except APIError:
         raise
     except Exception as error:  # a bug of ours: this turn fails, logged, no other

@@ -54,12 +54,20 @@ class ResponsesService:
     def vault(self) -> ReasoningVault:
         return self._vault
 
+    def warm(self) -> None:
+        """Start the render workers now (an ingress replica starting)."""
+        self._renderer.pool.warm()
+
+    def close(self) -> None:
+        """Stop the render workers, if any started (the replica is going away)."""
+        self._renderer.pool.close()
+
     async def prepare(self, ask: Ask) -> Turn:
         """The request through the door, rendered, and the engine request built: everything
         that can reject it happens before any event is sent."""
         context = await self._door.admit(ask, generating=True)
         request, owner = context.request, ask.owner
-        prompt = self._renderer.render(context, owner, truncate=True)
+        prompt = await self._renderer.render(context, owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
         key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=owner)
@@ -108,11 +116,11 @@ class ResponsesService:
             ),
         )
 
-    def retarget(self, turn: Turn, request: ResponsesRequest) -> None:
+    async def retarget(self, turn: Turn, request: ResponsesRequest) -> None:
         """Point ``turn``'s engine request at ``request`` rendered after ``turn.history`` (a
         compacted context: serve_app.serving.turn.context_management)."""
         context = Context(request, turn.history)
-        prompt = self._renderer.render(context, turn.owner, truncate=True)
+        prompt = await self._renderer.render(context, turn.owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=turn.owner)
         turn.generate = engine_request(
@@ -128,7 +136,7 @@ class ResponsesService:
         """The prompt for a request (``/v1/responses/input_tokens``): its stored history (if it
         continues one) and its input, as is (no truncation)."""
         context = await self._door.admit(ask)
-        return self._renderer.render(context, ask.owner, truncate=False)
+        return await self._renderer.render(context, ask.owner, truncate=False)
 
     async def context(self, ask: Ask) -> Context:
         """The door's first half (the request alone, its history loaded and references

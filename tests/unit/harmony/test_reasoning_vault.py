@@ -1,4 +1,5 @@
 import base64
+import pickle
 import secrets
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -75,3 +76,13 @@ def test_a_key_removed_from_the_list_no_longer_opens_its_blobs() -> None:
     assert ReasoningVault("newer", "new").open(old_blob) is None
     # The layout did not change with key lists: a blob of a one-key vault is the same kind.
     assert base64.urlsafe_b64decode(old_blob)[:3] == b"sa2"
+
+
+def test_a_vault_sent_to_a_render_worker_keeps_its_whole_key_list() -> None:
+    """The render workers (serve_app/serving/turn/render_pool.py) get the vault pickled: a
+    rotated-out key must still open there, and the first still seal."""
+    old, new = ReasoningVault("old"), ReasoningVault("new", "old")
+    copy = pickle.loads(pickle.dumps(new))
+    assert copy.open(old.seal("from before the rotation")) == "from before the rotation"
+    assert ReasoningVault("new").open(copy.seal("after")) == "after"
+    assert old.open(copy.seal("after")) is None

@@ -1,0 +1,188 @@
+"""Rendering off the event loop: a large request's prompt is rendered (and truncated) in a
+worker process, so no request holds the ingress's event loop, and with it every stream the
+replica serves, for as long as harmony tokenizes it.
+
+Why a process: harmony's tokenizer (Rust, `openai_harmony`) holds the GIL while it runs, so a
+thread would not free the loop (two threads tokenizing take as long as one doing both, and a
+ticking thread waits out each call: docs/reliability.md). Byte-pair merging is quadratic in a
+piece's length: a piece just under the door's 20,000-character limit costs ~0.14 s, so a
+valid 7.6 MB body of them renders for ~40-55 s.
+
+Why not everything: a request with at most `Limits.render_inline_chars` characters of text
+(2,048, nodes counted as one each) renders on the loop: whatever its pieces, that holds it
+about as long as sending it to a worker costs the loop (~0.4 ms of the loop thread's CPU per
+job, whatever its size; the round trip adds a few ms of latency): docs/reliability.md.
+
+The pool's workers are spawned (not forked: an ingress replica runs threads) as the ingress
+replica starts (`warm`; elsewhere at the first request that needs one), each loading harmony's
+encoding once; `Limits.render_workers` of them.
+One owner (API key digest; None for an open API) may have at most
+`Limits.max_render_chars_per_owner` characters queued or rendering there (a request larger
+than that alone passes when the owner has nothing there); more is a 429
+``rate_limit_exceeded`` (param ``input``) at once, so one tenant cannot stack a queue of heavy
+requests ahead of the others'. Counted in characters, not requests, so ordinary requests
+(kilobytes each) in bursts are never refused. A job counts until its worker is done with it,
+even when its client left (a running job cannot be stopped; a queued one is dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from array import array
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from pydantic import BaseModel
+
+from serve_app.config import AppArgs
+from serve_app.harmony.encoding import get_encoding
+from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.protocol.errors import RateLimited, ServerError
+from serve_app.serving.turn.state import Context
+
+logger = logging.getLogger(__name__)
+
+# (args, vault, context, owner, truncate) -> token ids; raises `UnrenderableRequest`.
+RenderFn = Callable[[AppArgs, ReasoningVault, Context, str | None, bool], list[int]]
+
+# What a worker process holds: set once by `_start_worker`.
+_worker: tuple[AppArgs, ReasoningVault, RenderFn] | None = None
+
+
+class RenderPool:
+    def __init__(self, args: AppArgs, vault: ReasoningVault, render: RenderFn) -> None:
+        self._args = args
+        self._vault = vault
+        self._render = render
+        self._limits = args.limits
+        self._executor: ProcessPoolExecutor | None = None
+        self._queued: Counter[str | None] = Counter()  # characters queued or rendering, by owner
+
+    async def token_ids(self, context: Context, owner: str | None, truncate: bool) -> list[int]:
+        """``context``'s prompt token ids, rendered here when it is small, else in a worker."""
+        bound = self._limits.max_render_chars_per_owner
+        size = text_size(context, max(bound, self._limits.render_inline_chars))
+        if size <= self._limits.render_inline_chars:
+            return self._render(self._args, self._vault, context, owner, truncate)
+        size = min(size, bound)
+        self._admit(owner, size)
+        loop = asyncio.get_running_loop()
+        try:
+            job = self._pool().submit(_render_job, context, owner, truncate)
+        except BrokenProcessPool:
+            self._executor = None  # a worker died: a new pool
+            job = self._pool().submit(_render_job, context, owner, truncate)
+        self._queued[owner] += size
+        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release, owner, size))
+        try:
+            ids = await asyncio.wrap_future(job)
+        except BrokenProcessPool as error:
+            self._executor = None
+            logger.error("a render worker died: %s", error)
+            raise ServerError("The request could not be rendered: a worker stopped.") from error
+        return ids.tolist()
+
+    def warm(self) -> None:
+        """Start the workers now, not at the first request that needs one (a worker takes
+        seconds to start in a Ray replica: measured 12.7 s under load, docs/reliability.md)."""
+        pool = self._pool()
+        for _ in range(self._limits.render_workers):
+            pool.submit(_warm)
+
+    def queued(self, owner: str | None) -> int:
+        """The characters of the owner's requests queued or rendering in the pool now."""
+        return self._queued[owner]
+
+    def close(self) -> None:
+        """Stop the workers (queued jobs are dropped)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def _admit(self, owner: str | None, size: int) -> None:
+        """Within the owner's bound; a request over it alone passes when the owner has nothing
+        in the pool (a request that rendered before the bound still renders)."""
+        bound = self._limits.max_render_chars_per_owner
+        queued = self._queued[owner]
+        if queued and queued + size > bound:
+            refused = RateLimited(
+                f"Too much text of this API key is being rendered: {queued:,} characters are "
+                f"queued, and this request's {size:,} more would pass the {bound:,} allowed "
+                "(limits.max_render_chars_per_owner). Please try again in 1s."
+            )
+            refused.param = "input"
+            raise refused
+
+    def _release(self, owner: str | None, size: int) -> None:
+        self._queued[owner] -= size
+        if self._queued[owner] <= 0:
+            del self._queued[owner]
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            self._executor = ProcessPoolExecutor(
+                max_workers=self._limits.render_workers,
+                # Not fork: the replica runs threads (Ray's, the store's), which a fork copies
+                # mid-flight. Spawn starts each worker from a fresh interpreter.
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_worker,
+                initargs=(self._args, self._vault, self._render),
+            )
+        return self._executor
+
+
+def text_size(context: Context, limit: int) -> int:
+    """The characters of text in ``context`` (its request and history), each other node
+    counted as one; walked until past ``limit``, so a count costs at most ``limit`` steps
+    (and never more than the door's own walk of the request, `check_text`)."""
+    total = 0
+    stack: list[object] = [context.request, context.history]
+    while stack and total <= limit:
+        node = stack.pop()
+        total += len(node) if isinstance(node, str) else 1
+        if isinstance(node, BaseModel):
+            stack.extend(getattr(node, name) for name in type(node).model_fields)
+            stack.extend((node.__pydantic_extra__ or {}).values())
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return total
+
+
+def _start_worker(args: AppArgs, vault: ReasoningVault, render: RenderFn) -> None:
+    global _worker
+    _worker = (args, vault, render)
+    # Below the replica's own threads: on a busy machine the streams' event loop gets the CPU
+    # before a render does (a render is throughput, a stream's next token is latency).
+    os.nice(10)
+    get_encoding()  # loaded once per worker, before its first job
+    parent = os.getppid()
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    """A worker outlives no replica: a replica killed (not shut down) leaves its workers
+    waiting for jobs that never come; each checks every second that its parent is there."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
+def _warm() -> None:
+    """A job that only makes sure its worker has started."""
+
+
+def _render_job(context: Context, owner: str | None, truncate: bool) -> array:
+    """In a worker: the token ids, as an array (pickled as bytes, not one object per id)."""
+    if _worker is None:
+        raise RuntimeError("render worker not started")
+    args, vault, render = _worker
+    return array("I", render(args, vault, context, owner, truncate))
