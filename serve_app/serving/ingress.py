@@ -41,6 +41,7 @@ from serve_app.serving.http.body_limit import BodyLimits
 from serve_app.serving.http.keepalive import KeepAliveStreamingResponse
 from serve_app.serving.http.pagination import Paging
 from serve_app.serving.http.pagination import page as _page
+from serve_app.serving.retention import RetentionSweep
 from serve_app.serving.turn.service import ResponsesService
 from serve_app.serving.turn.state import Ask
 from serve_app.serving.websocket import websocket_router
@@ -283,7 +284,7 @@ class ResponsesIngress:
         store_url = args.store.resolved_url()
         require_shared_store(store_url, alive_nodes())
         logger.info("response store: %s", printable(store_url))
-        self._store = SqlResponseStore(store_url)
+        self._store = SqlResponseStore(store_url, retention_s=args.store.retention_s())
         await self._store.start()
         streaming = args.streaming.resolved()
         self._api = create_api(
@@ -303,6 +304,9 @@ class ResponsesIngress:
         )
         # Background responses whose replica died (or whose app restarted) are ended now.
         self._api.state.background.start_sweeping()
+        # Expired responses are deleted by every replica (sweeps may overlap).
+        self._retention = RetentionSweep(self._store, args.store)
+        self._retention.start()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return self._api
@@ -311,4 +315,5 @@ class ResponsesIngress:
         # Serve's graceful shutdown (a redeploy, a scale-down): end the background responses
         # running here now rather than when their leases lapse.
         await self._api.state.background.stop()
+        await self._retention.stop()
         await self._store.close()

@@ -24,16 +24,21 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy import (
+    ColumnElement,
+    Integer,
     delete,
     event,
     func,
+    literal,
     select,
+    true,
     update,
 )
 from sqlalchemy.engine import make_url
@@ -44,6 +49,7 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.orm import aliased
 
 from serve_app.store.base import (
     BackgroundRun,
@@ -69,16 +75,35 @@ from serve_app.store.tables import (
     migrate,
     page_query,
 )
-from serve_app.store.writes import append_items_at_end, persisted_ending_inputs, put_response
+from serve_app.store.writes import (
+    append_items_at_end,
+    delete_responses,
+    persisted_ending_inputs,
+    put_response,
+)
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# A chain longer than this is cut there (a guard: the recursive query ends even on a cycle).
+MAX_CHAIN_LINKS = 100_000
+
 
 class SqlResponseStore(ResponseStore):
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        retention_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``retention_s``: a response older than this (from its ``created_at``) is expired:
+        not found by any read, and deleted by `sweep_expired`. None: kept forever. ``clock``:
+        the wall clock, epoch seconds (tests move it)."""
         self.url = url
+        self.retention_s = retention_s
+        self._clock = clock
         self._engine: AsyncEngine | None = None
         self._sessions: async_sessionmaker | None = None
         self._writes: async_sessionmaker | None = None
@@ -129,25 +154,67 @@ class SqlResponseStore(ResponseStore):
         await self._transact(write)
 
     async def get(self, response_id: str) -> StoredResponse | None:
+        query = select(ResponseRow).where(ResponseRow.id == response_id, self._alive(ResponseRow))
         async with self._session() as session:
-            row = await session.get(ResponseRow, response_id)
-        if row is None:
-            return None
-        return StoredResponse(
-            id=row.id,
-            previous_response_id=row.previous_response_id,
-            response=json.loads(row.response_json),
-            input_items=json.loads(row.input_items_json),
-            owner=row.owner,
+            row = await session.scalar(query)
+        return None if row is None else _stored(row)
+
+    async def chain(self, response_id: str) -> list[StoredResponse] | None:
+        """The chain in one query, whatever its length: a recursive CTE follows
+        ``previous_response_id`` from the response to its root. A link that is gone (deleted,
+        expired) ends it, as `ResponseStore.chain` does: the chain starts after it."""
+        parent = aliased(ResponseRow)
+        links = (
+            select(
+                ResponseRow.id,
+                ResponseRow.previous_response_id,
+                literal(0, Integer).label("depth"),
+            )
+            .where(ResponseRow.id == response_id, self._alive(ResponseRow))
+            .cte("links", recursive=True)
         )
+        links = links.union_all(
+            select(parent.id, parent.previous_response_id, links.c.depth + 1).where(
+                parent.id == links.c.previous_response_id,
+                self._alive(parent),
+                links.c.depth < MAX_CHAIN_LINKS,
+            )
+        )
+        query = (
+            select(ResponseRow)
+            .join(links, ResponseRow.id == links.c.id)
+            .order_by(links.c.depth.desc())
+        )
+        async with self._session() as session:
+            rows = (await session.scalars(query)).all()
+        return [_stored(row) for row in rows] or None
+
+    async def sweep_expired(self, batch: int) -> int:
+        """Delete up to ``batch`` expired responses, oldest first, with what hangs off them
+        (items, events, run), in one transaction; how many. Sweepers on other replicas may run
+        at once: on PostgreSQL each takes rows the others have not locked (SKIP LOCKED), on
+        SQLite writers take turns; a response deleted twice is deleted once."""
+        cutoff = self._expiry_cutoff()
+        if cutoff is None:
+            return 0
+
+        async def write(session: AsyncSession) -> int:
+            expired = (
+                select(ResponseRow.id)
+                .where(ResponseRow.created_at <= cutoff)
+                .order_by(ResponseRow.created_at)
+                .limit(batch)
+                .with_for_update(skip_locked=True)
+            )
+            ids = list((await session.scalars(expired)).all())
+            await delete_responses(session, ids)
+            return len(ids)
+
+        return await self._transact(write)
 
     async def delete(self, response_id: str) -> bool:
         async def write(session: AsyncSession) -> bool:
-            result = await session.execute(delete(ResponseRow).where(ResponseRow.id == response_id))
-            await session.execute(delete(EventRow).where(EventRow.response_id == response_id))
-            await session.execute(delete(ItemRow).where(ItemRow.response_id == response_id))
-            await session.execute(delete(RunRow).where(RunRow.response_id == response_id))
-            return result.rowcount > 0
+            return await delete_responses(session, [response_id]) > 0
 
         return await self._transact(write)
 
@@ -165,6 +232,10 @@ class SqlResponseStore(ResponseStore):
             )
             .order_by(ItemRow.row_id)
         )
+        if self._expiry_cutoff() is not None:  # an expired response's items are gone with it
+            query = query.outerjoin(ResponseRow, ResponseRow.id == ItemRow.response_id).where(
+                ItemRow.response_id.is_(None) | self._alive(ResponseRow)
+            )
         async with self._session() as session:
             rows = (await session.scalars(query)).all()
         found: dict[str, dict[str, Any]] = {}
@@ -429,6 +500,17 @@ class SqlResponseStore(ResponseStore):
         if self._engine is not None:
             await self._engine.dispose()
 
+    def _expiry_cutoff(self) -> int | None:
+        """Responses created at or before this (epoch seconds) have expired; None: none."""
+        if self.retention_s is None:
+            return None
+        return math.floor(self._clock() - self.retention_s)
+
+    def _alive(self, row: type[ResponseRow]) -> ColumnElement[bool]:
+        """``row`` (the responses table, or an alias of it) has not expired."""
+        cutoff = self._expiry_cutoff()
+        return true() if cutoff is None else row.created_at > cutoff
+
     def _session(self) -> AsyncSession:
         """A session for reads (on SQLite: a deferred transaction, a snapshot)."""
         if self._sessions is None:
@@ -475,3 +557,13 @@ class SqlResponseStore(ResponseStore):
         """This process's turn to write: the asyncio lock on SQLite, nothing on PostgreSQL
         (whose writers lock only the rows they touch)."""
         return self._write_turns if self._write_turns is not None else contextlib.nullcontext()
+
+
+def _stored(row: ResponseRow) -> StoredResponse:
+    return StoredResponse(
+        id=row.id,
+        previous_response_id=row.previous_response_id,
+        response=json.loads(row.response_json),
+        input_items=json.loads(row.input_items_json),
+        owner=row.owner,
+    )

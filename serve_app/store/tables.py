@@ -30,6 +30,8 @@ class Base(DeclarativeBase):
 
 class ResponseRow(Base):
     __tablename__ = "responses"
+    # The retention sweep takes the oldest first (`migrate` adds it to older stores).
+    __table_args__ = (Index("ix_responses_created_at", "created_at"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     previous_response_id: Mapped[str | None] = mapped_column(String(64), index=True)
@@ -156,7 +158,11 @@ def page_query(conversation_id: str, start: int | None, descending: bool, limit:
 
 async def migrate(connection) -> None:
     """Bring a store made by an older version up to date (``create_all`` makes missing tables
-    only): conversation item ids were VARCHAR(64), too short for clients' ids."""
+    only): the responses' ``created_at`` index; conversation item ids were VARCHAR(64), too
+    short for clients' ids."""
+    await connection.execute(
+        text("CREATE INDEX IF NOT EXISTS ix_responses_created_at ON responses (created_at)")
+    )
     if connection.dialect.name != "postgresql":
         return
     column_type = await connection.scalar(

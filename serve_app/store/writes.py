@@ -18,6 +18,7 @@ from serve_app.store.tables import (
     EventRow,
     ItemRow,
     ResponseRow,
+    RunRow,
     item_rows,
 )
 
@@ -44,6 +45,18 @@ async def put_response(session: AsyncSession, stored: StoredResponse) -> None:
             response_id=stored.id,
         )
     )
+
+
+async def delete_responses(session: AsyncSession, response_ids: list[str]) -> int:
+    """Delete responses with what hangs off them (their items' index, events, run), in the
+    session's write transaction; how many responses there were. Responses continuing them
+    keep their own items."""
+    if not response_ids:
+        return 0
+    result = await session.execute(delete(ResponseRow).where(ResponseRow.id.in_(response_ids)))
+    for table in (EventRow, ItemRow, RunRow):
+        await session.execute(delete(table).where(table.response_id.in_(response_ids)))
+    return result.rowcount
 
 
 async def append_items_at_end(

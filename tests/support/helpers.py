@@ -76,13 +76,17 @@ async def in_process_api(
     simulated engine's config (default: fast and unscripted); the engine itself is the app's
     ``state.engine``, for tests that look inside it. ``options`` go to ``create_api``.
     """
-    store = SqlResponseStore(db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}")
+    args = args or AppArgs()
+    store = SqlResponseStore(
+        db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}",
+        retention_s=args.store.retention_s(),
+    )
     await store.start()
     simulated = SimulatedEngine(engine or SimulatedEngineConfig(decode_tokens_per_s=50_000))
     await simulated.start()
     try:
         api = create_api(
-            args or AppArgs(),
+            args,
             InProcessEngineClient(simulated),
             ReasoningVault("k"),
             store,
