@@ -42,7 +42,7 @@ async def open_store(url: str, clock: Clock) -> SqlResponseStore:
 
 
 @pytest.fixture
-async def store(store_url: str, clock: Clock) -> AsyncIterator[SqlResponseStore]:
+async def store(store_url: str, clock: Clock) -> AsyncIterator[SqlResponseStore]:  # noqa: F811
     store = await open_store(store_url, clock)
     await wipe(store)
     yield store
@@ -121,7 +121,7 @@ async def test_the_sweep_deletes_the_expired_in_batches_and_keeps_the_fresh(stor
     await store.delete_conversation("conv_old")
 
 
-async def test_a_store_keeping_everything_sweeps_nothing(store_url: str) -> None:
+async def test_a_store_keeping_everything_sweeps_nothing(store_url: str) -> None:  # noqa: F811
     store = SqlResponseStore(store_url)  # retention None
     await store.start()
     await wipe(store)
@@ -199,7 +199,10 @@ async def test_a_chain_s_load_is_one_statement_whatever_its_length(store) -> Non
 
 @pytest.mark.parametrize("round_", range(8))
 async def test_sweepers_on_two_replicas_at_once_delete_each_expired_response_once(
-    store_url: str, store, clock, round_: int
+    store_url: str,  # noqa: F811
+    store,
+    clock,
+    round_: int,
 ) -> None:
     """Two replicas (two stores on one database), each with two sweepers, sweep at the same
     moment while new responses are written: none fails, every expired response is deleted
