@@ -42,6 +42,7 @@ from serve_app.serving.http.keepalive import KeepAliveStreamingResponse
 from serve_app.serving.http.pagination import Paging
 from serve_app.serving.http.pagination import page as _page
 from serve_app.serving.retention import RetentionSweep
+from serve_app.serving.turn.references import as_stored_input
 from serve_app.serving.turn.service import ResponsesService
 from serve_app.serving.turn.state import Ask
 from serve_app.serving.websocket import websocket_router
@@ -284,7 +285,9 @@ class ResponsesIngress:
         store_url = args.store.resolved_url()
         require_shared_store(store_url, alive_nodes())
         logger.info("response store: %s", printable(store_url))
-        self._store = SqlResponseStore(store_url, retention_s=args.store.retention_s())
+        self._store = SqlResponseStore(
+            store_url, retention_s=args.store.retention_s(), as_input=as_stored_input
+        )
         await self._store.start()
         streaming = args.streaming.resolved()
         self._api = create_api(

@@ -26,7 +26,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -60,6 +60,7 @@ from serve_app.store.base import (
     StoredResponse,
     cut_page,
 )
+from serve_app.store.references import AsInput, release, resolve, unchanged, visible
 from serve_app.store.retry import WRITE_ATTEMPTS, backoff_s, transient
 from serve_app.store.sqlite import WRITES, private_sqlite_file, sqlite_begin, sqlite_pragmas
 from serve_app.store.tables import (
@@ -97,13 +98,18 @@ class SqlResponseStore(ResponseStore):
         *,
         retention_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        as_input: AsInput = unchanged,
     ) -> None:
         """``retention_s``: a response older than this (from its ``created_at``) is expired:
         not found by any read, and deleted by `sweep_expired`. None: kept forever. ``clock``:
-        the wall clock, epoch seconds (tests move it)."""
+        the wall clock, epoch seconds (tests move it). ``as_input``: a stored item as a
+        response's input stores it once an item reference resolved to it (the serving layer's
+        `serve_app.serving.turn.references.as_stored_input`): an input item equal to it is
+        stored by reference (serve_app/store/references.py)."""
         self.url = url
         self.retention_s = retention_s
         self._clock = clock
+        self._as_input = as_input
         self._engine: AsyncEngine | None = None
         self._sessions: async_sessionmaker | None = None
         self._writes: async_sessionmaker | None = None
@@ -135,7 +141,7 @@ class SqlResponseStore(ResponseStore):
 
     async def put(self, stored: StoredResponse) -> None:
         async def write(session: AsyncSession) -> None:
-            await put_response(session, stored)
+            await put_response(session, stored, self._expiry_cutoff(), self._as_input)
 
         await self._transact(write)
 
@@ -147,7 +153,7 @@ class SqlResponseStore(ResponseStore):
     ) -> None:
         async def write(session: AsyncSession) -> None:
             if stored is not None:
-                await put_response(session, stored)
+                await put_response(session, stored, self._expiry_cutoff(), self._as_input)
             if conversation_id is not None:
                 await append_items_at_end(session, conversation_id, items)
 
@@ -157,7 +163,7 @@ class SqlResponseStore(ResponseStore):
         query = select(ResponseRow).where(ResponseRow.id == response_id, self._alive(ResponseRow))
         async with self._session() as session:
             row = await session.scalar(query)
-        return None if row is None else _stored(row)
+            return None if row is None else (await self._stored(session, [row]))[0]
 
     async def chain(self, response_id: str) -> list[StoredResponse] | None:
         """The chain in one query, whatever its length: a recursive CTE follows
@@ -187,7 +193,7 @@ class SqlResponseStore(ResponseStore):
         )
         async with self._session() as session:
             rows = (await session.scalars(query)).all()
-        return [_stored(row) for row in rows] or None
+            return await self._stored(session, rows) or None
 
     async def sweep_expired(self, batch: int) -> int:
         """Delete up to ``batch`` expired responses, oldest first, with what hangs off them
@@ -232,10 +238,8 @@ class SqlResponseStore(ResponseStore):
             )
             .order_by(ItemRow.row_id)
         )
-        if self._expiry_cutoff() is not None:  # an expired response's items are gone with it
-            query = query.outerjoin(ResponseRow, ResponseRow.id == ItemRow.response_id).where(
-                ItemRow.response_id.is_(None) | self._alive(ResponseRow)
-            )
+        # An expired response's items are gone with it (unless a live response names them).
+        query = query.where(visible(self._expiry_cutoff()))
         async with self._session() as session:
             rows = (await session.scalars(query)).all()
         found: dict[str, dict[str, Any]] = {}
@@ -416,7 +420,7 @@ class SqlResponseStore(ResponseStore):
                     ConversationItemRow.conversation_id == conversation_id
                 )
             )
-            await session.execute(delete(ItemRow).where(ItemRow.conversation_id == conversation_id))
+            await release(session, ItemRow.conversation_id == conversation_id)
             return result.rowcount > 0
 
         return await self._transact(write)
@@ -447,11 +451,10 @@ class SqlResponseStore(ResponseStore):
                     ConversationItemRow.item_id == item_id,
                 )
             )
-            await session.execute(
-                delete(ItemRow).where(
-                    ItemRow.conversation_id == conversation_id,
-                    ItemRow.item_key == item_key(item_id),
-                )
+            await release(
+                session,
+                (ItemRow.conversation_id == conversation_id)
+                & (ItemRow.item_key == item_key(item_id)),
             )
             return result.rowcount > 0
 
@@ -511,6 +514,23 @@ class SqlResponseStore(ResponseStore):
         cutoff = self._expiry_cutoff()
         return true() if cutoff is None else row.created_at > cutoff
 
+    async def _stored(
+        self, session: AsyncSession, rows: Sequence[ResponseRow]
+    ) -> list[StoredResponse]:
+        """Responses from their rows, input items stored by reference put back (one query)."""
+        stored = [
+            StoredResponse(
+                id=row.id,
+                previous_response_id=row.previous_response_id,
+                response=json.loads(row.response_json),
+                input_items=json.loads(row.input_items_json),
+                owner=row.owner,
+            )
+            for row in rows
+        ]
+        await resolve(session, (response.input_items for response in stored), self._as_input)
+        return stored
+
     def _session(self) -> AsyncSession:
         """A session for reads (on SQLite: a deferred transaction, a snapshot)."""
         if self._sessions is None:
@@ -557,13 +577,3 @@ class SqlResponseStore(ResponseStore):
         """This process's turn to write: the asyncio lock on SQLite, nothing on PostgreSQL
         (whose writers lock only the rows they touch)."""
         return self._write_turns if self._write_turns is not None else contextlib.nullcontext()
-
-
-def _stored(row: ResponseRow) -> StoredResponse:
-    return StoredResponse(
-        id=row.id,
-        previous_response_id=row.previous_response_id,
-        response=json.loads(row.response_json),
-        input_items=json.loads(row.input_items_json),
-        owner=row.owner,
-    )

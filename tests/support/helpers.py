@@ -26,6 +26,7 @@ from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.ingress import create_api
+from serve_app.serving.turn.references import as_stored_input
 from serve_app.store.sql import SqlResponseStore
 from tests.support import REPO
 
@@ -80,6 +81,7 @@ async def in_process_api(
     store = SqlResponseStore(
         db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}",
         retention_s=args.store.retention_s(),
+        as_input=as_stored_input,
     )
     await store.start()
     simulated = SimulatedEngine(engine or SimulatedEngineConfig(decode_tokens_per_s=50_000))
