@@ -62,9 +62,12 @@ async def delete_responses(session: AsyncSession, response_ids: list[str]) -> in
     keep their own items."""
     if not response_ids:
         return 0
+    # The responses' rows first: a transaction handing an item row to one of them (`release`)
+    # has locked it and commits first, so the rows it handed over are found below; one
+    # coming later finds it gone and hands its rows to another response.
+    result = await session.execute(delete(ResponseRow).where(ResponseRow.id.in_(response_ids)))
     await release(session, ItemRow.response_id.in_(response_ids), leaving=response_ids)
     await forget(session, response_ids)
-    result = await session.execute(delete(ResponseRow).where(ResponseRow.id.in_(response_ids)))
     for table in (EventRow, RunRow):
         await session.execute(delete(table).where(table.response_id.in_(response_ids)))
     return result.rowcount
