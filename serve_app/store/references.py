@@ -88,11 +88,18 @@ async def by_reference(
         item = json.loads(data)
         latest[item["id"]] = (row_id, item)  # oldest first: the latest wins
     latest = {item_id: (row_id, as_input(item)) for item_id, (row_id, item) in latest.items()}
+    # An id this input also gives another item keeps copies: which of its items is the
+    # latest with that id then depends on their order, as it did.
+    differing = {
+        item["id"]
+        for item in items
+        if indexed(item) and latest.get(item["id"], (0, item))[1] != item
+    }
     stored: list[dict[str, Any]] = []
     named: set[int] = set()
     for item in items:
         found = latest.get(item["id"]) if indexed(item) else None
-        if found is not None and found[1] == item:
+        if found is not None and found[1] == item and item["id"] not in differing:
             stored.append({"type": "item_reference", "id": item["id"], MARKER: found[0]})
             named.add(found[0])
         else:

@@ -132,6 +132,12 @@ async def test_an_item_not_quite_the_stored_one_is_a_copy(store) -> None:
     assert (await raw_inputs(store, "r3")) == other_owner.input_items
     # The latest item with the id wins, as before: r2's copy now.
     assert (await store.find_items(["msg_r1"], "a"))["msg_r1"] == changed
+    # One input giving an id twice, the stored item last: copies, so the last is the latest.
+    same = referenced(message("msg_r4", "answer of r4"))
+    await store.put(response("r4", []))
+    await store.put(response("r5", [referenced(message("msg_r4", "other")), same]))
+    assert "stored_row" not in (await raw_inputs(store, "r5"))[1]
+    assert as_stored_input((await store.find_items(["msg_r4"], "a"))["msg_r4"]) == same
 
 
 async def test_deleting_what_held_a_named_item_hands_it_on(store) -> None:
