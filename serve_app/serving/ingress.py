@@ -55,6 +55,12 @@ logger = logging.getLogger(__name__)
 _HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
 
 
+def app_store(url: str, args: AppArgs) -> SqlResponseStore:
+    """The response store at ``url`` as the app uses it: the retention of ``args``, and item
+    references stored by reference (as the door resolves them)."""
+    return SqlResponseStore(url, retention_s=args.store.retention_s(), as_input=as_stored_input)
+
+
 def create_api(
     args: AppArgs,
     engine: EngineClient,
@@ -285,9 +291,7 @@ class ResponsesIngress:
         store_url = args.store.resolved_url()
         require_shared_store(store_url, alive_nodes())
         logger.info("response store: %s", printable(store_url))
-        self._store = SqlResponseStore(
-            store_url, retention_s=args.store.retention_s(), as_input=as_stored_input
-        )
+        self._store = app_store(store_url, args)
         await self._store.start()
         streaming = args.streaming.resolved()
         self._api = create_api(

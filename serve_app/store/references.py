@@ -19,13 +19,14 @@ expired response is still found while a live response names it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, delete, exists, select, true, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
+from serve_app.store.base import StoredResponse
 from serve_app.store.tables import ItemRefRow, ItemRow, ResponseRow, indexed, item_key
 
 MARKER = "stored_row"
@@ -127,6 +128,24 @@ async def resolve(
         items[:] = [
             _resolved(item, found, as_input) if _is_marker(item) else item for item in items
         ]
+
+
+async def stored_responses(
+    session: AsyncSession, rows: Sequence[ResponseRow], as_input: AsInput = unchanged
+) -> list[StoredResponse]:
+    """Responses from their rows, input items stored by reference put back (one query)."""
+    stored = [
+        StoredResponse(
+            id=row.id,
+            previous_response_id=row.previous_response_id,
+            response=json.loads(row.response_json),
+            input_items=json.loads(row.input_items_json),
+            owner=row.owner,
+        )
+        for row in rows
+    ]
+    await resolve(session, (response.input_items for response in stored), as_input)
+    return stored
 
 
 def _is_marker(item: dict[str, Any]) -> bool:

@@ -24,23 +24,12 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import (
-    ColumnElement,
-    Integer,
-    delete,
-    event,
-    func,
-    literal,
-    select,
-    true,
-    update,
-)
+from sqlalchemy import delete, event, func, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import (
@@ -49,7 +38,6 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
-from sqlalchemy.orm import aliased
 
 from serve_app.store.base import (
     BackgroundRun,
@@ -60,7 +48,8 @@ from serve_app.store.base import (
     StoredResponse,
     cut_page,
 )
-from serve_app.store.references import AsInput, release, resolve, unchanged, visible
+from serve_app.store.expiry import Expiry, chain_query, expired_query
+from serve_app.store.references import AsInput, release, stored_responses, unchanged, visible
 from serve_app.store.retry import WRITE_ATTEMPTS, backoff_s, transient
 from serve_app.store.sqlite import WRITES, private_sqlite_file, sqlite_begin, sqlite_pragmas
 from serve_app.store.tables import (
@@ -87,9 +76,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# A chain longer than this is cut there (a guard: the recursive query ends even on a cycle).
-MAX_CHAIN_LINKS = 100_000
-
 
 class SqlResponseStore(ResponseStore):
     def __init__(
@@ -100,15 +86,11 @@ class SqlResponseStore(ResponseStore):
         clock: Callable[[], float] = time.time,
         as_input: AsInput = unchanged,
     ) -> None:
-        """``retention_s``: a response older than this (from its ``created_at``) is expired:
-        not found by any read, and deleted by `sweep_expired`. None: kept forever. ``clock``:
-        the wall clock, epoch seconds (tests move it). ``as_input``: a stored item as a
-        response's input stores it once an item reference resolved to it (the serving layer's
-        `serve_app.serving.turn.references.as_stored_input`): an input item equal to it is
-        stored by reference (serve_app/store/references.py)."""
+        """``retention_s``: a response older than this is expired: found by no read, deleted
+        by `sweep_expired` (None: kept forever; ``clock``: epoch seconds). ``as_input``: a
+        stored item as an input stores it (serve_app/store/references.py)."""
         self.url = url
-        self.retention_s = retention_s
-        self._clock = clock
+        self._expiry = Expiry(retention_s, clock)
         self._as_input = as_input
         self._engine: AsyncEngine | None = None
         self._sessions: async_sessionmaker | None = None
@@ -141,7 +123,7 @@ class SqlResponseStore(ResponseStore):
 
     async def put(self, stored: StoredResponse) -> None:
         async def write(session: AsyncSession) -> None:
-            await put_response(session, stored, self._expiry_cutoff(), self._as_input)
+            await put_response(session, stored, self._expiry.cutoff(), self._as_input)
 
         await self._transact(write)
 
@@ -153,66 +135,34 @@ class SqlResponseStore(ResponseStore):
     ) -> None:
         async def write(session: AsyncSession) -> None:
             if stored is not None:
-                await put_response(session, stored, self._expiry_cutoff(), self._as_input)
+                await put_response(session, stored, self._expiry.cutoff(), self._as_input)
             if conversation_id is not None:
                 await append_items_at_end(session, conversation_id, items)
 
         await self._transact(write)
 
     async def get(self, response_id: str) -> StoredResponse | None:
-        query = select(ResponseRow).where(ResponseRow.id == response_id, self._alive(ResponseRow))
-        async with self._session() as session:
-            row = await session.scalar(query)
-            return None if row is None else (await self._stored(session, [row]))[0]
-
-    async def chain(self, response_id: str) -> list[StoredResponse] | None:
-        """The chain in one query, whatever its length: a recursive CTE follows
-        ``previous_response_id`` from the response to its root. A link that is gone (deleted,
-        expired) ends it, as `ResponseStore.chain` does: the chain starts after it."""
-        parent = aliased(ResponseRow)
-        links = (
-            select(
-                ResponseRow.id,
-                ResponseRow.previous_response_id,
-                literal(0, Integer).label("depth"),
-            )
-            .where(ResponseRow.id == response_id, self._alive(ResponseRow))
-            .cte("links", recursive=True)
-        )
-        links = links.union_all(
-            select(parent.id, parent.previous_response_id, links.c.depth + 1).where(
-                parent.id == links.c.previous_response_id,
-                self._alive(parent),
-                links.c.depth < MAX_CHAIN_LINKS,
-            )
-        )
-        query = (
-            select(ResponseRow)
-            .join(links, ResponseRow.id == links.c.id)
-            .order_by(links.c.depth.desc())
-        )
+        alive = self._expiry.alive(ResponseRow)
+        query = select(ResponseRow).where(ResponseRow.id == response_id, alive)
         async with self._session() as session:
             rows = (await session.scalars(query)).all()
-            return await self._stored(session, rows) or None
+            return (await stored_responses(session, rows, self._as_input) or [None])[0]
+
+    async def chain(self, response_id: str) -> list[StoredResponse] | None:
+        """The chain in one query, whatever its length (`chain_query`). A link that is gone
+        (deleted, expired) ends it, as `ResponseStore.chain` does: it starts after it."""
+        async with self._session() as session:
+            rows = (await session.scalars(chain_query(response_id, self._expiry))).all()
+            return await stored_responses(session, rows, self._as_input) or None
 
     async def sweep_expired(self, batch: int) -> int:
-        """Delete up to ``batch`` expired responses, oldest first, with what hangs off them
-        (items, events, run), in one transaction; how many. Sweepers on other replicas may run
-        at once: on PostgreSQL each takes rows the others have not locked (SKIP LOCKED), on
-        SQLite writers take turns; a response deleted twice is deleted once."""
-        cutoff = self._expiry_cutoff()
-        if cutoff is None:
+        """Delete up to ``batch`` expired responses (`expired_query`: several sweepers at once
+        take different ones) with what hangs off them, in one transaction; how many."""
+        if (cutoff := self._expiry.cutoff()) is None:
             return 0
 
         async def write(session: AsyncSession) -> int:
-            expired = (
-                select(ResponseRow.id)
-                .where(ResponseRow.created_at <= cutoff)
-                .order_by(ResponseRow.created_at)
-                .limit(batch)
-                .with_for_update(skip_locked=True)
-            )
-            ids = list((await session.scalars(expired)).all())
+            ids = list((await session.scalars(expired_query(cutoff, batch))).all())
             await delete_responses(session, ids)
             return len(ids)
 
@@ -239,7 +189,7 @@ class SqlResponseStore(ResponseStore):
             .order_by(ItemRow.row_id)
         )
         # An expired response's items are gone with it (unless a live response names them).
-        query = query.where(visible(self._expiry_cutoff()))
+        query = query.where(visible(self._expiry.cutoff()))
         async with self._session() as session:
             rows = (await session.scalars(query)).all()
         found: dict[str, dict[str, Any]] = {}
@@ -451,11 +401,8 @@ class SqlResponseStore(ResponseStore):
                     ConversationItemRow.item_id == item_id,
                 )
             )
-            await release(
-                session,
-                (ItemRow.conversation_id == conversation_id)
-                & (ItemRow.item_key == item_key(item_id)),
-            )
+            held = ItemRow.item_key == item_key(item_id)  # by the conversation, below
+            await release(session, held & (ItemRow.conversation_id == conversation_id))
             return result.rowcount > 0
 
         return await self._transact(write)
@@ -502,34 +449,6 @@ class SqlResponseStore(ResponseStore):
     async def close(self) -> None:
         if self._engine is not None:
             await self._engine.dispose()
-
-    def _expiry_cutoff(self) -> int | None:
-        """Responses created at or before this (epoch seconds) have expired; None: none."""
-        if self.retention_s is None:
-            return None
-        return math.floor(self._clock() - self.retention_s)
-
-    def _alive(self, row: type[ResponseRow]) -> ColumnElement[bool]:
-        """``row`` (the responses table, or an alias of it) has not expired."""
-        cutoff = self._expiry_cutoff()
-        return true() if cutoff is None else row.created_at > cutoff
-
-    async def _stored(
-        self, session: AsyncSession, rows: Sequence[ResponseRow]
-    ) -> list[StoredResponse]:
-        """Responses from their rows, input items stored by reference put back (one query)."""
-        stored = [
-            StoredResponse(
-                id=row.id,
-                previous_response_id=row.previous_response_id,
-                response=json.loads(row.response_json),
-                input_items=json.loads(row.input_items_json),
-                owner=row.owner,
-            )
-            for row in rows
-        ]
-        await resolve(session, (response.input_items for response in stored), self._as_input)
-        return stored
 
     def _session(self) -> AsyncSession:
         """A session for reads (on SQLite: a deferred transaction, a snapshot)."""

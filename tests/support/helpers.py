@@ -25,9 +25,7 @@ from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.serving.engine.client import InProcessEngineClient
-from serve_app.serving.ingress import create_api
-from serve_app.serving.turn.references import as_stored_input
-from serve_app.store.sql import SqlResponseStore
+from serve_app.serving.ingress import app_store, create_api
 from tests.support import REPO
 
 # The JavaScript clients (npm, installed by scripts/test.sh): the AI SDK, zod.
@@ -78,11 +76,7 @@ async def in_process_api(
     ``state.engine``, for tests that look inside it. ``options`` go to ``create_api``.
     """
     args = args or AppArgs()
-    store = SqlResponseStore(
-        db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}",
-        retention_s=args.store.retention_s(),
-        as_input=as_stored_input,
-    )
+    store = app_store(db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}", args)
     await store.start()
     simulated = SimulatedEngine(engine or SimulatedEngineConfig(decode_tokens_per_s=50_000))
     await simulated.start()

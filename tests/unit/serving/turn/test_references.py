@@ -105,18 +105,23 @@ async def test_references_stored_by_reference_read_as_the_copies_did(
     import json
     import sqlite3
 
+    from serve_app.serving import ingress
     from tests.support import helpers
 
     async with helpers.in_process_api(tmp_path / "refs.db") as api:
         by_reference = await referencing_session(api)
-    raw = sqlite3.connect(tmp_path / "refs.db").execute(
-        "SELECT input_items_json FROM responses WHERE id = ?", (by_reference["second"],)
-    )
-    stored = json.loads(raw.fetchone()[0])
-    assert [item.get("stored_row") is not None for item in stored] == [True, True, False]
-    monkeypatch.setattr(helpers, "as_stored_input", lambda item: None)  # nothing matches
+
+    def stored(database: str, response_id: object) -> list[bool]:
+        raw = sqlite3.connect(tmp_path / database).execute(
+            "SELECT input_items_json FROM responses WHERE id = ?", (response_id,)
+        )
+        return [item.get("stored_row") is not None for item in json.loads(raw.fetchone()[0])]
+
+    assert stored("refs.db", by_reference["second"]) == [True, True, False]
+    monkeypatch.setattr(ingress, "as_stored_input", lambda item: None)  # nothing matches
     async with helpers.in_process_api(tmp_path / "copies.db") as api:
         copies = await referencing_session(api)
+    assert stored("copies.db", copies["second"]) == [False, False, False]
     for moment in ("stored", "first deleted"):
         got, expected = by_reference[moment], copies[moment]
         assert comparable(got["input_items"]) == comparable(expected["input_items"])
