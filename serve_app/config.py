@@ -45,11 +45,23 @@ class StoreConfig(BaseModel):
     pool_size: int = Field(default=16, gt=0)
     max_overflow: int = Field(default=16, ge=0)
     pool_timeout_s: float = Field(default=10.0, gt=0)
+    # Stored responses are kept this many days from their ``created_at`` (OpenAI keeps them
+    # 30), then answer 404 like an unknown id (at once: a read checks the age) and are
+    # deleted by every ingress replica's sweep. None keeps them forever. Conversations and
+    # their items never expire (as at OpenAI); they go when deleted (docs/reliability.md).
+    retention_days: float | None = Field(default=30, gt=0)
+    # How often each ingress replica sweeps, and how many expired responses one transaction
+    # deletes (each with its items, events and run): short transactions, whatever the backlog.
+    sweep_interval_s: float = Field(default=600, gt=0)
+    sweep_batch: int = Field(default=500, gt=0)
 
     def resolved_url(self) -> str:
         """$SERVE_APP_STORE_URL when set, else ``url``; read where the store is opened (the
         ingress replica), so the variable comes from that node's environment."""
         return os.environ.get(STORE_URL_ENV) or self.url
+
+    def retention_s(self) -> float | None:
+        return None if self.retention_days is None else self.retention_days * 86400
 
 
 class BackgroundArgs(BaseModel):

@@ -23,22 +23,22 @@ from serve_app.config import AppArgs, SecretArgs
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.http.auth import ApiKeys
-from serve_app.serving.ingress import create_api
+from serve_app.serving.ingress import app_store, create_api
 from serve_app.serving.reasoning_keys import shared_vault
-from serve_app.store.sql import SqlResponseStore
 from tests.support import API_KEY, ENGINE_SCRIPT, OTHER_API_KEY
 
 
 async def serve(port: int, decode_tokens_per_s: float) -> None:
     folder = Path(tempfile.mkdtemp(prefix="serve_app_local_"))
-    store = SqlResponseStore(f"sqlite+aiosqlite:///{folder / 'responses.db'}")
+    args = AppArgs(default_max_output_tokens=4096)
+    store = app_store(f"sqlite+aiosqlite:///{folder / 'responses.db'}", args)
     await store.start()
     engine = SimulatedEngine(
         SimulatedEngineConfig(script=str(ENGINE_SCRIPT), decode_tokens_per_s=decode_tokens_per_s)
     )
     await engine.start()
     api = create_api(
-        AppArgs(default_max_output_tokens=4096),
+        args,
         InProcessEngineClient(engine),
         await shared_vault(SecretArgs().resolved(), store),
         store,

@@ -44,6 +44,8 @@ from serve_app.serving.http.pagination import Paging
 from serve_app.serving.http.pagination import page as _page
 from serve_app.serving.readiness import Readiness, not_ready_body
 from serve_app.serving.reasoning_keys import shared_vault
+from serve_app.serving.retention import RetentionSweep
+from serve_app.serving.turn.references import as_stored_input
 from serve_app.serving.turn.service import ResponsesService
 from serve_app.serving.turn.state import Ask
 from serve_app.serving.websocket import websocket_router
@@ -54,6 +56,14 @@ from serve_app.store.sql import SqlResponseStore
 logger = logging.getLogger(__name__)
 
 _HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
+
+
+def app_store(url: str, args: AppArgs) -> SqlResponseStore:
+    """The response store at ``url`` as the app uses it: the pool and retention of ``args``, and
+    item references stored by reference (as the door resolves them)."""
+    return SqlResponseStore(
+        url, args.store, retention_s=args.store.retention_s(), as_input=as_stored_input
+    )
 
 
 def create_api(
@@ -328,7 +338,7 @@ class ResponsesIngress:
         exposure = Exposure(await serve_http_host(), nodes)
         access = api_access(api_keys.enabled, exposure, args.allow_open_api)
         logger.info("response store: %s", printable(store_url))
-        self._store = SqlResponseStore(store_url, args.store)
+        self._store = app_store(store_url, args)
         await self._store.start()
         streaming = args.streaming.resolved()
         vault = await shared_vault(args.secrets.resolved(), self._store)
@@ -357,6 +367,9 @@ class ResponsesIngress:
         self._api.state.background.start_sweeping()
         self._shutdown_grace_s = args.background.shutdown_grace_s
         self._api.state.service.warm()  # its render workers, started before any request
+        # Expired responses are deleted by every replica (sweeps may overlap).
+        self._retention = RetentionSweep(self._store, args.store)
+        self._retention.start()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return self._api
@@ -368,4 +381,5 @@ class ResponsesIngress:
         # ended `failed` before Serve kills the replica, rather than when their leases lapse.
         await self._api.state.background.stop(self._shutdown_grace_s)
         self._api.state.service.close()
+        await self._retention.stop()
         await self._store.close()

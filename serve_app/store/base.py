@@ -151,6 +151,11 @@ class ResponseStore(abc.ABC):
         chain.reverse()
         return chain
 
+    async def sweep_expired(self, batch: int) -> int:
+        """Delete up to ``batch`` responses past the store's retention, with their items;
+        how many (a store that keeps everything deletes none)."""
+        return 0
+
     # --- background responses: their events, persisted as they happen ---------------------
 
     @abc.abstractmethod

@@ -47,6 +47,7 @@ from sqlalchemy.ext.asyncio import (
 )
 
 from serve_app.config import StoreConfig
+from serve_app.store import runs
 from serve_app.store.base import (
     BackgroundRun,
     ItemPage,
@@ -56,6 +57,8 @@ from serve_app.store.base import (
     StoredResponse,
     cut_page,
 )
+from serve_app.store.expiry import Expiry, chain_query, expired_query
+from serve_app.store.references import AsInput, release, stored_responses, unchanged, visible
 from serve_app.store.retry import WRITE_ATTEMPTS, backoff_s, transient
 from serve_app.store.server_secrets import propose_secret, read_secret
 from serve_app.store.sqlite import WRITES, private_sqlite_file, sqlite_begin, sqlite_pragmas
@@ -68,12 +71,15 @@ from serve_app.store.tables import (
     ResponseRow,
     RunRow,
     item_key,
-    item_rows,
     migrate,
     page_query,
     take_schema_turn,
 )
-from serve_app.store.writes import append_items_at_end, persisted_ending_inputs, put_response
+from serve_app.store.writes import (
+    append_items_at_end,
+    delete_responses,
+    put_response,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +87,23 @@ T = TypeVar("T")
 
 
 class SqlResponseStore(ResponseStore):
-    def __init__(self, url: str, pool: StoreConfig | None = None) -> None:
-        """``pool``: the connection pool's sizes (`StoreConfig`'s; its ``url`` is not read)."""
+    def __init__(
+        self,
+        url: str,
+        pool: StoreConfig | None = None,
+        *,
+        retention_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+        as_input: AsInput = unchanged,
+    ) -> None:
+        """``pool``: the connection pool's sizes (`StoreConfig`'s; its ``url`` is not read).
+        ``retention_s``: a response older than this is expired: found by no read, deleted by
+        `sweep_expired` (None: kept forever; ``clock``: epoch seconds). ``as_input``: a stored
+        item as an input stores it (serve_app/store/references.py)."""
         self.url = url
         self._pool = pool or StoreConfig(url=url)
+        self._expiry = Expiry(retention_s, clock)
+        self._as_input = as_input
         self._engine: AsyncEngine | None = None
         self._sessions: async_sessionmaker | None = None
         self._writes: async_sessionmaker | None = None
@@ -119,7 +138,7 @@ class SqlResponseStore(ResponseStore):
 
     async def put(self, stored: StoredResponse) -> None:
         async def write(session: AsyncSession) -> None:
-            await put_response(session, stored)
+            await put_response(session, stored, self._expiry.cutoff(), self._as_input)
 
         await self._transact(write)
 
@@ -131,32 +150,42 @@ class SqlResponseStore(ResponseStore):
     ) -> None:
         async def write(session: AsyncSession) -> None:
             if stored is not None:
-                await put_response(session, stored)
+                await put_response(session, stored, self._expiry.cutoff(), self._as_input)
             if conversation_id is not None:
                 await append_items_at_end(session, conversation_id, items)
 
         await self._transact(write)
 
     async def get(self, response_id: str) -> StoredResponse | None:
+        alive = self._expiry.alive(ResponseRow)
+        query = select(ResponseRow).where(ResponseRow.id == response_id, alive)
         async with self._session() as session:
-            row = await session.get(ResponseRow, response_id)
-        if row is None:
-            return None
-        return StoredResponse(
-            id=row.id,
-            previous_response_id=row.previous_response_id,
-            response=json.loads(row.response_json),
-            input_items=json.loads(row.input_items_json),
-            owner=row.owner,
-        )
+            rows = (await session.scalars(query)).all()
+            return (await stored_responses(session, rows, self._as_input) or [None])[0]
+
+    async def chain(self, response_id: str) -> list[StoredResponse] | None:
+        """The chain in one query, whatever its length (`chain_query`). A link that is gone
+        (deleted, expired) ends it, as `ResponseStore.chain` does: it starts after it."""
+        async with self._session() as session:
+            rows = (await session.scalars(chain_query(response_id, self._expiry))).all()
+            return await stored_responses(session, rows, self._as_input) or None
+
+    async def sweep_expired(self, batch: int) -> int:
+        """Delete up to ``batch`` expired responses (`expired_query`: several sweepers at once
+        take different ones) with what hangs off them, in one transaction; how many."""
+        if (cutoff := self._expiry.cutoff()) is None:
+            return 0
+
+        async def write(session: AsyncSession) -> int:
+            ids = list((await session.scalars(expired_query(cutoff, batch))).all())
+            await delete_responses(session, ids)
+            return len(ids)
+
+        return await self._transact(write)
 
     async def delete(self, response_id: str) -> bool:
         async def write(session: AsyncSession) -> bool:
-            result = await session.execute(delete(ResponseRow).where(ResponseRow.id == response_id))
-            await session.execute(delete(EventRow).where(EventRow.response_id == response_id))
-            await session.execute(delete(ItemRow).where(ItemRow.response_id == response_id))
-            await session.execute(delete(RunRow).where(RunRow.response_id == response_id))
-            return result.rowcount > 0
+            return await delete_responses(session, [response_id]) > 0
 
         return await self._transact(write)
 
@@ -174,6 +203,8 @@ class SqlResponseStore(ResponseStore):
             )
             .order_by(ItemRow.row_id)
         )
+        # An expired response's items are gone with it (unless a live response names them).
+        query = query.where(visible(self._expiry.cutoff()))
         async with self._session() as session:
             rows = (await session.scalars(query)).all()
         found: dict[str, dict[str, Any]] = {}
@@ -221,41 +252,15 @@ class SqlResponseStore(ResponseStore):
         return bool(row and row.cancel_requested)
 
     async def claim_run(self, response_id: str, runner: str, lease_s: float) -> None:
-        async def write(session: AsyncSession) -> None:
-            row = RunRow(
-                response_id=response_id,
-                runner=runner,
-                lease_expires_at=time.time() + lease_s,
-                ended=False,
-            )
-            await session.merge(row)
-
-        await self._transact(write)
+        await self._transact(lambda session: runs.claim(session, response_id, runner, lease_s))
 
     async def renew_run(self, response_id: str, runner: str, lease_s: float) -> bool:
-        async def write(session: AsyncSession) -> bool:
-            result = await session.execute(
-                update(RunRow)
-                .where(
-                    RunRow.response_id == response_id,
-                    RunRow.runner == runner,
-                    RunRow.ended.is_(False),
-                )
-                .values(lease_expires_at=time.time() + lease_s)
-            )
-            return result.rowcount == 1
-
-        return await self._transact(write)
+        return await self._transact(
+            lambda session: runs.renew(session, response_id, runner, lease_s)
+        )
 
     async def finish_run(self, response_id: str, runner: str) -> None:
-        async def write(session: AsyncSession) -> None:
-            await session.execute(
-                update(RunRow)
-                .where(RunRow.response_id == response_id, RunRow.runner == runner)
-                .values(ended=True)
-            )
-
-        await self._transact(write)
+        await self._transact(lambda session: runs.finish(session, response_id, runner))
 
     async def get_run(self, response_id: str) -> BackgroundRun | None:
         async with self._session() as session:
@@ -265,58 +270,18 @@ class SqlResponseStore(ResponseStore):
         return BackgroundRun(row.response_id, row.runner, row.lease_expires_at, row.ended)
 
     async def lapsed_runs(self) -> list[str]:
-        query = select(RunRow.response_id).where(
-            RunRow.ended.is_(False), RunRow.lease_expires_at < time.time()
-        )
         async with self._session() as session:
-            return list((await session.scalars(query)).all())
+            return list((await session.scalars(runs.lapsed_query())).all())
 
     async def end_run(
         self, response_id: str, ending: RunEnding, *, only_if_lapsed: bool = True
     ) -> bool:
-        async def write(session: AsyncSession) -> bool:
-            row = await session.get(ResponseRow, response_id)
-            if row is None:
-                return False
-            if not await self._take_run(session, response_id, only_if_lapsed):
-                return False
-            response = json.loads(row.response_json)
-            if response.get("status") not in ("queued", "in_progress"):
-                return False  # its runner finished it after all; the run is marked ended
-            done_items, last = await persisted_ending_inputs(session, response_id)
-            final, events = ending(response, done_items, last)
-            row.response_json = json.dumps(final)
-            session.add_all(
-                EventRow(response_id=response_id, sequence_number=number, event_json=data)
-                for number, data in events
-            )
-            output = [item for item in final.get("output") or [] if isinstance(item, dict)]
-            session.add_all(item_rows(output, row.owner, response_id=response_id))
-            return True
-
         try:
-            return await self._transact(write)
+            return await self._transact(
+                lambda session: runs.end(session, response_id, ending, only_if_lapsed)
+            )
         except IntegrityError:
             return False  # another replica recorded the run of an old response first
-
-    @staticmethod
-    async def _take_run(session: AsyncSession, response_id: str, only_if_lapsed: bool) -> bool:
-        """The compare-and-set: mark the run ended if it is not, and (``only_if_lapsed``) its
-        lease lapsed. PostgreSQL locks the row for the update, and a second taker re-reads it
-        once the first commits, finding it ended; SQLite's writers take turns."""
-        condition = [RunRow.response_id == response_id, RunRow.ended.is_(False)]
-        if only_if_lapsed:
-            condition.append(RunRow.lease_expires_at < time.time())
-        result = await session.execute(update(RunRow).where(*condition).values(ended=True))
-        if result.rowcount == 1:
-            return True
-        if await session.get(RunRow, response_id) is not None:
-            return False  # held by a live runner, or ended already
-        # No run recorded: a background response from before leases. Recording it ended is
-        # the compare-and-set here (a second recorder hits the primary key).
-        session.add(RunRow(response_id=response_id, runner="", lease_expires_at=0, ended=True))
-        await session.flush()
-        return True
 
     async def put_conversation(
         self, conversation: StoredConversation, items: list[dict[str, Any]] | None = None
@@ -354,7 +319,7 @@ class SqlResponseStore(ResponseStore):
                     ConversationItemRow.conversation_id == conversation_id
                 )
             )
-            await session.execute(delete(ItemRow).where(ItemRow.conversation_id == conversation_id))
+            await release(session, ItemRow.conversation_id == conversation_id)
             return result.rowcount > 0
 
         return await self._transact(write)
@@ -385,12 +350,8 @@ class SqlResponseStore(ResponseStore):
                     ConversationItemRow.item_id == item_id,
                 )
             )
-            await session.execute(
-                delete(ItemRow).where(
-                    ItemRow.conversation_id == conversation_id,
-                    ItemRow.item_key == item_key(item_id),
-                )
-            )
+            held = ItemRow.item_key == item_key(item_id)  # by the conversation, below
+            await release(session, held & (ItemRow.conversation_id == conversation_id))
             return result.rowcount > 0
 
         return await self._transact(write)

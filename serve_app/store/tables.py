@@ -31,6 +31,8 @@ class Base(DeclarativeBase):
 
 class ResponseRow(Base):
     __tablename__ = "responses"
+    # The retention sweep takes the oldest first (`migrate` adds it to older stores).
+    __table_args__ = (Index("ix_responses_created_at", "created_at"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     previous_response_id: Mapped[str | None] = mapped_column(String(64), index=True)
@@ -114,8 +116,26 @@ class ItemRow(Base):
     item_json: Mapped[str] = mapped_column(Text)
 
 
+class ItemRefRow(Base):
+    """A stored response's input item that is a stored item already (the same id, owner and
+    content: an item reference resolved, or an item sent again): its input names that item's
+    row instead of holding a copy (serve_app/store/references.py). A table of its own, so
+    stores made before it gain it with ``create_all``."""
+
+    __tablename__ = "item_refs"
+
+    response_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    row_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, index=True)
+
+
 def item_key(item_id: str) -> str:
     return hashlib.sha256(item_id.encode()).hexdigest()
+
+
+def indexed(item: dict[str, Any]) -> bool:
+    """An item the index holds: one with an id. A reference is not an item of its own:
+    indexing it would let it resolve to itself."""
+    return isinstance(item.get("id"), str) and item.get("type") != "item_reference"
 
 
 def item_rows(
@@ -125,7 +145,6 @@ def item_rows(
     response_id: str | None = None,
     conversation_id: str | None = None,
 ) -> list[ItemRow]:
-    # A reference is not an item of its own: indexing it would let it resolve to itself.
     return [
         ItemRow(
             item_key=item_key(item["id"]),
@@ -135,7 +154,7 @@ def item_rows(
             item_json=json.dumps(item),
         )
         for item in items
-        if isinstance(item.get("id"), str) and item.get("type") != "item_reference"
+        if indexed(item)
     ]
 
 
@@ -171,7 +190,11 @@ async def take_schema_turn(connection: AsyncConnection) -> None:
 
 async def migrate(connection) -> None:
     """Bring a store made by an older version up to date (``create_all`` makes missing tables
-    only): conversation item ids were VARCHAR(64), too short for clients' ids."""
+    only): the responses' ``created_at`` index; conversation item ids were VARCHAR(64), too
+    short for clients' ids."""
+    await connection.execute(
+        text("CREATE INDEX IF NOT EXISTS ix_responses_created_at ON responses (created_at)")
+    )
     if connection.dialect.name != "postgresql":
         return
     column_type = await connection.scalar(

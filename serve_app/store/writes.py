@@ -12,38 +12,65 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from serve_app.store.base import StoredResponse
+from serve_app.store.references import AsInput, by_reference, forget, name_rows, release, unchanged
 from serve_app.store.tables import (
     ConversationItemRow,
     ConversationRow,
     EventRow,
     ItemRow,
     ResponseRow,
+    RunRow,
     item_rows,
 )
 
 
-async def put_response(session: AsyncSession, stored: StoredResponse) -> None:
-    """Insert or replace a response and its items' index, in the session's write transaction."""
+async def put_response(
+    session: AsyncSession,
+    stored: StoredResponse,
+    cutoff: int | None = None,
+    as_input: AsInput = unchanged,
+) -> None:
+    """Insert or replace a response and its items' index, in the session's write transaction;
+    its input items that are stored items already by reference (serve_app/store/references.py;
+    ``cutoff``: the store's expiry, for which stored items a reference still finds;
+    ``as_input``: a stored item as an input stores it)."""
+    existing = await session.get(ResponseRow, stored.id)
+    cancel_requested = False
+    if existing is not None:  # a background response's later snapshot: keep its flag
+        cancel_requested = existing.cancel_requested
+        await release(session, ItemRow.response_id == stored.id)
+        await forget(session, [stored.id])
+    inputs, named = await by_reference(session, stored.input_items, stored.owner, cutoff, as_input)
     row = ResponseRow(
         id=stored.id,
         previous_response_id=stored.previous_response_id,
         created_at=int(stored.response.get("created_at") or time.time()),
         response_json=json.dumps(stored.response),
-        input_items_json=json.dumps(stored.input_items),
+        input_items_json=json.dumps(inputs),
         owner=stored.owner,
+        cancel_requested=cancel_requested,
     )
-    existing = await session.get(ResponseRow, stored.id)
-    if existing is not None:  # a background response's later snapshot: keep its flag
-        row.cancel_requested = existing.cancel_requested
-        await session.execute(delete(ItemRow).where(ItemRow.response_id == stored.id))
     await session.merge(row)
-    session.add_all(
-        item_rows(
-            [*stored.input_items, *stored.output_items],
-            stored.owner,
-            response_id=stored.id,
-        )
-    )
+    await name_rows(session, stored.id, named)
+    copies = [item for item, kept in zip(stored.input_items, inputs, strict=True) if kept is item]
+    session.add_all(item_rows([*copies, *stored.output_items], stored.owner, response_id=stored.id))
+
+
+async def delete_responses(session: AsyncSession, response_ids: list[str]) -> int:
+    """Delete responses with what hangs off them (their items' index, events, run), in the
+    session's write transaction; how many responses there were. Responses continuing them
+    keep their own items."""
+    if not response_ids:
+        return 0
+    # The responses' rows first: a transaction handing an item row to one of them (`release`)
+    # has locked it and commits first, so the rows it handed over are found below; one
+    # coming later finds it gone and hands its rows to another response.
+    result = await session.execute(delete(ResponseRow).where(ResponseRow.id.in_(response_ids)))
+    await release(session, ItemRow.response_id.in_(response_ids), leaving=response_ids)
+    await forget(session, response_ids)
+    for table in (EventRow, RunRow):
+        await session.execute(delete(table).where(table.response_id.in_(response_ids)))
+    return result.rowcount
 
 
 async def append_items_at_end(

@@ -25,8 +25,7 @@ from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.serving.engine.client import InProcessEngineClient
-from serve_app.serving.ingress import create_api
-from serve_app.store.sql import SqlResponseStore
+from serve_app.serving.ingress import app_store, create_api
 from tests.support import API_KEY, API_KEY_ENV, REPO
 
 # The JavaScript clients (npm, installed by scripts/test.sh): the AI SDK, zod.
@@ -76,13 +75,14 @@ async def in_process_api(
     simulated engine's config (default: fast and unscripted); the engine itself is the app's
     ``state.engine``, for tests that look inside it. ``options`` go to ``create_api``.
     """
-    store = SqlResponseStore(db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}")
+    args = args or AppArgs()
+    store = app_store(db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}", args)
     await store.start()
     simulated = SimulatedEngine(engine or SimulatedEngineConfig(decode_tokens_per_s=50_000))
     await simulated.start()
     try:
         api = create_api(
-            args or AppArgs(),
+            args,
             InProcessEngineClient(simulated),
             ReasoningVault("k"),
             store,

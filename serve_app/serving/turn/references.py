@@ -11,10 +11,12 @@ found, as if it did not exist.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from serve_app.protocol.requests import InputItem, ItemReference
+from serve_app.serving.turn.persistence import stored_item
 from serve_app.store.base import ResponseStore
 
 _INPUT_ITEM = TypeAdapter(InputItem)
@@ -50,3 +52,11 @@ def replace_references(
     return [
         found.get(item.id) or item if isinstance(item, ItemReference) else item for item in items
     ]
+
+
+def as_stored_input(stored: dict[str, Any]) -> dict[str, Any] | None:
+    """A stored item as the input of a response that referenced it stores it: resolved
+    (`find_referenced`), then stored (`stored_item`). The store's ``as_input`` hook: an input
+    item equal to this is stored by reference to that item (serve_app/store/references.py)."""
+    item = _as_input(stored)
+    return None if item is None else stored_item(item)

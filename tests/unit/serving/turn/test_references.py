@@ -58,3 +58,73 @@ async def test_another_keys_items_are_not_found(two_keys_api) -> None:
         input=[reference(note.id), reference(message.id), {"role": "user", "content": "x"}],
     )
     assert answered.status == "completed"
+
+
+async def referencing_session(api) -> dict[str, object]:
+    """A response, another referencing its output items, what each read of the second gives
+    (its input items, a chain continuing it), then the same once the first is deleted."""
+    client = sdk_client(api)
+    first = await client.responses.create(model=MODEL, input="hello", reasoning={"effort": "low"})
+    named = [reference(item.id) for item in first.output]
+    second = await client.responses.create(
+        model=MODEL, input=[*named, {"role": "user", "content": "more"}]
+    )
+    seen: dict[str, object] = {"second": second.id, "named": [item["id"] for item in named]}
+    for moment in ("stored", "first deleted"):
+        items = await client.responses.input_items.list(second.id, order="asc")
+        count = await client.responses.input_tokens.count(
+            model=MODEL, input="next", previous_response_id=second.id
+        )
+        again = await client.responses.create(
+            model=MODEL, input=[named[-1], {"role": "user", "content": "again"}]
+        )
+        seen[moment] = {
+            "input_items": [item.model_dump(exclude_none=True) for item in items.data],
+            "chain_tokens": count.input_tokens,
+            "reference_again": again.status,
+        }
+        if moment == "stored":
+            await client.responses.delete(first.id)
+    return seen
+
+
+def comparable(items: list[dict]) -> list[dict]:
+    """Items without what differs between two runs: ids, sealed reasoning."""
+    return [
+        {key: value for key, value in item.items() if key not in ("id", "encrypted_content")}
+        for item in items
+    ]
+
+
+async def test_references_stored_by_reference_read_as_the_copies_did(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same session on the app as it is and on one that stores copies (the previous
+    version's way): the same input items, chain and references, before and after the item's
+    first holder is deleted; the first stores markers, not copies."""
+    import json
+    import sqlite3
+
+    from serve_app.serving import ingress
+    from tests.support import helpers
+
+    async with helpers.in_process_api(tmp_path / "refs.db") as api:
+        by_reference = await referencing_session(api)
+
+    def stored(database: str, response_id: object) -> list[bool]:
+        raw = sqlite3.connect(tmp_path / database).execute(
+            "SELECT input_items_json FROM responses WHERE id = ?", (response_id,)
+        )
+        return [item.get("stored_row") is not None for item in json.loads(raw.fetchone()[0])]
+
+    assert stored("refs.db", by_reference["second"]) == [True, True, False]
+    monkeypatch.setattr(ingress, "as_stored_input", lambda item: None)  # nothing matches
+    async with helpers.in_process_api(tmp_path / "copies.db") as api:
+        copies = await referencing_session(api)
+    assert stored("copies.db", copies["second"]) == [False, False, False]
+    for moment in ("stored", "first deleted"):
+        got, expected = by_reference[moment], copies[moment]
+        assert comparable(got["input_items"]) == comparable(expected["input_items"])
+        assert [item["id"] for item in got["input_items"]][:2] == by_reference["named"]
+        assert got["chain_tokens"] == expected["chain_tokens"]
+        assert got["reference_again"] == expected["reference_again"] == "completed"
