@@ -97,7 +97,11 @@ def test_names_and_labels_ray_would_refuse_or_overwrite_are_refused() -> None:
         telemetry.Counter(unique("labels"), "one label", ["status"]).labels("a", "b")
 
 
-def test_outside_ray_only_metrics_records_and_no_ray_metric_is_made() -> None:
+def test_outside_ray_only_metrics_records_and_no_ray_metric_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Outside Ray whatever ran before in this process (a unit test may have started Ray).
+    monkeypatch.setattr(telemetry, "_ray_running", lambda: False)
     counter = telemetry.Counter(unique("local"), "local only", ["status"])
     counter.labels("completed").inc(2)
     counter.labels("completed").inc(0)  # prometheus-client's no-op, kept
