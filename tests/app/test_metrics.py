@@ -9,21 +9,17 @@ with a deadline.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import uuid
 from collections.abc import Callable
 
-import httpx
-import ray
 from openai import OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from serve_app import telemetry
-from tests.support import MODEL
-from tests.support.helpers import REPO, scrape_metrics
+from tests.support import MODEL, ray_metrics
+from tests.support.helpers import scrape_metrics
 from tests.support.replicas import replica_actors
 from tests.support.websocket import connected, until_terminal
 
@@ -31,25 +27,11 @@ EXPORT_WAIT_S = 90  # a few of Ray's report intervals, on a loaded machine
 PREFIX = "ray_serve_app_"
 
 
-def export() -> dict[str, list[Sample]]:
-    """Every ``ray_serve_app_`` sample on the cluster's nodes' metrics export, by name."""
-    samples: dict[str, list[Sample]] = {}
-    for node in ray.nodes():
-        if not node["Alive"]:
-            continue
-        url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
-        for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
-            for sample in family.samples:
-                if sample.name.startswith(PREFIX):
-                    samples.setdefault(sample.name, []).append(sample)
-    return samples
-
-
 def export_until(done: Callable[[dict[str, list[Sample]]], bool]) -> dict[str, list[Sample]]:
     """The export, polled until ``done`` holds of it or `EXPORT_WAIT_S` passed (the last)."""
     deadline = time.monotonic() + EXPORT_WAIT_S
     while True:
-        exported = export()
+        exported = ray_metrics.exported(PREFIX)
         if done(exported) or time.monotonic() > deadline:
             return exported
         time.sleep(2)
@@ -67,16 +49,6 @@ def tagged(exported: dict[str, list[Sample]], name: str, label: str, **where: st
         sample.labels.get(label, "")
         for sample in exported.get(name, [])
         if all(sample.labels.get(key) == value for key, value in where.items())
-    }
-
-
-def dashboard_names() -> set[str]:
-    dashboard = json.loads((REPO / "k8s" / "grafana-dashboard.json").read_text())
-    return {
-        name
-        for panel in dashboard["panels"]
-        for target in panel["targets"]
-        for name in re.findall(rf"\b{PREFIX}[a-z0-9_]+", target["expr"])
     }
 
 
@@ -152,7 +124,7 @@ def test_every_ingress_and_engine_replica_is_on_the_nodes_metrics_export(
 def test_every_metric_the_dashboard_queries_is_exported(
     client: OpenAI, app_url: str, app_cluster: None
 ) -> None:
-    wanted = dashboard_names()
+    wanted = ray_metrics.dashboard_names(PREFIX)
     assert len(wanted) >= 15, wanted
     # Traffic that moves every panel: turns and their prefix-cache hits, a WebSocket
     # response, a compaction.

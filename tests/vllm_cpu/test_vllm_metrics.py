@@ -8,22 +8,17 @@ none is (vLLM's default logger keeps them in the replica's own registry).
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 import ray
 from openai import OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ENGINE
-from tests.support import API_KEY, MODEL
-from tests.support.helpers import REPO
+from tests.support import API_KEY, MODEL, ray_metrics
 from tests.support.replicas import call_deployment, engine_replica_actors, replica_actor
 
 pytestmark = [
@@ -36,34 +31,10 @@ LONG_PROMPT = "Describe these numbers. " + " ".join(f"number {n}." for n in rang
 EXPORT_WAIT_S = 60  # Ray's metrics agent exports every few seconds
 
 
-def _dashboard_vllm_names() -> set[str]:
-    dashboard = json.loads((REPO / "k8s" / "grafana-dashboard.json").read_text())
-    return {
-        name
-        for panel in dashboard["panels"]
-        for target in panel["targets"]
-        for name in re.findall(r"ray_vllm_[a-z0-9_]+", target["expr"])
-    }
-
-
-def _exported() -> dict[str, list]:
-    """Every ``ray_vllm_`` sample on the cluster's metrics endpoints, by sample name."""
-    samples: dict[str, list] = {}
-    for node in ray.nodes():
-        if not node["Alive"]:
-            continue
-        url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
-        for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
-            for sample in family.samples:
-                if sample.name.startswith("ray_vllm_"):
-                    samples.setdefault(sample.name, []).append(sample)
-    return samples
-
-
 def test_the_dashboards_vllm_metrics_are_on_rays_metrics_endpoint(
     app_url: str, app_cluster: None
 ) -> None:
-    wanted = _dashboard_vllm_names()
+    wanted = ray_metrics.dashboard_names("ray_vllm_")
     # KV-cache use, prefix-cache hits and queries, running and waiting requests.
     assert len(wanted) >= 5, wanted
     client = OpenAI(base_url=f"{app_url}/v1", api_key=API_KEY, timeout=300)
@@ -75,7 +46,7 @@ def test_the_dashboards_vllm_metrics_are_on_rays_metrics_endpoint(
     replicas = {call_deployment(actor, "replica_id") for actor in engine_replica_actors()}
     deadline = time.monotonic() + EXPORT_WAIT_S
     while True:
-        exported = _exported()
+        exported = ray_metrics.exported("ray_vllm_")
         hits = [
             sample.value
             for sample in exported.get("ray_vllm_prefix_cache_hits_total", [])
