@@ -24,6 +24,7 @@ from serve_app.store.sql import SqlResponseStore
 from serve_app.store.tables import ItemRefRow, ItemRow, ResponseRow
 from tests.unit.store.test_sql import postgres_url, store_url  # noqa: F401 - fixtures
 from tests.unit.store.test_sql_retention import NOW, RETENTION_S, Clock, wipe
+from tests.unit.store.test_sql_retention import open_store as open_expiring_store
 
 CONVERSATIONS = "conv_refs"
 
@@ -34,9 +35,7 @@ async def clock() -> Clock:
 
 
 async def open_store(url: str, clock: Clock) -> SqlResponseStore:
-    store = SqlResponseStore(url, retention_s=RETENTION_S, clock=clock, as_input=as_stored_input)
-    await store.start()
-    return store
+    return await open_expiring_store(url, clock, as_input=as_stored_input)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -35,8 +36,10 @@ async def clock() -> Clock:
     return Clock()
 
 
-async def open_store(url: str, clock: Clock) -> SqlResponseStore:
-    store = SqlResponseStore(url, retention_s=RETENTION_S, clock=clock)
+async def open_store(url: str, clock: Clock, **options: Any) -> SqlResponseStore:
+    """A started store on ``url`` whose responses expire after `RETENTION_S` by ``clock``;
+    ``options``: more of `SqlResponseStore`'s."""
+    store = SqlResponseStore(url, retention_s=RETENTION_S, clock=clock, **options)
     await store.start()
     return store
 
