@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import ENGINE_MAX_ONGOING, ENGINE_MAX_QUEUED, REPLICAS
 from tests.support import API_KEY, AUTH, MODEL
 from tests.support.helpers import run_locust
+from tests.support.replicas import call_deployment, engine_replica_actors
 
 pytestmark = pytest.mark.faults
 CAPACITY = REPLICAS * ENGINE_MAX_ONGOING + REPLICAS * ENGINE_MAX_QUEUED
@@ -73,6 +74,15 @@ async def fill_until_turned_away(
     return streams
 
 
+def engines_idle() -> bool:
+    """Whether no engine replica generates anything: an earlier test's streams hold no slot.
+    (Behind HAProxy a client that left is seen only at the stream's next write, the SSE
+    keep-alive after 5-10 s of silence: its engine request runs until then.)"""
+    return all(
+        call_deployment(actor, "num_ongoing_requests") == 0 for actor in engine_replica_actors()
+    )
+
+
 async def eventually(condition: Callable[[], bool], timeout: float) -> bool:
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():
@@ -82,7 +92,8 @@ async def eventually(condition: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
-async def test_overload_is_answered_at_once_and_retryably(app_url: str) -> None:
+async def test_overload_is_answered_at_once_and_retryably(app_url: str, app_cluster: None) -> None:
+    assert await eventually(engines_idle, timeout=60), "an earlier test's requests still run"
     release = asyncio.Event()
     admitted: list[str] = []
     engine_slots = REPLICAS * ENGINE_MAX_ONGOING
@@ -128,7 +139,9 @@ async def test_overload_is_answered_at_once_and_retryably(app_url: str) -> None:
         assert answer.status_code == 200 and answer.json()["status"] == "completed"
 
 
-async def test_a_stream_the_full_engines_refuse_is_a_429_before_any_event(app_url: str) -> None:
+async def test_a_stream_the_full_engines_refuse_is_a_429_before_any_event(
+    app_url: str, app_cluster: None
+) -> None:
     """Before issue 38: ``200``, ``response.created``, then ``response.failed`` with
     ``rate_limit_exceeded`` inside the stream, which the SDK does not retry and a load balancer
     counts as a success. Now the refusal comes before the stream, as OpenAI's: HTTP 429 with
@@ -136,6 +149,7 @@ async def test_a_stream_the_full_engines_refuse_is_a_429_before_any_event(app_ur
     release = asyncio.Event()
     admitted: list[str] = []
     limits = httpx.Limits(max_connections=200)
+    assert await eventually(engines_idle, timeout=60), "an earlier test's requests still run"
     sdk = openai.AsyncOpenAI(base_url=f"{app_url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
     async with httpx.AsyncClient(timeout=60, limits=limits, headers=AUTH) as http:
         streams = await fill_until_turned_away(http, app_url, release, admitted)
