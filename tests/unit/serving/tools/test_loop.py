@@ -339,6 +339,15 @@ async def test_max_tool_calls_counts_server_calls_and_the_model_answers(tmp_path
     assert last is not None and last.tool_calls == ()
 
 
+async def test_tool_choice_required_asks_for_the_first_call_only(tmp_path: Path) -> None:
+    async with loop_app(tmp_path) as app:
+        response = final(await app.stream(input="ONE-CALL please", tool_choice="required"))
+    first, second = app.engine.requests
+    assert first.constraint is not None and first.constraint.final is None  # must call
+    assert second.constraint is None  # may answer
+    assert response["status"] == "completed" and types_of(response)[-1] == "message"
+
+
 async def test_a_result_awaiting_the_client_ends_the_response(tmp_path: Path) -> None:
     async with loop_app(tmp_path) as app:
         response = final(await app.stream(input="APPROVE"))
