@@ -433,6 +433,22 @@ async def test_cancelling_the_response_cancels_its_calls(tmp_path: Path) -> None
             assert runner.finished == []
 
 
+async def test_cancelling_a_background_response_cancels_its_calls(tmp_path: Path) -> None:
+    runner = EchoRunner(delays={"hang": 30, "hang2": 30})
+    async with loop_app(tmp_path, runner) as app:
+        started = await app.sdk.responses.create(
+            model=MODEL, input="HANG", background=True, store=True
+        )
+        await asyncio.wait_for(runner.wait_started(2), 5)
+        cancelled = await app.sdk.responses.cancel(started.id)
+        for _ in range(100):
+            if len(runner.cancelled) == 2:
+                break
+            await asyncio.sleep(0.05)
+    assert cancelled.status == "cancelled"
+    assert sorted(runner.cancelled) == ["hang", "hang2"] and runner.finished == []
+
+
 async def test_steering_ends_the_response_between_completions(tmp_path: Path) -> None:
     async with loop_app(tmp_path) as app:
         service = app.api.state.service
