@@ -445,8 +445,14 @@ async def test_cancelling_a_background_response_cancels_its_calls(tmp_path: Path
             if len(runner.cancelled) == 2:
                 break
             await asyncio.sleep(0.05)
+        stored = (await app.http.get(f"/v1/responses/{started.id}")).json()
     assert cancelled.status == "cancelled"
     assert sorted(runner.cancelled) == ["hang", "hang2"] and runner.finished == []
+    # The calls it cut short are in its output, never run.
+    assert stored["status"] == "cancelled"
+    assert [(item["type"], item["status"]) for item in stored["output"][1:]] == [
+        ("mcp_call", "incomplete")
+    ] * 2
 
 
 async def test_steering_ends_the_response_between_completions(tmp_path: Path) -> None:
