@@ -134,7 +134,7 @@ async def test_a_hanging_call_fails_within_its_timeout() -> None:
         elapsed = time.monotonic() - started
     assert isinstance(outcome.error, McpProtocolError) and outcome.error.code == -32001
     assert "1.5s" in outcome.message
-    assert 1.4 < elapsed < 4
+    assert 1.4 < elapsed < 6  # the bound, and a margin for a loaded machine
 
 
 @pytest.mark.parametrize("operation", ["list", "call"])
@@ -150,7 +150,7 @@ async def test_a_server_that_never_answers_fails_within_the_connect_timeout(oper
             error = (await client.call_tool(McpServer(silent.url), "echo", {"text": "x"})).message
         elapsed = time.monotonic() - started
     assert error and "in time" in error
-    assert elapsed < 5
+    assert elapsed < 8  # the connect timeout (1 s), far below the operation's (30 s)
 
 
 async def test_an_unreachable_server_fails_at_once() -> None:
@@ -244,7 +244,7 @@ async def test_cancelling_the_caller_cancels_the_call() -> None:
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 5  # at once, not after the call's 30 s
         assert client.calls_in_flight(target) == 0
         # The server is fine, and so is the client.
         assert (await client.call_tool(target, "echo", {"text": "again"})).output == "again"
