@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -130,10 +131,15 @@ async def test_what_the_code_starts_dies_with_it(server: ToolServer) -> None:
         f"subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
         "print('started')"
     )
-    output, _ = await run(server, code)
-    assert output == "started\n"
-    await asyncio.sleep(0.5)
-    assert marker not in " ".join(_command_lines())
+    try:
+        output, _ = await run(server, code)
+        await asyncio.sleep(0.5)
+    finally:
+        left = [pid for pid, command in _command_lines() if marker in command]
+        for pid in left:  # a failure leaves nothing running behind it
+            os.kill(pid, signal.SIGKILL)
+    assert output == "started\n"  # not held open until the wall time by the child's pipe
+    assert left == []
 
 
 async def test_the_limits_hold_with_eight_runs_at_once(server: ToolServer) -> None:
@@ -170,12 +176,13 @@ async def test_runs_beyond_the_concurrency_bound_wait_for_a_slot() -> None:
     assert time.monotonic() - started >= 2.0  # two rounds of two
 
 
-def _command_lines() -> list[str]:
+def _command_lines() -> list[tuple[int, str]]:
     lines = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
+            lines.append((int(entry.name), command))
     return lines
