@@ -15,7 +15,7 @@ from tests.support.toolserver import ToolServer, tool_server
 # all together.
 PYTHON_LIMITS = (
     "--python-cpu-seconds", "1",
-    "--python-wall-seconds", "8",
+    "--python-wall-seconds", "10",
     "--python-memory-mb", "256",
     "--python-output-bytes", "4096",
     "--python-concurrency", "8",

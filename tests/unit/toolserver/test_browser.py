@@ -121,3 +121,23 @@ async def test_pages_belong_to_the_x_session_id_across_connections(server: ToolS
         other = await session.call_tool("open", {"id": 0})
     assert same.startswith(f"[1] Zebras ({ZEBRA_URL})")
     assert other.is_error and "No pages to access!" in text_of(other)
+
+
+async def test_structured_content_says_which_page_and_a_searchs_sources(
+    server: ToolServer,
+) -> None:
+    async with mcp_session(server.mcp_url) as session:
+        query = "replica autoscaler target_ongoing_requests"
+        searched = await session.call_tool("search", {"query": query})
+        opened = await session.call_tool("open", {"id": 1})
+    assert searched.structured_content == {
+        "cursor": 0,
+        "url": "",
+        "title": query,
+        "sources": ["http://docs.local/ray-serve.md", "http://docs.local/routing.html"],
+    }
+    assert opened.structured_content == {
+        "cursor": 1,
+        "url": "http://docs.local/routing.html",
+        "title": "Prefix-affinity routing",
+    }

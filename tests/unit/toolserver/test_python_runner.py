@@ -15,7 +15,7 @@ import pytest
 from serve_app.toolserver.python_runner import NO_OUTPUT, PythonLimits, PythonRunner, netns_works
 from tests.support.toolserver import ToolServer, mcp_session, text_of
 
-WALL_SECONDS = 8
+WALL_SECONDS = 10  # the server's (conftest.py): room for 1 CPU second on a loaded machine
 OUTPUT_BYTES = 4096
 SLEEP_FOREVER = "import time\nprint('sleeping', flush=True)\ntime.sleep(600)"
 SPIN = "while True:\n    pass"
@@ -156,7 +156,7 @@ async def test_the_limits_hold_with_eight_runs_at_once(server: ToolServer) -> No
     started = time.monotonic()
     results = await asyncio.gather(*(run(server, code) for code in codes.values()))
     outputs = dict(zip(codes, (output for output, _ in results), strict=True))
-    assert time.monotonic() - started < 2 * WALL_SECONDS - 1  # at once: two sleeps alone take 16 s
+    assert time.monotonic() - started < 2 * WALL_SECONDS - 1  # at once: two sleeps alone take 20 s
     for name in ("sleep", "sleep2"):
         assert "[ERROR] Execution timed out" in outputs[name]
     for name in ("spin", "spin2"):
