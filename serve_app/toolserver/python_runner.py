@@ -97,7 +97,9 @@ class PythonRunner:
 
     async def run(self, code: str) -> str:
         async with self._slots:
-            with tempfile.TemporaryDirectory(prefix="serve-app-python-") as workdir:
+            with tempfile.TemporaryDirectory(
+                prefix="serve-app-python-", ignore_cleanup_errors=True
+            ) as workdir:
                 return await self._run_in(code, Path(workdir))
 
     def command(self) -> list[str]:

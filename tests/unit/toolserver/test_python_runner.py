@@ -186,3 +186,35 @@ def _command_lines() -> list[tuple[int, str]]:
                 continue
             lines.append((int(entry.name), command))
     return lines
+
+
+async def test_a_cancelled_call_stops_its_run(hook_server: ToolServer, tmp_path: Path) -> None:
+    """The client gives up (a response cancelled, a client gone): the code's process ends."""
+    pid_file = tmp_path / "pid"
+    code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)"
+
+    async def call() -> None:
+        async with mcp_session(hook_server.mcp_url) as session:
+            await session.call_tool("python", {"code": code})
+
+    task = asyncio.create_task(call())
+    while not pid_file.exists() or not pid_file.read_text():
+        await asyncio.sleep(0.05)
+    pid = int(pid_file.read_text())
+    assert _alive(pid)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting to be reaped)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
