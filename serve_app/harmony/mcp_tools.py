@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from openai_harmony import Author, Message, Role
 
 from serve_app.harmony.tools import ToolSpec
+from serve_app.protocol import mcp_events  # registers the MCP kinds' items
 from serve_app.protocol.mcp_items import (
     McpApprovalRequestItem,
     McpApprovalResponseItem,
@@ -35,11 +36,16 @@ _JSON = "<|constrain|>json"
 
 
 def listed_specs(tool: McpTool, listed: Sequence[McpListedTool]) -> list[ToolSpec]:
-    """The server's tools the model sees (those ``allowed_tools`` lets through)."""
+    """The server's tools the model sees (those ``allowed_tools`` lets through): of the kind
+    ``mcp_approval`` when a call waits for the client's approval, else ``mcp``."""
     return [
         ToolSpec(
             name=entry.name,
-            kind="mcp",
+            kind=(
+                mcp_events.MCP_APPROVAL_KIND
+                if tool.needs_approval(entry.name, entry.read_only)
+                else mcp_events.MCP_KIND
+            ),
             description=entry.description or "",
             parameters=entry.input_schema or {"type": "object", "properties": {}},
             namespace=tool.server_label,

@@ -39,7 +39,7 @@ def recipient(name: str, namespace: str | None = None) -> str:
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
-    kind: Literal["function", "custom", "mcp"]
+    kind: Literal["function", "custom", "mcp", "mcp_approval"]
     description: str = ""
     parameters: dict[str, Any] | None = None
     # The client's namespace tool this belongs to; None for top-level tools.

@@ -19,7 +19,6 @@ from typing import Any
 
 from openai.types.responses import (
     ResponseMcpCallArgumentsDeltaEvent,
-    ResponseOutputItem,
     ResponseMcpCallArgumentsDoneEvent,
     ResponseMcpCallCompletedEvent,
     ResponseMcpCallFailedEvent,
@@ -27,6 +26,7 @@ from openai.types.responses import (
     ResponseMcpListToolsCompletedEvent,
     ResponseMcpListToolsFailedEvent,
     ResponseMcpListToolsInProgressEvent,
+    ResponseOutputItem,
     ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
     ResponseStreamEvent,
@@ -149,13 +149,19 @@ def http_error(code: int, message: str) -> McpToolCallError:
 
 def added(item: Any, output_index: int, seq: Seq) -> ResponseStreamEvent:
     return ResponseOutputItemAddedEvent(
-        type="response.output_item.added", output_index=output_index, item=item, sequence_number=seq()
+        type="response.output_item.added",
+        output_index=output_index,
+        item=item,
+        sequence_number=seq(),
     )
 
 
 def done(item: Any, output_index: int, seq: Seq) -> ResponseStreamEvent:
     return ResponseOutputItemDoneEvent(
-        type="response.output_item.done", output_index=output_index, item=item, sequence_number=seq()
+        type="response.output_item.done",
+        output_index=output_index,
+        item=item,
+        sequence_number=seq(),
     )
 
 
@@ -239,6 +245,8 @@ def whole_call_events(item: McpCall, output_index: int, seq: Seq) -> list[Respon
 # A call of an MCP server's tool the server runs now, and one that waits for the client's
 # approval (`McpTool.needs_approval`): the listing gives each tool one of these kinds.
 MCP_KIND, MCP_APPROVAL_KIND = "mcp", "mcp_approval"
+# A server's listing, an item the server makes before the model runs.
+MCP_LIST_KIND = "mcp_list"
 
 
 def _label(item: OpenItem) -> str:
@@ -247,6 +255,8 @@ def _label(item: OpenItem) -> str:
 
 class McpCallItems:
     """``mcp_call`` items, the kind ``mcp``: arguments streamed as the model writes them."""
+
+    id_prefix = CALL_PREFIX
 
     def added(self, item: OpenItem) -> ResponseOutputItem:
         return call_item(item.item_id, _label(item), item.name, "")
@@ -296,6 +306,8 @@ class McpApprovalItems:
     """``mcp_approval_request`` items, the kind ``mcp_approval``: no events of their own
     (``output_item.added`` and ``.done``); the response ends with it, awaiting the client."""
 
+    id_prefix = APPROVAL_PREFIX
+
     def added(self, item: OpenItem) -> ResponseOutputItem:
         return approval_request_item(item.item_id, _label(item), item.name, "")
 
@@ -315,9 +327,57 @@ class McpApprovalItems:
         return [], approval_request_item(item.item_id, _label(item), item.name, arguments)
 
 
+class McpListItems:
+    """``mcp_list_tools`` items, the kind ``mcp_list``: a server listed before the model runs
+    (``item.namespace`` the server label; the result's ``data["tools"]`` the tools)."""
+
+    id_prefix = LIST_PREFIX
+
+    def added(self, item: OpenItem) -> ResponseOutputItem:
+        return list_tools_item(item.item_id, _label(item))
+
+    def argument_delta(self, item: OpenItem, delta: str) -> list[ResponseStreamEvent]:
+        return []
+
+    def arguments_done(self, item: OpenItem) -> list[ResponseStreamEvent]:
+        return []
+
+    def running(self, item: OpenItem) -> list[ResponseStreamEvent]:
+        return [
+            ResponseMcpListToolsInProgressEvent(
+                type="response.mcp_list_tools.in_progress",
+                item_id=item.item_id,
+                output_index=item.output_index,
+                sequence_number=0,
+            )
+        ]
+
+    def done(
+        self, item: OpenItem, result: ToolResult | None, status: ItemStatus
+    ) -> tuple[list[ResponseStreamEvent], ResponseOutputItem]:
+        error = "The server was not listed." if result is None else result.error
+        tools = [] if result is None or error else list(result.data.get("tools", ()))
+        final = list_tools_item(item.item_id, _label(item), tools, error)
+        common: dict[str, Any] = {
+            "item_id": item.item_id,
+            "output_index": item.output_index,
+            "sequence_number": 0,
+        }
+        if error:
+            event: ResponseStreamEvent = ResponseMcpListToolsFailedEvent(
+                type="response.mcp_list_tools.failed", **common
+            )
+        else:
+            event = ResponseMcpListToolsCompletedEvent(
+                type="response.mcp_list_tools.completed", **common
+            )
+        return [event], final
+
+
 def _unnumbered() -> int:
     return 0  # the writer numbers the kinds' events
 
 
 register_tool_items(MCP_KIND, McpCallItems())
 register_tool_items(MCP_APPROVAL_KIND, McpApprovalItems())
+register_tool_items(MCP_LIST_KIND, McpListItems())

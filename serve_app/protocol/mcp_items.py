@@ -77,8 +77,8 @@ class McpTool(Lenient):
 
     def needs_approval(self, name: str, read_only: bool = False) -> bool:
         """Whether a call of ``name`` waits for the client's ``mcp_approval_response``:
-        ``never`` lists win over ``always`` ones; a tool neither names needs approval (as
-        with no filter at all)."""
+        ``never`` lists win over ``always`` ones. A tool neither names needs approval (the
+        default), unless the filter lists only ``always`` tools (then only those do)."""
         rule = self.require_approval or DEFAULT_REQUIRE_APPROVAL
         if isinstance(rule, str):
             return rule == "always"
@@ -86,7 +86,7 @@ class McpTool(Lenient):
             return False
         if rule.always is not None and rule.always.matches(name, read_only):
             return True
-        return rule.never is None
+        return not (rule.always is not None and rule.never is None)
 
     def credentials(self) -> dict[str, str]:
         """The HTTP headers this server is sent (``authorization`` as a bearer token)."""
@@ -180,4 +180,3 @@ def error_text(error: str | dict[str, Any] | None) -> str:
         texts = [part.get("text", "") for part in content if isinstance(part, dict)]
         return "".join(texts)
     return str(content if content is not None else error)
-
