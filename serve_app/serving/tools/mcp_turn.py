@@ -11,26 +11,27 @@ model goes on without its tools), a call that fails an ``mcp_call`` with ``error
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from serve_app.config import ToolArgs
 from serve_app.harmony.mcp_tools import listed_specs, reusable_lists
-from serve_app.harmony.tools import ToolSpec
+from serve_app.harmony.tools import ToolRegistry, ToolSpec
 from serve_app.protocol import mcp_events
-from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.mcp_items import (
     McpApprovalRequestItem,
     McpApprovalResponseItem,
     McpCallItem,
     McpListedTool,
+    McpListToolsItem,
     McpTool,
 )
 from serve_app.protocol.requests import InputItem, ResponsesRequest
-from serve_app.serving.tools.contract import ToolCall, ToolResult
+from serve_app.protocol.tool_events import ToolCallEvents
+from serve_app.serving.tools.contract import ToolCall, ToolResult, ToolRunners
+from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpServer
+from serve_app.serving.turn.state import Context
 
 logger = logging.getLogger(__name__)
 
@@ -38,70 +39,20 @@ logger = logging.getLogger(__name__)
 # --- what the MCP client gives ------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Listing:
-    """A server's tools, or why they could not be listed."""
-
-    tools: list[McpListedTool] = field(default_factory=list)
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class CallOutcome:
-    """A call's output text, or its error: ``mcp_error`` the SDK's error object when the
-    server said more than a message (a JSON-RPC error's code)."""
-
-    output: str = ""
-    error: str | None = None
-    mcp_error: Any = None
-
-
 class McpServers(Protocol):
-    """The MCP client as this module uses it (serve_app.serving.tools.mcp adapts to it)."""
+    """The MCP client (serve_app.serving.tools.mcp.client.McpClient) as this module uses it:
+    every failure a value (``error``), never an exception."""
 
-    async def list_tools(self, tool: McpTool) -> Listing: ...
+    async def list_tools(self, server: McpServer) -> ListOutcome: ...
 
     async def call_tool(
-        self, tool: McpTool, name: str, arguments: dict[str, Any]
+        self, server: McpServer, name: str, arguments: str | Mapping[str, Any]
     ) -> CallOutcome: ...
 
 
-# --- the door ------------------------------------------------------------------------------
-
-
-def check_mcp_tools(request: ResponsesRequest, args: ToolArgs) -> None:
-    """Every ``mcp`` tool names a server this server may reach, by a label no other uses.
-    Checked before any connection (the allowlist: serve_app.serving.tools.mcp.policy)."""
-    from serve_app.serving.tools.mcp.policy import check_server_url
-
-    labels: set[str] = set()
-    for index, tool in enumerate(request.tools):
-        if not isinstance(tool, McpTool):
-            continue
-        param = f"tools[{index}]"
-        for unsupported in ("connector_id", "tunnel_id"):
-            if getattr(tool, unsupported) is not None:
-                raise InvalidRequest(
-                    f"Invalid '{param}.{unsupported}': this server reaches MCP servers by "
-                    "`server_url` only (no connectors or tunnels).",
-                    param=f"{param}.{unsupported}",
-                    code="invalid_value",
-                )
-        if tool.server_label in labels:
-            raise InvalidRequest(
-                f"Invalid '{param}.server_label': duplicate MCP server label "
-                f"'{tool.server_label}'; each mcp tool needs its own.",
-                param=f"{param}.server_label",
-                code="invalid_value",
-            )
-        labels.add(tool.server_label)
-        if not tool.server_url:
-            raise InvalidRequest(
-                f"Missing required parameter: '{param}.server_url'.",
-                param=f"{param}.server_url",
-                code="missing_required_parameter",
-            )
-        check_server_url(tool.server_url, f"{param}.server_url", args.mcp_allow)
+def server_of(tool: McpTool) -> McpServer:
+    """The server a request's ``mcp`` tool names, with the credentials sent to it only."""
+    return McpServer.for_tool(tool.server_url or "", tool.headers, tool.authorization)
 
 
 def mcp_tools(request: ResponsesRequest) -> dict[str, McpTool]:
@@ -114,74 +65,128 @@ def mcp_tools(request: ResponsesRequest) -> dict[str, McpTool]:
 
 @dataclass(frozen=True)
 class ServerListing:
-    """One server's tools for this response: listed now (``item_id`` set: an
-    ``mcp_list_tools`` item goes in the output) or reused from the context."""
+    """One server's tools for this response: listed now (``fresh``: an ``mcp_list_tools``
+    item goes in the output) or reused from the context's listing of its label."""
 
     tool: McpTool
-    listing: Listing
-    item_id: str | None = None
+    outcome: ListOutcome
+    fresh: bool = True
+
+    def specs(self) -> list[ToolSpec]:
+        if self.outcome.error is not None:
+            return []
+        listed = [McpListedTool.model_validate(tool.model_dump()) for tool in self.outcome.tools]
+        return listed_specs(self.tool, listed)
 
 
 @dataclass(frozen=True)
 class ApprovedCall:
-    """An approval request the input approves, whose call runs before the model does."""
+    """An approval request the context approves: its call ran before the model did."""
 
-    request: McpApprovalRequestItem
-    tool: McpTool | None
-    item_id: str
+    asked: McpApprovalRequestItem
+    result: ToolResult
+
+    def item(self) -> McpCallItem:
+        """The ``mcp_call`` as the model's prompt renders it (after the request it answers)."""
+        return McpCallItem(
+            type="mcp_call",
+            server_label=self.asked.server_label,
+            name=self.asked.name,
+            arguments=self.asked.arguments,
+            output=None if self.result.failed else self.result.output,
+            error=self.result.error,
+            approval_request_id=self.asked.id,
+        )
 
 
 @dataclass
-class McpPlan:
-    """What the turn's MCP tools need before the model runs."""
+class McpPrelude:
+    """What a response's MCP tools did before the model runs: each server's listing and the
+    approved calls, whose items open the response's output."""
 
     listings: list[ServerListing] = field(default_factory=list)
     approved: list[ApprovedCall] = field(default_factory=list)
 
+    def __bool__(self) -> bool:
+        return bool(self.listings or self.approved)
+
     def specs(self) -> list[ToolSpec]:
-        return [
-            spec
-            for server in self.listings
-            if server.listing.error is None
-            for spec in listed_specs(server.tool, server.listing.tools)
-        ]
+        """The servers' tools the model is shown (as `ToolRegistry.from_request` takes them)."""
+        return [spec for server in self.listings for spec in server.specs()]
+
+    def rendered_items(self) -> list[InputItem]:
+        """What the prompt shows after the request's input: the approved calls' outputs."""
+        return [call.item() for call in self.approved]
+
+    def write(self, writer: ToolCallEvents) -> None:
+        """The items' events, right after ``response.created``: each fresh listing, then each
+        approved call (``mcp_call`` with its ``approval_request_id``)."""
+        for server in self.listings:
+            if not server.fresh:
+                continue
+            item = writer.open_tool_call(mcp_events.MCP_LIST_KIND, "", server.tool.server_label)
+            writer.tool_running(item)
+            result = ToolResult(
+                error=server.outcome.error, data={"tools": list(server.outcome.tools)}
+            )
+            writer.close_tool_call(item, result)
+        for call in self.approved:
+            item = writer.open_tool_call(
+                mcp_events.MCP_KIND, call.asked.name, call.asked.server_label
+            )
+            writer.text(item, call.asked.arguments)
+            writer.close(item, "completed")
+            for pending in writer.take_pending_calls():
+                writer.tool_running(pending)
+                writer.close_tool_call(pending, call.result)
 
 
-async def plan(
+async def prelude(
     servers: McpServers, request: ResponsesRequest, context: Sequence[InputItem]
-) -> McpPlan:
-    """Each server's tools (listed concurrently, each bounded by the client's list timeout;
-    reused when ``context``, the history and input, holds a listing of its label) and the
-    approved calls to run now."""
+) -> McpPrelude:
+    """Each server's tools (listed concurrently, within the client's list timeout; reused
+    when ``context``, the history and the input, holds a listing of its label), then the calls
+    the context approves, run concurrently. Never raises: a failure is in an item."""
     tools = mcp_tools(request)
     if not tools:
-        return McpPlan()
+        return McpPrelude()
     known = reusable_lists(context)
-    reused = {
-        label: ServerListing(tool, Listing(tools=list(known[label].tools)))
-        for label, tool in tools.items()
-        if label in known
-    }
-    fresh = [tool for label, tool in tools.items() if label not in known]
-    listed = await asyncio.gather(*(_list(servers, tool) for tool in fresh))
-    by_label = {**reused, **{server.tool.server_label: server for server in listed}}
-    return McpPlan(
-        listings=[by_label[label] for label in tools],
-        approved=approved_calls(tools, context),
+    listings = await asyncio.gather(
+        *(
+            _reused(tool, known[label]) if label in known else _list(servers, tool)
+            for label, tool in tools.items()
+        )
     )
+    asked = approved_requests(context)
+    results = await asyncio.gather(
+        *(call(servers, tools.get(item.server_label), item.name, item.arguments) for item in asked)
+    )
+    approved = [
+        ApprovedCall(item, replace(result, data={**result.data, "approval_request_id": item.id}))
+        for item, result in zip(asked, results, strict=True)
+    ]
+    return McpPrelude(list(listings), approved)
+
+
+async def _reused(tool: McpTool, listing: McpListToolsItem) -> ServerListing:
+    tools = [mcp_events.listed_tool(**entry.model_dump()) for entry in listing.tools]
+    return ServerListing(tool, ListOutcome(tools=tools), fresh=False)
 
 
 async def _list(servers: McpServers, tool: McpTool) -> ServerListing:
     try:
-        listing = await servers.list_tools(tool)
-    except Exception as error:  # the client's errors are values; a bug of ours is one too
+        outcome = await servers.list_tools(server_of(tool))
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:  # the client's failures are values; a bug of ours is one too
         logger.exception("MCP server %r not listed", tool.server_label)
-        listing = Listing(error=f"The server could not be listed ({type(error).__name__}).")
-    return ServerListing(tool, listing, item_id=mcp_events.new_list_id())
+        outcome = ListOutcome(error=f"The server could not be listed ({type(error).__name__}).")
+    return ServerListing(tool, outcome)
 
 
-def approved_calls(tools: dict[str, McpTool], context: Sequence[InputItem]) -> list[ApprovedCall]:
-    """Approval requests the context approves that no ``mcp_call`` ran yet, in order."""
+def approved_requests(context: Sequence[InputItem]) -> list[McpApprovalRequestItem]:
+    """Approval requests the context approves whose call has not run (no ``mcp_call`` names
+    them), in the order of their approvals."""
     requests = {item.id: item for item in context if isinstance(item, McpApprovalRequestItem)}
     ran = {
         item.approval_request_id
@@ -193,25 +198,10 @@ def approved_calls(tools: dict[str, McpTool], context: Sequence[InputItem]) -> l
         if not (isinstance(item, McpApprovalResponseItem) and item.approve):
             continue
         asked = requests.get(item.approval_request_id)
-        if asked is None or asked.id in ran:
-            continue
-        ran.add(asked.id)
-        tool = tools.get(asked.server_label)
-        approved.append(ApprovedCall(asked, tool, mcp_events.new_call_id()))
+        if asked is not None and asked.id not in ran:
+            ran.add(asked.id)
+            approved.append(asked)
     return approved
-
-
-def check_approvals(context: Sequence[InputItem], first_input: int) -> None:
-    """Every ``mcp_approval_response`` of the input answers an approval request in the
-    context (a 400 naming it otherwise, as OpenAI answers)."""
-    requests = {item.id for item in context if isinstance(item, McpApprovalRequestItem)}
-    for index, item in enumerate(context[first_input:]):
-        if isinstance(item, McpApprovalResponseItem) and item.approval_request_id not in requests:
-            raise InvalidRequest(
-                f"No approval request found with id '{item.approval_request_id}'.",
-                param=f"input[{index}].approval_request_id",
-                code="invalid_value",
-            )
 
 
 # --- running calls -------------------------------------------------------------------------
@@ -219,28 +209,21 @@ def check_approvals(context: Sequence[InputItem], first_input: int) -> None:
 
 async def call(servers: McpServers, tool: McpTool | None, name: str, arguments: str) -> ToolResult:
     """One call of ``name`` on ``tool``'s server; never raises (a failure is a result with
-    ``error``, which the model reads and the item shows)."""
+    ``error``, which the model reads and the item shows, the client's error object kept)."""
     if tool is None:
-        return ToolResult(error="The request names no MCP server with this call's label.")
+        return ToolResult(error="This request names no MCP server with the call's label.")
     if not tool.allows(name):
-        return ToolResult(error=f"The tool '{name}' is not allowed (allowed_tools).")
+        return ToolResult(error=f"The tool '{name}' is not among the allowed_tools.")
     try:
-        parsed = json.loads(arguments) if arguments.strip() else {}
-    except ValueError as error:
-        return ToolResult(error=f"The arguments are not JSON: {error}")
-    if not isinstance(parsed, dict):
-        return ToolResult(error="The arguments must be a JSON object.")
-    try:
-        outcome = await servers.call_tool(tool, name, parsed)
+        outcome = await servers.call_tool(server_of(tool), name, arguments)
     except asyncio.CancelledError:
         raise
     except Exception as error:
         logger.exception("MCP call %s.%s failed", tool.server_label, name)
         return ToolResult(error=f"The call failed ({type(error).__name__}).")
     if outcome.error is not None:
-        data = {"mcp_error": outcome.mcp_error} if outcome.mcp_error is not None else {}
-        return ToolResult(error=outcome.error, data=data)
-    return ToolResult(output=outcome.output)
+        return ToolResult(error=outcome.message, data={"mcp_error": outcome.error})
+    return ToolResult(output=outcome.output or "")
 
 
 class McpRunner:
@@ -255,3 +238,32 @@ class McpRunner:
             return ToolResult(awaits_client=True)
         tool = mcp_tools(call_.request).get(call_.spec.namespace or "")
         return await call(self._servers, tool, call_.spec.name, call_.arguments)
+
+
+class McpTurns:
+    """MCP for the turns of one ingress replica: the client (its allowlist, bounds and
+    per-server slots), the runner the tool loop calls, and what a turn does before the model
+    runs (`prepare`)."""
+
+    def __init__(self, servers: McpServers) -> None:
+        self.servers = servers
+        self.runner = McpRunner(servers)
+
+    def register(self, runners: ToolRunners) -> None:
+        """The tool loop runs both MCP kinds' calls with this runner."""
+        runners.register(mcp_events.MCP_KIND, self.runner)
+        runners.register(mcp_events.MCP_APPROVAL_KIND, self.runner)
+
+    async def prepare(self, context: Context) -> tuple[Context, McpPrelude]:
+        """The context as the model's prompt renders it (the servers' tools added to its
+        registry, the approved calls' outputs after its input) and the prelude whose items
+        open the response. A request without ``mcp`` tools (or with ``tool_choice: none``):
+        as it is."""
+        request = context.request
+        if request.tool_choice == "none" or not mcp_tools(request):
+            return context, McpPrelude()
+        done = await prelude(self.servers, request, [*context.history, *request.input_items])
+        shown = request.model_copy(update={"input": [*request.input_items, *done.rendered_items()]})
+        tools = context.tools or ToolRegistry.from_request(request)
+        tools = replace(tools, tools=(*tools.tools, *done.specs()))
+        return Context(shown, context.history, tools), done
