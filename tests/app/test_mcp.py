@@ -172,6 +172,31 @@ def test_a_listing_is_reused_along_a_chain(client: OpenAI, good) -> None:
     assert the(second, "mcp_call").output == "MCP-ECHOED-7"
 
 
+def test_a_listing_is_reused_in_a_conversation(client: OpenAI, good) -> None:
+    tool = secured(good.url)
+    conversation = client.conversations.create()
+    first = client.responses.create(
+        model=MODEL, input="SDK-TEXT", tools=[tool], conversation=conversation.id
+    )
+    second = client.responses.create(
+        model=MODEL, input="MCP-ECHO-TASK", tools=[tool], conversation=conversation.id
+    )
+    assert kinds(first)[0] == "mcp_list_tools" and "mcp_list_tools" not in kinds(second)
+    assert the(second, "mcp_call").output == "MCP-ECHOED-7"
+
+
+def test_two_calls_in_one_completion_run_concurrently_in_the_models_order(
+    client: OpenAI, good
+) -> None:
+    started = time.monotonic()
+    response = client.responses.create(model=MODEL, input="MCP-TWO-TASK", tools=[secured(good.url)])
+    took = time.monotonic() - started
+    calls = [item for item in response.output if item.type == "mcp_call"]
+    assert [call.name for call in calls] == ["slow", "echo"]
+    assert [call.output for call in calls] == ["slept 0.5s", "MCP-ECHOED-7"]
+    assert response.output_text == "The server said MCP-ECHOED-7." and took < 30
+
+
 def test_credentials_reach_the_server_and_are_never_echoed_nor_stored(client: OpenAI, good) -> None:
     tool = secured(good.url, headers={"X-Team": "serve-app-team"})
     response = client.responses.create(model=MODEL, input="MCP-ECHO-TASK", tools=[tool])
