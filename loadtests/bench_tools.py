@@ -46,15 +46,17 @@ from typing import Any
 from common import MODEL, free_port, percentile
 
 SERVER_LABEL = "bench"
-TOOL_NAME = "noop"
+# The test MCP server's no-op tool (tests/support/mcp_servers.py, kind "good"): it answers
+# the text it is given. The client mode's function tool is the same, answered by the client.
+TOOL_NAME = "echo"
 TOOL_SCHEMA = {
     "type": "object",
-    "properties": {"step": {"type": "integer"}},
-    "required": ["step"],
+    "properties": {"text": {"type": "string"}},
+    "required": ["text"],
     "additionalProperties": False,
 }
 MODES = ("server", "client")
-# What each mode's tool answers to step N (the simulated engine's next turn is chosen by it).
+# What each mode's call N echoes (the simulated engine's next turn is chosen by it).
 RESULT = {"server": "MCP-RESULT {step}.", "client": "FN-RESULT {step}."}
 TASK = {"server": "BENCH-MCP-TASK", "client": "BENCH-FN-TASK"}
 # The output item a call of each mode is.
@@ -75,8 +77,9 @@ def bench_script(calls: int, answer_words: int) -> dict[str, Any]:
     for mode, namespace in (("server", SERVER_LABEL), ("client", None)):
         marker = RESULT[mode].split(" ")[0]
 
-        def call(step: int, namespace: str | None = namespace) -> dict[str, Any]:
-            spec = {"name": TOOL_NAME, "arguments": {"step": step}, "namespace": namespace}
+        def call(step: int, mode: str = mode, namespace: str | None = namespace) -> dict:
+            text = RESULT[mode].format(step=step)
+            spec = {"name": TOOL_NAME, "arguments": {"text": text}, "namespace": namespace}
             return {"function_call": spec}
 
         turns.append(
@@ -101,26 +104,13 @@ def bench_script(calls: int, answer_words: int) -> dict[str, Any]:
     return {"turns": turns}
 
 
-def serve_mcp(port: int) -> None:
-    """The loopback MCP server: one tool that does nothing but answer."""
-    from mcp.server.mcpserver import MCPServer
-
-    server = MCPServer("bench", log_level="WARNING")
-
-    @server.tool(name=TOOL_NAME, description="Does nothing; answers at once.")
-    def noop(step: int) -> str:
-        return RESULT["server"].format(step=step)
-
-    server.run("streamable-http", host="127.0.0.1", port=port)
-
-
 def serve_app(port: int, options: argparse.Namespace) -> None:
     """The app, Ray-free (as tests.local_app), the simulated engine playing the bench script."""
     from pathlib import Path
 
     import uvicorn
 
-    from serve_app.config import AppArgs
+    from serve_app.config import AppArgs, ToolArgs
     from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
     from serve_app.harmony.reasoning_vault import ReasoningVault
     from serve_app.serving.engine.client import InProcessEngineClient
@@ -128,7 +118,10 @@ def serve_app(port: int, options: argparse.Namespace) -> None:
 
     async def run() -> None:
         folder = Path(tempfile.mkdtemp(prefix="bench_tools_"))
-        args = AppArgs(default_max_output_tokens=4096)
+        tools = {"mcp_allow": [options.mcp_allow]}
+        if options.mcp_max_concurrent_calls:
+            tools["mcp_max_concurrent_calls"] = options.mcp_max_concurrent_calls
+        args = AppArgs(default_max_output_tokens=4096, tools=ToolArgs(**tools))
         store = app_store(f"sqlite+aiosqlite:///{folder / 'responses.db'}", args)
         await store.start()
         engine = SimulatedEngine(
@@ -151,9 +144,9 @@ def serve_app(port: int, options: argparse.Namespace) -> None:
     asyncio.run(run())
 
 
-def start(command: list[str], ready_url: str, env: dict[str, str]) -> subprocess.Popen:
+def start(command: list[str], ready_url: str) -> subprocess.Popen:
     """A child process of this script, once ``ready_url`` answers (any HTTP status)."""
-    process = subprocess.Popen([sys.executable, __file__, *command], env=env)
+    process = subprocess.Popen([sys.executable, __file__, *command])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -211,6 +204,7 @@ def tools_for(mode: str, mcp_url: str) -> list[dict[str, Any]]:
                 "type": "mcp",
                 "server_label": SERVER_LABEL,
                 "server_url": mcp_url,
+                "allowed_tools": [TOOL_NAME],
                 "require_approval": "never",
             }
         ]
@@ -218,7 +212,7 @@ def tools_for(mode: str, mcp_url: str) -> list[dict[str, Any]]:
         {
             "type": "function",
             "name": TOOL_NAME,
-            "description": "Does nothing; answers at once.",
+            "description": "Answers the text it is given.",
             "parameters": TOOL_SCHEMA,
             "strict": True,
         }
@@ -280,8 +274,7 @@ async def converse(client: Any, mode: str, index: int, options: argparse.Namespa
             return stream
         context += [{k: v for k, v in item.items() if k != "status"} for item in outputs]
         for call in calls:
-            step = json.loads(call["arguments"])["step"]
-            answer = RESULT["client"].format(step=step)
+            answer = json.loads(call["arguments"])["text"]  # the client's echo
             context.append(
                 {"type": "function_call_output", "call_id": call["call_id"], "output": answer}
             )
@@ -292,7 +285,8 @@ async def converse(client: Any, mode: str, index: int, options: argparse.Namespa
 class Round:
     mode: str
     streams: list[Stream]
-    cpu_s: float
+    cpu_s: float  # the ingress's
+    tool_cpu_s: float  # the MCP server's
     wall_s: float
     load: tuple[float, float, float]
 
@@ -309,18 +303,19 @@ class Round:
         return [s for stream in self.streams for s in stream.call_to_token_s()]
 
 
-async def run_round(mode: str, app_pid: int, options: argparse.Namespace) -> Round:
+async def run_round(mode: str, pids: tuple[int, int], options: argparse.Namespace) -> Round:
+    """``streams`` conversations at once; the CPU of (the ingress, the MCP server) over them."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"{options.url}/v1", api_key="unused", max_retries=0, timeout=300)
     async with client:
-        before, started = cpu_seconds(app_pid), time.perf_counter()
+        before, started = [cpu_seconds(pid) for pid in pids], time.perf_counter()
         streams = await asyncio.gather(
             *(converse(client, mode, i, options) for i in range(options.streams))
         )
         wall = time.perf_counter() - started
-        cpu = cpu_seconds(app_pid) - before
-    return Round(mode, list(streams), cpu, wall, os.getloadavg())
+        ingress, tool = (cpu_seconds(pid) - then for pid, then in zip(pids, before, strict=True))
+    return Round(mode, list(streams), ingress, tool, wall, os.getloadavg())
 
 
 # --- the tool's own time ---------------------------------------------------------------------
@@ -342,7 +337,7 @@ async def direct_calls(mcp_url: str, streams: int, repeat: int = 5) -> tuple[lis
             calls = []
             for _ in range(repeat):
                 call_started = time.perf_counter()
-                await session.call_tool(TOOL_NAME, {"step": 1})
+                await session.call_tool(TOOL_NAME, {"text": "MCP-RESULT 1."})
                 calls.append(time.perf_counter() - call_started)
         return opened_s, calls
 
@@ -368,6 +363,9 @@ def report_round(result: Round) -> str:
         f"{ms(percentile(latencies, 0.5))} / {ms(percentile(latencies, 0.9))} ms; "
         f"load average {load}"
     )
+    if result.tool_cpu_s and result.calls:
+        per_tool_call = result.tool_cpu_s / result.calls * 1000
+        line += f"\n        MCP server CPU {per_tool_call:.2f} ms per call"
     if result.errors:
         line += f"\n        {len(result.errors)} streams failed, e.g. {result.errors[0]}"
     return line
@@ -392,14 +390,14 @@ def report_ratio(server: Round, client: Round) -> str:
     )
 
 
-async def measure(app_pid: int, options: argparse.Namespace) -> None:
+async def measure(pids: tuple[int, int], options: argparse.Namespace) -> None:
     opened, call = await direct_calls(options.mcp_url, options.streams)
     print(report_tool(opened, call), flush=True)
     results: dict[str, Round] = {}
     for mode in options.modes:
         warm = argparse.Namespace(**{**vars(options), "streams": min(options.streams, 4)})
-        await run_round(mode, app_pid, warm)  # warm-up: imports, the prefix cache, pools
-        results[mode] = await run_round(mode, app_pid, options)
+        await run_round(mode, pids, warm)  # warm-up: imports, the prefix cache, pools
+        results[mode] = await run_round(mode, pids, options)
         print(report_round(results[mode]), flush=True)
     if set(results) == set(MODES) and all(r.calls for r in results.values()):
         print(report_ratio(results["server"], results["client"]))
@@ -415,38 +413,41 @@ def main() -> None:
     parser.add_argument(
         "--instructions-words", type=int, default=1500, help="the developer prompt's length"
     )
+    parser.add_argument(
+        "--mcp-max-concurrent-calls",
+        type=int,
+        default=0,
+        help="tools.mcp_max_concurrent_calls (default: the app's)",
+    )
     parser.add_argument("--serve-app", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--serve-mcp", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--mcp-allow", help=argparse.SUPPRESS)
     options = parser.parse_args()
-    if options.serve_mcp:
-        serve_mcp(options.serve_mcp)
-        return
     if options.serve_app:
         serve_app(options.serve_app, options)
         return
     options.instructions = "You are a coding agent. " + " ".join(
         f"rule{n % 97}" for n in range(options.instructions_words)
     )
-    mcp_port, app_port = free_port(), free_port()
-    options.mcp_url = f"http://127.0.0.1:{mcp_port}/mcp"
+    from tests.support.mcp_servers import mcp_server
+
+    app_port = free_port()
     options.url = f"http://127.0.0.1:{app_port}"
-    env = {**os.environ, "SERVE_APP_MCP_ALLOW": f"http://127.0.0.1:{mcp_port}/"}
     print(
         f"{options.streams} streams x {options.calls} tool calls; simulated engine at "
         f"{options.tokens_per_s:g} tokens/s per stream; Ray-free app (uvicorn)",
         flush=True,
     )
-    mcp = start(["--serve-mcp", str(mcp_port)], options.mcp_url, env)
-    try:
-        shared = ["--calls", str(options.calls), "--tokens-per-s", str(options.tokens_per_s)]
-        shared += ["--answer-words", str(options.answer_words)]
-        app = start(["--serve-app", str(app_port), *shared], f"{options.url}/health", env)
+    with mcp_server("good") as server:
+        options.mcp_url = server.url
+        command = ["--serve-app", str(app_port), "--mcp-allow", server.origin]
+        command += ["--calls", str(options.calls), "--tokens-per-s", str(options.tokens_per_s)]
+        command += ["--answer-words", str(options.answer_words)]
+        command += ["--mcp-max-concurrent-calls", str(options.mcp_max_concurrent_calls)]
+        app = start(command, f"{options.url}/health")
         try:
-            asyncio.run(measure(app.pid, options))
+            asyncio.run(measure((app.pid, server.process.pid), options))
         finally:
             stop(app)
-    finally:
-        stop(mcp)
 
 
 if __name__ == "__main__":
