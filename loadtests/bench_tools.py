@@ -391,6 +391,7 @@ def report_ratio(server: Round, client: Round) -> str:
 
 
 async def measure(pids: tuple[int, int], options: argparse.Namespace) -> None:
+    await direct_calls(options.mcp_url, min(options.streams, 4), repeat=1)  # warm-up
     opened, call = await direct_calls(options.mcp_url, options.streams)
     print(report_tool(opened, call), flush=True)
     results: dict[str, Round] = {}
