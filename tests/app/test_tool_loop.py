@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
+from serve_app.routing.kv_summary import HELD_KEY
 from tests.support import MODEL
 from tests.support.mcp_servers import McpTestServer, mcp_server
+from tests.support.replicas import engine_replica_serving, reported_for, routing_stats
 from tests.support.websocket import connected, until_terminal
 
 LABEL = "loop"
@@ -194,3 +196,43 @@ def test_the_same_loop_over_a_websocket_with_store_false(
             store=False,
         )
         check_followup(check_stream(events, FOLLOWUP_OUTPUT), first)
+
+
+def held_by(actor: dict, key: str) -> int:
+    """Prompt tokens of the conversation ``key`` the engine replica holds in its prefix cache
+    (from its KV-cache events, as it reports them to the routers)."""
+    return reported_for(routing_stats(actor)[HELD_KEY], key, default=0)
+
+
+def test_every_round_lands_on_one_engine_replica_whose_cache_of_it_grows(
+    client: OpenAI, loop_server: McpTestServer, app_cluster: None
+) -> None:
+    """Two engine replicas: each round of both responses (the model's continuation after each
+    tool step) goes to the replica that holds the conversation, by its prompt_cache_key."""
+    key = f"tool-loop-home-{uuid.uuid4()}"
+    tools = [mcp_tool(loop_server)]
+    events = timed_sse(client, input="LOOP-TASK: on one replica", tools=tools, prompt_cache_key=key)
+    first = check_stream(events, FIRST_OUTPUT)
+    # Only one replica reports serving it (engine_replica_serving asserts that): none of the
+    # three rounds went elsewhere.
+    home = engine_replica_serving(key)
+    assert home is not None
+    held = [held_by(home, key)]
+    assert held[0] > 0
+    rounds = []
+    for turn in range(2):
+        events = timed_sse(
+            client,
+            input=f"LOOP-FOLLOWUP-TASK: check again ({turn})",
+            tools=tools,
+            prompt_cache_key=key,
+            previous_response_id=(rounds[-1] if rounds else first).id,
+        )
+        rounds.append(check_stream(events, FOLLOWUP_OUTPUT))
+        assert engine_replica_serving(key) == home
+        held.append(held_by(home, key))
+    # The replica's cache of the conversation grows with it, and so does what each response
+    # finds cached.
+    assert held == sorted(set(held)), held
+    cached = [r.usage.input_tokens_details.cached_tokens for r in (first, *rounds)]
+    assert cached == sorted(set(cached)), cached
