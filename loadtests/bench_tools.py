@@ -2,14 +2,19 @@
 the response) against the same call run by the client (issue 39, Show).
 
     PYTHONPATH=. python loadtests/bench_tools.py                        # 32 streams, Ray-free
+    PYTHONPATH=. python loadtests/bench_tools.py --serve-run            # the same, serve run
     PYTHONPATH=. python loadtests/bench_tools.py --streams 2 --calls 1  # tiny (the unit test)
 
-It starts, each in a process of its own, a loopback MCP server (the ``mcp`` SDK's
-``MCPServer``, streamable HTTP) with one no-op tool, and the ingress's FastAPI app on uvicorn
-(as ``tests.local_app``: the simulated engine on the same event loop, its time model at
-``--tokens-per-s``), the MCP server's URL allowed (``SERVE_APP_MCP_ALLOW``). Then, through the
-openai SDK, ``--streams`` concurrent streamed responses, each making ``--calls`` tool calls in a
-row before answering, in two modes:
+It starts a loopback MCP server (tests/support/mcp_servers.py, kind ``good``: the ``mcp``
+SDK's ``MCPServer`` on streamable HTTP, in a process of its own; its ``echo`` tool is the
+no-op tool) and the app, with that server allowed (``tools.mcp_allow``): Ray-free, the
+ingress's FastAPI app on uvicorn in a process of this script (as ``tests.local_app``: the
+simulated engine on the same event loop), or with ``--serve-run`` under ``serve run
+configs/local.yaml`` (one ingress and one engine replica, Serve's Python proxy). The simulated
+engine decodes at ``--tokens-per-s`` per stream (slower as more decode together, as
+engines/simulated/timing.py models it) and prefills uncached tokens at 20,000 tokens/s, one
+prefill at a time. Then, through the openai SDK, ``--streams`` concurrent streamed
+conversations, each making ``--calls`` tool calls in a row before the answer, in two modes:
 
 - ``server``: the request carries an ``mcp`` tool; the app runs each call (the tool loop) and
   the model continues in the same response;
@@ -18,14 +23,14 @@ row before answering, in two modes:
   false``, the whole input re-sent with the encrypted reasoning, same ``prompt_cache_key``).
 
 Per mode it prints: the ingress process's CPU time over the run (from /proc, after a warm-up
-round) divided by the calls made, and their ratio (server / client): what a server-run call
-costs the ingress against a call the client runs; and from the model's ``<|call|>`` (the
-``response.mcp_call_arguments.done`` or ``response.function_call_arguments.done`` event) to
-the next token of the continuation (the next text delta), p50 / p90, beside the no-op tool's
-own time (one ``call_tool`` on an open session, and a session opened for it) measured from
-this process with the SDK's client at the same concurrency. The ingress process also runs the
-simulated engine: its CPU is the same in both modes (the same tokens), so the difference per
-call is the serving path's. The machine is shared: read the ratios, with the load average.
+round) divided by the calls made, and the ratio of the two modes (server / client): what a
+server-run call costs the ingress against one the client runs; and from the model's
+``<|call|>`` (the ``response.mcp_call_arguments.done`` or ``response.function_call_arguments
+.done`` event) to the next token of the continuation (the next text delta), p50 / p90, beside
+the no-op tool's own time (one ``call_tool`` on an open session, and opening a session) from
+this process with the SDK's client at the same concurrency. Ray-free, the ingress process also
+runs the simulated engine: the same tokens in both modes. The machine is shared: read the
+ratios, with the load average.
 """
 
 from __future__ import annotations
@@ -171,6 +176,10 @@ def stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
+def cpu_by_role(pids: dict[str, list[int]]) -> dict[str, float]:
+    return {role: sum(cpu_seconds(pid) for pid in found) for role, found in pids.items()}
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (its threads included), from /proc."""
     with open(f"/proc/{pid}/stat") as stat:
@@ -285,8 +294,7 @@ async def converse(client: Any, mode: str, index: int, options: argparse.Namespa
 class Round:
     mode: str
     streams: list[Stream]
-    cpu_s: float  # the ingress's
-    tool_cpu_s: float  # the MCP server's
+    cpu_s: dict[str, float]  # by role: "ingress", "MCP server", "engine replica"
     wall_s: float
     load: tuple[float, float, float]
 
@@ -303,19 +311,20 @@ class Round:
         return [s for stream in self.streams for s in stream.call_to_token_s()]
 
 
-async def run_round(mode: str, pids: tuple[int, int], options: argparse.Namespace) -> Round:
-    """``streams`` conversations at once; the CPU of (the ingress, the MCP server) over them."""
+async def run_round(mode: str, pids: dict[str, list[int]], options: argparse.Namespace) -> Round:
+    """``streams`` conversations at once; the CPU of each role's processes over them."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"{options.url}/v1", api_key="unused", max_retries=0, timeout=300)
     async with client:
-        before, started = [cpu_seconds(pid) for pid in pids], time.perf_counter()
+        before, started = cpu_by_role(pids), time.perf_counter()
         streams = await asyncio.gather(
             *(converse(client, mode, i, options) for i in range(options.streams))
         )
         wall = time.perf_counter() - started
-        ingress, tool = (cpu_seconds(pid) - then for pid, then in zip(pids, before, strict=True))
-    return Round(mode, list(streams), ingress, tool, wall, os.getloadavg())
+        after = cpu_by_role(pids)
+    cpu = {role: after[role] - before[role] for role in pids}
+    return Round(mode, list(streams), cpu, wall, os.getloadavg())
 
 
 # --- the tool's own time ---------------------------------------------------------------------
@@ -352,20 +361,24 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f}"
 
 
+def per_call_ms(result: Round, role: str = "ingress") -> float:
+    return result.cpu_s[role] / result.calls * 1000 if result.calls else float("nan")
+
+
 def report_round(result: Round) -> str:
     latencies = result.latencies
-    per_call = result.cpu_s / result.calls if result.calls else float("nan")
     load = " ".join(f"{value:.2f}" for value in result.load)
     line = (
         f"{result.mode:>6}: {len(result.streams)} streams, {result.calls} calls in "
-        f"{result.wall_s:.1f} s; ingress CPU {result.cpu_s * 1000:.0f} ms, "
-        f"{per_call * 1000:.2f} ms per call; call to next token p50 / p90 "
+        f"{result.wall_s:.1f} s; ingress CPU {result.cpu_s['ingress'] * 1000:.0f} ms, "
+        f"{per_call_ms(result):.2f} ms per call; call to next token p50 / p90 "
         f"{ms(percentile(latencies, 0.5))} / {ms(percentile(latencies, 0.9))} ms; "
         f"load average {load}"
     )
-    if result.tool_cpu_s and result.calls:
-        per_tool_call = result.tool_cpu_s / result.calls * 1000
-        line += f"\n        MCP server CPU {per_tool_call:.2f} ms per call"
+    others = [role for role in result.cpu_s if role != "ingress"]
+    if others and result.calls:
+        cpu = ", ".join(f"{role} {per_call_ms(result, role):.2f}" for role in others)
+        line += f"\n        CPU per call (ms): {cpu}"
     if result.errors:
         line += f"\n        {len(result.errors)} streams failed, e.g. {result.errors[0]}"
     return line
@@ -380,17 +393,15 @@ def report_tool(opened: list[float], call: list[float]) -> str:
 
 
 def report_ratio(server: Round, client: Round) -> str:
-    def per_call(result: Round) -> float:
-        return result.cpu_s / result.calls if result.calls else float("nan")
-
     p50 = percentile(server.latencies, 0.5), percentile(client.latencies, 0.5)
     return (
-        f" ratio: server / client ingress CPU per call {per_call(server) / per_call(client):.2f}; "
+        f" ratio: server / client ingress CPU per call "
+        f"{per_call_ms(server) / per_call_ms(client):.2f}; "
         f"call to next token p50 {p50[0] / p50[1]:.2f}"
     )
 
 
-async def measure(pids: tuple[int, int], options: argparse.Namespace) -> None:
+async def measure(pids: dict[str, list[int]], options: argparse.Namespace) -> None:
     await direct_calls(options.mcp_url, min(options.streams, 4), repeat=1)  # warm-up
     opened, call = await direct_calls(options.mcp_url, options.streams)
     print(report_tool(opened, call), flush=True)
@@ -420,6 +431,9 @@ def main() -> None:
         default=0,
         help="tools.mcp_max_concurrent_calls (default: the app's)",
     )
+    parser.add_argument(
+        "--serve-run", action="store_true", help="the app under `serve run` (Ray), not uvicorn"
+    )
     parser.add_argument("--serve-app", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--mcp-allow", help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -431,24 +445,89 @@ def main() -> None:
     )
     from tests.support.mcp_servers import mcp_server
 
-    app_port = free_port()
-    options.url = f"http://127.0.0.1:{app_port}"
+    where = "serve run (Ray)" if options.serve_run else "Ray-free app (uvicorn)"
     print(
         f"{options.streams} streams x {options.calls} tool calls; simulated engine at "
-        f"{options.tokens_per_s:g} tokens/s per stream; Ray-free app (uvicorn)",
+        f"{options.tokens_per_s:g} tokens/s per stream; {where}",
         flush=True,
     )
     with mcp_server("good") as server:
         options.mcp_url = server.url
-        command = ["--serve-app", str(app_port), "--mcp-allow", server.origin]
-        command += ["--calls", str(options.calls), "--tokens-per-s", str(options.tokens_per_s)]
-        command += ["--answer-words", str(options.answer_words)]
-        command += ["--mcp-max-concurrent-calls", str(options.mcp_max_concurrent_calls)]
-        app = start(command, f"{options.url}/health")
-        try:
-            asyncio.run(measure((app.pid, server.process.pid), options))
-        finally:
-            stop(app)
+        if options.serve_run:
+            bench_serve_run(server, options)
+        else:
+            bench_local(server, options)
+
+
+def bench_local(server: Any, options: argparse.Namespace) -> None:
+    """The app Ray-free, in a process of this script (the engine in it)."""
+    app_port = free_port()
+    options.url = f"http://127.0.0.1:{app_port}"
+    command = ["--serve-app", str(app_port), "--mcp-allow", server.origin]
+    command += ["--calls", str(options.calls), "--tokens-per-s", str(options.tokens_per_s)]
+    command += ["--answer-words", str(options.answer_words)]
+    command += ["--mcp-max-concurrent-calls", str(options.mcp_max_concurrent_calls)]
+    app = start(command, f"{options.url}/health")
+    try:
+        pids = {"ingress": [app.pid], "MCP server": [server.process.pid]}
+        asyncio.run(measure(pids, options))
+    finally:
+        stop(app)
+
+
+def serve_run_config(origin: str, port: int, options: argparse.Namespace) -> dict[str, Any]:
+    """configs/local.yaml with one ingress and one engine replica, the engine at the rate
+    asked playing the bench script, the MCP server allowed."""
+    import yaml
+
+    from tests.support import REPO
+
+    config = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
+    config["http_options"]["port"] = port
+    app = config["applications"][0]
+    app["args"]["default_max_output_tokens"] = 4096
+    tools: dict[str, Any] = {"mcp_allow": [origin]}
+    if options.mcp_max_concurrent_calls:
+        tools["mcp_max_concurrent_calls"] = options.mcp_max_concurrent_calls
+    app["args"]["tools"] = tools
+    engine = app["args"]["engine"]["options"]
+    engine["decode_tokens_per_s"] = options.tokens_per_s
+    engine["script"] = bench_script(options.calls, options.answer_words)
+    for deployment in app["deployments"]:
+        deployment["num_replicas"] = 1
+        deployment.pop("autoscaling_config", None)
+        if deployment["name"] == "EngineDeployment":  # room for every stream
+            deployment["max_ongoing_requests"] = 512
+            deployment["max_queued_requests"] = 1024
+    return config
+
+
+def bench_serve_run(server: Any, options: argparse.Namespace) -> None:
+    """``serve run`` as users start it (tests/support/serve_run.py), Serve's Python proxy in
+    front; the CPU of its ingress and engine replica processes (as bench_stream.py finds them)."""
+    from pathlib import Path
+
+    from bench_stream import cluster_processes
+
+    from tests.support import REPO, serve_run
+
+    port = free_port()
+    options.url = f"http://127.0.0.1:{port}"
+    config = serve_run_config(server.origin, port, options)
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {"RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": pythonpath}
+    with (
+        tempfile.TemporaryDirectory(prefix="bench_tools_") as folder,
+        serve_run.running(config, Path(folder), env, startup_timeout_s=300) as run,
+    ):
+        processes = cluster_processes(run.process.pid)
+        pids = {
+            "ingress": processes.get("ingress", []),
+            "MCP server": [server.process.pid],
+            "engine replica": processes.get("engine", []),
+            "proxy": processes.get("proxy", []),
+        }
+        asyncio.run(measure(pids, options))
 
 
 if __name__ == "__main__":
