@@ -469,7 +469,11 @@ def bench_local(server: Any, options: argparse.Namespace) -> None:
     command += ["--mcp-max-concurrent-calls", str(options.mcp_max_concurrent_calls)]
     app = start(command, f"{options.url}/health")
     try:
-        pids = {"ingress": [app.pid], "MCP server": [server.process.pid]}
+        pids = {
+            "ingress": [app.pid],
+            "MCP server": [server.process.pid],
+            "this client": [os.getpid()],
+        }
         asyncio.run(measure(pids, options))
     finally:
         stop(app)
@@ -526,6 +530,7 @@ def bench_serve_run(server: Any, options: argparse.Namespace) -> None:
             "MCP server": [server.process.pid],
             "engine replica": processes.get("engine", []),
             "proxy": processes.get("proxy", []),
+            "this client": [os.getpid()],
         }
         asyncio.run(measure(pids, options))
 
