@@ -37,6 +37,7 @@ from openai_harmony import (
 
 from serve_app.harmony import compaction
 from serve_app.harmony.encoding import get_encoding
+from serve_app.harmony.mcp_tools import McpHistory
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec, recipient
 from serve_app.harmony.typescript import NamespaceText, ToolText, tools_section
@@ -203,11 +204,13 @@ def _namespace_description(request: ResponsesRequest, namespace: str) -> str | N
     for tool in request.tools:
         if getattr(tool, "type", None) == "namespace" and getattr(tool, "name", None) == namespace:
             return getattr(tool, "description", None)
+        if getattr(tool, "type", None) == "mcp" and getattr(tool, "server_label", "") == namespace:
+            return getattr(tool, "server_description", None)
     return None
 
 
 def _tool_text(spec: ToolSpec) -> ToolText:
-    if spec.kind == "function":
+    if spec.parameters is not None:  # a function, or a server-run tool with a JSON schema
         return ToolText(spec.name, spec.description, json_schema.resolve(spec.parameters))
     # Harmony has no freeform tool type: a tool without parameters whose message body is the
     # raw input, and a description saying so.
@@ -230,6 +233,7 @@ def _history_messages(
     final message."""
     recipients = _call_recipients(items, tools)
     last_final = _last_final_answer(items)
+    mcp = McpHistory(items)
     messages: list[Message] = []
     for index, item in enumerate(items):
         if isinstance(item, ReasoningItem):
@@ -245,6 +249,8 @@ def _history_messages(
             messages.append(_compaction_message(item, vault, owner))
         elif isinstance(item, ItemReference):
             raise UnrenderableRequest(f"Item with id '{item.id}' was not resolved.")
+        else:
+            messages.extend(mcp.messages(item))
     return messages
 
 

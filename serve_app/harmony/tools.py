@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ from serve_app.protocol.request_tools import (
     CustomTool,
     FunctionTool,
     HostedTool,
+    McpTool,
     NamedToolChoice,
     NamespaceTool,
     allowed_tools,
@@ -37,7 +39,7 @@ def recipient(name: str, namespace: str | None = None) -> str:
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
-    kind: Literal["function", "custom"]
+    kind: Literal["function", "custom", "mcp", "mcp_approval"]
     description: str = ""
     parameters: dict[str, Any] | None = None
     # The client's namespace tool this belongs to; None for top-level tools.
@@ -64,14 +66,18 @@ class ToolRegistry:
     allowed: frozenset[str] | None = None
 
     @classmethod
-    def from_request(cls, request: ResponsesRequest) -> ToolRegistry:
+    def from_request(
+        cls, request: ResponsesRequest, server_tools: Sequence[ToolSpec] = ()
+    ) -> ToolRegistry:
+        """``server_tools``: the tools the server runs, listed before rendering (an MCP
+        server's, serve_app.harmony.mcp_tools), shown after the request's own."""
         hosted = request.hosted_tool_types()
         if hosted:
             logger.info("Leaving out hosted tools this server cannot run: %s", hosted)
         choice = request.tool_choice
         if choice == "none":
             return cls()
-        specs = tuple(_specs(request))
+        specs = (*_specs(request), *server_tools)
         if isinstance(choice, NamedToolChoice):
             return cls(tuple(spec for spec in specs if spec.name == choice.name), required=True)
         allowed = allowed_tools(choice)
@@ -118,8 +124,8 @@ _RECIPIENT_TAIL = re.compile(r"[\s<]")
 def _specs(request: ResponsesRequest) -> list[ToolSpec]:
     specs: list[ToolSpec] = []
     for tool in request.tools:
-        if isinstance(tool, HostedTool):
-            continue
+        if isinstance(tool, HostedTool | McpTool):
+            continue  # an MCP server's tools are known once listed: `server_tools`
         if isinstance(tool, NamespaceTool):
             specs.extend(_spec(inner, namespace=tool.name) for inner in tool.tools)
         else:

@@ -21,6 +21,7 @@ from pydantic import (
 from pydantic import Discriminator as PydanticDiscriminator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from serve_app.protocol.mcp_items import McpTool
 from serve_app.protocol.request_base import STRICT_TYPES, Lenient
 
 
@@ -100,19 +101,20 @@ class HostedTool(BaseModel):
     type: str
 
 
-TOOL_TAGS = ("function", "custom", "namespace", "hosted")
+TOOL_TAGS = ("function", "custom", "namespace", "hosted", "mcp")
 
 
 def _tool_tag(value: Any) -> str:
     tool_type = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return tool_type if tool_type in ("function", "custom", "namespace") else "hosted"
+    return tool_type if tool_type in ("function", "custom", "namespace", "mcp") else "hosted"
 
 
 Tool = Annotated[
     Annotated[FunctionTool, Tag("function")]
     | Annotated[CustomTool, Tag("custom")]
     | Annotated[NamespaceTool, Tag("namespace")]
-    | Annotated[HostedTool, Tag("hosted")],
+    | Annotated[HostedTool, Tag("hosted")]
+    | Annotated[McpTool, Tag("mcp")],
     PydanticDiscriminator(_tool_tag),
 ]
 

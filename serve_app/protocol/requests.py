@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from serve_app.protocol import mcp_items
 from serve_app.protocol.request_base import OPAQUE, Lenient
 from serve_app.protocol.request_tools import HostedTool, Tool, ToolChoice
 
@@ -169,6 +170,7 @@ INPUT_ITEM_TYPES = (
     "custom_tool_call_output",
     "item_reference",
     "compaction",
+    *mcp_items.MCP_ITEM_TYPES,
 )
 
 
@@ -194,7 +196,11 @@ InputItem = Annotated[
     | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
     | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
     | Annotated[ItemReference, Tag("item_reference")]
-    | Annotated[CompactionItem, Tag("compaction")],
+    | Annotated[CompactionItem, Tag("compaction")]
+    | Annotated[mcp_items.McpListToolsItem, Tag("mcp_list_tools")]
+    | Annotated[mcp_items.McpCallItem, Tag("mcp_call")]
+    | Annotated[mcp_items.McpApprovalRequestItem, Tag("mcp_approval_request")]
+    | Annotated[mcp_items.McpApprovalResponseItem, Tag("mcp_approval_response")],
     PydanticDiscriminator(
         _item_tag,
         custom_error_type="invalid_item_type",

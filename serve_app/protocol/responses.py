@@ -25,6 +25,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from openai.types.shared import Reasoning
 from pydantic import TypeAdapter, ValidationError
 
+from serve_app.protocol.mcp_items import McpTool
 from serve_app.protocol.request_tools import (
     CustomTool,
     FunctionTool,
@@ -182,6 +183,8 @@ def _tools(request: ResponsesRequest) -> list[Tool]:
                 "description": tool.description or "",
                 "tools": [_tool_dict(inner) for inner in tool.tools],
             }
+        elif isinstance(tool, McpTool):
+            raw = tool.echo()  # without its credentials (mcp_items.py)
         else:
             continue
         try:

@@ -62,6 +62,9 @@ class ToolResult:
 class ToolItemBuilder(Protocol):
     """One tool kind's items and events, as the openai SDK types them."""
 
+    # The prefix of its items' ids, as OpenAI mints them (``mcp`` for ``mcp_...``).
+    id_prefix: str
+
     def added(self, item: OpenItem) -> ResponseOutputItem:
         """The item ``output_item.added`` announces (``in_progress``, no arguments yet)."""
         ...

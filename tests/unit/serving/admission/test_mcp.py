@@ -1,0 +1,55 @@
+"""The door's rules on `mcp` tools: a clear 400 naming the field, before any connection."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve_app.config import ToolArgs
+from serve_app.protocol.errors import InvalidRequest
+from serve_app.protocol.requests import ResponsesRequest
+from serve_app.serving.admission.mcp import check_mcp
+from tests.support import MODEL
+
+ALLOW = ToolArgs(mcp_allow=["http://127.0.0.1:9000/mcp"])
+
+
+def mcp(**fields: object) -> dict:
+    return {
+        "type": "mcp",
+        "server_label": "docs",
+        "server_url": "http://127.0.0.1:9000/mcp",
+        **fields,
+    }
+
+
+def check(tools: list[dict], items: list[dict] | None = None, history: int = 0) -> None:
+    request = ResponsesRequest.model_validate(
+        {"model": MODEL, "input": items or "hi", "tools": tools}
+    )
+    check_mcp(ALLOW, request, request.input_items, history)
+
+
+@pytest.mark.parametrize(
+    ("tools", "param"),
+    [
+        ([mcp(server_url="http://127.0.0.1:9001/mcp")], "tools[0].server_url"),
+        ([mcp(server_url="http://127.0.0.1:9000/mcpx")], "tools[0].server_url"),
+        ([mcp(server_url="http://user:pw@127.0.0.1:9000/mcp")], "tools[0].server_url"),
+        ([mcp(server_url="file:///etc/passwd")], "tools[0].server_url"),
+        ([{"type": "function", "name": "f"}, mcp(server_url=None)], "tools[1].server_url"),
+        ([mcp(connector_id="connector_gmail", server_url=None)], "tools[0].connector_id"),
+        ([mcp(), mcp(server_url="http://127.0.0.1:9000/mcp/other")], "tools[1].server_label"),
+    ],
+)
+def test_a_bad_mcp_tool_is_a_400_naming_its_field(tools, param) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        check(tools)
+    assert caught.value.param == param
+
+
+def test_an_allowed_server_passes_and_an_unanswerable_approval_is_a_400() -> None:
+    check([mcp(), mcp(server_label="more", server_url="http://127.0.0.1:9000/mcp/v2")])
+    answer = {"type": "mcp_approval_response", "approval_request_id": "mcpr_x", "approve": True}
+    with pytest.raises(InvalidRequest) as caught:
+        check([mcp()], [{"role": "user", "content": "hi"}, answer])
+    assert caught.value.param == "input[1].approval_request_id"

@@ -1,0 +1,196 @@
+"""What a turn's MCP tools do before the model runs (list each server once per context, run
+the calls the client approved) and the runner of the `mcp` kinds, over a recording fake of
+the MCP client (tests/app/test_mcp.py runs the real one against real servers)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from openai.types.responses.mcp_tool_call_error import McpProtocolError
+from openai.types.responses.response_output_item import McpListToolsTool
+
+from serve_app.harmony.tools import ToolSpec
+from serve_app.protocol.requests import ResponsesRequest
+from serve_app.serving.tools.contract import CancelScope, ToolCall
+from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpServer
+from serve_app.serving.tools.mcp_turn import McpRunner, McpTurns
+from serve_app.serving.turn.state import Context
+from tests.support import MODEL
+from tests.unit.protocol.test_stream_events import new_writer, wire
+
+ECHO = McpListToolsTool(name="echo", input_schema={"type": "object"}, description="Echo.")
+WIPE = McpListToolsTool(name="wipe", input_schema={"type": "object"}, description="Wipe.")
+
+
+class FakeServers:
+    """Answers every listing with echo and wipe, every call with its arguments; records
+    what it was asked (and the headers it was given)."""
+
+    def __init__(self, *, list_error: str | None = None) -> None:
+        self.listed: list[McpServer] = []
+        self.calls: list[tuple[McpServer, str, Any]] = []
+        self.list_error = list_error
+
+    async def list_tools(self, server: McpServer) -> ListOutcome:
+        self.listed.append(server)
+        if self.list_error:
+            return ListOutcome(error=self.list_error)
+        return ListOutcome(tools=[ECHO, WIPE])
+
+    async def call_tool(
+        self, server: McpServer, name: str, arguments: str | Mapping[str, Any]
+    ) -> CallOutcome:
+        self.calls.append((server, name, arguments))
+        if name == "fail":
+            code, message = -32603, "it broke"
+            return CallOutcome(
+                error=McpProtocolError(type="mcp_protocol_error", code=code, message=message)
+            )
+        return CallOutcome(output=f"{name} ran with {arguments}")
+
+
+def mcp(**fields: object) -> dict:
+    return {"type": "mcp", "server_label": "docs", "server_url": "http://127.0.0.1:9/mcp", **fields}
+
+
+def context(items: list[dict], history: list[dict] = (), **tool: object) -> Context:
+    request = ResponsesRequest.model_validate(
+        {"model": MODEL, "input": items, "tools": [mcp(**tool)]}
+    )
+    past = ResponsesRequest.model_validate({"model": MODEL, "input": list(history) or "x"})
+    return Context(request, past.input_items if history else [])
+
+
+def prepare(servers: FakeServers, ctx: Context):
+    return asyncio.run(McpTurns(servers).prepare(ctx))
+
+
+def test_a_server_is_listed_once_and_its_tools_join_the_registry_with_credentials_sent() -> None:
+    servers = FakeServers()
+    ctx, prelude = prepare(
+        servers,
+        context(
+            [{"role": "user", "content": "hi"}],
+            headers={"X-Key": "k1"},
+            authorization="tok",
+            require_approval={"never": {"tool_names": ["echo"]}},
+        ),
+    )
+    (server,) = servers.listed
+    assert server.headers == {"X-Key": "k1", "Authorization": "Bearer tok"}
+    assert [(spec.recipient, spec.kind) for spec in ctx.tools.tools] == [
+        ("docs.echo", "mcp"),
+        ("docs.wipe", "mcp_approval"),
+    ]
+    writer = new_writer()
+    writer.start()
+    prelude.write(writer)
+    events = wire(writer)
+    assert [event["type"] for event in events][2:] == [
+        "response.output_item.added",
+        "response.mcp_list_tools.in_progress",
+        "response.mcp_list_tools.completed",
+        "response.output_item.done",
+    ]
+    assert [tool["name"] for tool in events[-1]["item"]["tools"]] == ["echo", "wipe"]
+
+
+def test_a_listing_in_the_context_is_reused_without_asking_the_server() -> None:
+    listing = {
+        "type": "mcp_list_tools",
+        "id": "mcpl_1",
+        "server_label": "docs",
+        "tools": [ECHO.model_dump()],
+    }
+    for history, items in (
+        ([listing], [{"role": "user", "content": "again"}]),
+        ([], [listing, {"role": "user", "content": "again"}]),
+    ):
+        servers = FakeServers()
+        ctx, prelude = prepare(servers, context(items, history))
+        assert servers.listed == []
+        assert [spec.name for spec in ctx.tools.tools] == ["echo"]
+        writer = new_writer()
+        writer.start()
+        prelude.write(writer)
+        assert len(wire(writer)) == 2  # created, in_progress: no item of its own
+
+
+def test_a_failed_listing_is_a_failed_item_and_shows_no_tools() -> None:
+    servers = FakeServers(list_error="could not reach the MCP server")
+    ctx, prelude = prepare(servers, context([{"role": "user", "content": "hi"}]))
+    assert ctx.tools.tools == ()
+    writer = new_writer()
+    writer.start()
+    prelude.write(writer)
+    events = wire(writer)
+    assert events[-2]["type"] == "response.mcp_list_tools.failed"
+    assert events[-1]["item"]["error"] == "could not reach the MCP server"
+
+
+ASKED = {
+    "type": "mcp_approval_request",
+    "id": "mcpr_1",
+    "server_label": "docs",
+    "name": "wipe",
+    "arguments": '{"all": true}',
+}
+LISTED = {
+    "type": "mcp_list_tools",
+    "id": "mcpl_1",
+    "server_label": "docs",
+    "tools": [ECHO.model_dump(), WIPE.model_dump()],
+}
+
+
+def test_an_approved_call_runs_before_the_model_and_is_rendered_after_the_input() -> None:
+    servers = FakeServers()
+    approve = {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": True}
+    ctx, prelude = prepare(servers, context([approve], history=[LISTED, ASKED]))
+    assert [(name, args) for _, name, args in servers.calls] == [("wipe", '{"all": true}')]
+    (shown,) = ctx.request.input_items[1:]
+    assert shown.type == "mcp_call" and shown.approval_request_id == "mcpr_1"
+    writer = new_writer()
+    writer.start()
+    prelude.write(writer)
+    events = wire(writer)
+    assert [event["type"] for event in events][2:] == [
+        "response.output_item.added",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
+        "response.mcp_call.in_progress",
+        "response.mcp_call.completed",
+        "response.output_item.done",
+    ]
+    done = events[-1]["item"]
+    assert done["approval_request_id"] == "mcpr_1" and done["output"].startswith("wipe ran")
+    # Run once: a context that holds its mcp_call does not run it again; a denial never runs.
+    ran = {**done, "status": "completed"}
+    servers = FakeServers()
+    prepare(servers, context([approve, ran], history=[LISTED, ASKED]))
+    deny = {**approve, "approve": False}
+    prepare(servers, context([deny], history=[LISTED, ASKED]))
+    assert servers.calls == []
+
+
+def call_of(kind: str, name: str, arguments: str, **tool: object) -> ToolCall:
+    request = ResponsesRequest.model_validate(
+        {"model": MODEL, "input": "x", "tools": [mcp(**tool)]}
+    )
+    spec = ToolSpec(name=name, kind=kind, namespace="docs")  # type: ignore[arg-type]
+    return ToolCall(spec, arguments, None, request, "mcp_1", "call_1", CancelScope())
+
+
+def test_the_runner_calls_the_server_or_awaits_approval_and_a_failure_is_a_result() -> None:
+    servers = FakeServers()
+    runner = McpRunner(servers)
+    result = asyncio.run(runner.run(call_of("mcp", "echo", '{"text": "hi"}')))
+    assert result.output == 'echo ran with {"text": "hi"}' and not result.failed
+    failed = asyncio.run(runner.run(call_of("mcp", "fail", "{}")))
+    assert failed.error == "it broke" and failed.data["mcp_error"].code == -32603
+    waits = asyncio.run(runner.run(call_of("mcp_approval", "wipe", "{}")))
+    assert waits.awaits_client and len(servers.calls) == 2
+    refused = asyncio.run(runner.run(call_of("mcp", "wipe", "{}", allowed_tools=["echo"])))
+    assert refused.failed and len(servers.calls) == 2
