@@ -35,7 +35,15 @@ from fastapi import FastAPI
 from openai import OpenAI
 
 from serve_app.serving.http.auth import ApiKeys
-from tests.support import API_KEY, ENGINE_SCRIPT, OTHER_API_KEY, REPO, postgres, serve_run
+from tests.support import (
+    API_KEY,
+    ENGINE_SCRIPT,
+    MCP_TEST_BOUNDS,
+    OTHER_API_KEY,
+    REPO,
+    postgres,
+    serve_run,
+)
 from tests.support.fast_path import fast_path_env
 from tests.support.helpers import in_process_api
 
@@ -73,6 +81,7 @@ def _test_config(tmp: Path, port: int, store_url: str) -> dict:
     else:
         app["args"]["engine"]["options"]["script"] = str(ENGINE_SCRIPT)
     app["args"]["store"] = {"url": store_url}
+    app["args"]["tools"] = MCP_TEST_BOUNDS
     for deployment in app["deployments"]:
         deployment["num_replicas"] = REPLICAS
         if deployment["name"] == "EngineDeployment":  # small, so overload is reachable

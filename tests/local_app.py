@@ -25,12 +25,12 @@ from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.http.auth import ApiKeys
 from serve_app.serving.ingress import app_store, create_api
 from serve_app.serving.reasoning_keys import shared_vault
-from tests.support import API_KEY, ENGINE_SCRIPT, OTHER_API_KEY
+from tests.support import API_KEY, ENGINE_SCRIPT, MCP_TEST_BOUNDS, OTHER_API_KEY
 
 
 async def serve(port: int, decode_tokens_per_s: float) -> None:
     folder = Path(tempfile.mkdtemp(prefix="serve_app_local_"))
-    args = AppArgs(default_max_output_tokens=4096)
+    args = AppArgs.model_validate({"default_max_output_tokens": 4096, "tools": MCP_TEST_BOUNDS})
     store = app_store(f"sqlite+aiosqlite:///{folder / 'responses.db'}", args)
     await store.start()
     engine = SimulatedEngine(

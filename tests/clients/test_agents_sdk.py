@@ -35,3 +35,52 @@ async def test_agent_runs_its_tool_and_answers_with_previous_response_id(app_url
     )
     # The tool's output was sent against the first response, not with the history re-sent.
     assert stored.previous_response_id == first.response_id
+
+
+async def test_hosted_mcp_tool_with_an_approval_callback_runs_its_call(app_url: str) -> None:
+    """The Agents SDK's `HostedMCPTool`: the app lists the server and asks for approval; the
+    SDK's `on_approval_request` approves, the SDK sends the `mcp_approval_response` on its next
+    turn and the app runs the call and answers (tests/app/test_mcp.py has the servers)."""
+    from agents import HostedMCPTool
+
+    from tests.support.mcp_app import port
+    from tests.support.mcp_servers import mcp_server
+
+    set_tracing_disabled(True)
+    asked: list[tuple[str, str, str]] = []
+
+    def approve(request):
+        data = request.data
+        asked.append((data.server_label, data.name, data.arguments))
+        return {"approve": True}
+
+    with mcp_server("good", port=port("agents")) as server:
+        tool = HostedMCPTool(
+            tool_config={
+                "type": "mcp",
+                "server_label": "docs",
+                "server_url": server.url,
+                "require_approval": "always",
+            },
+            on_approval_request=approve,
+        )
+        client = AsyncOpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0)
+        agent = Agent(
+            name="docs",
+            instructions="Use the docs server.",
+            model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+            tools=[tool],
+        )
+        result = await Runner.run(agent, "MCP-ECHO-TASK", auto_previous_response_id=True)
+
+    assert asked == [("docs", "echo", '{"text": "MCP-ECHOED-7"}')]
+    assert result.final_output == "The server said MCP-ECHOED-7."
+    types = [item.type for item in result.new_items]
+    assert "mcp_approval_request_item" in types and "mcp_approval_response_item" in types
+    calls = [
+        item
+        for response in result.raw_responses
+        for item in response.output
+        if item.type == "mcp_call"
+    ]
+    assert [call.output for call in calls] == ["MCP-ECHOED-7"]

@@ -28,3 +28,6 @@ OTHER_API_KEY = "sk-test-2"
 AUTH = {"authorization": f"Bearer {API_KEY}"}
 # The environment variable the load tests and scripts (and Codex's provider) read their key from.
 API_KEY_ENV = "SERVE_APP_API_KEY"
+# The test app's MCP bounds: a server that hangs fails its call within seconds (the allowlist
+# comes from $SERVE_APP_MCP_ALLOW: tests/support/mcp_app.py).
+MCP_TEST_BOUNDS = {"mcp_connect_timeout_s": 5, "mcp_list_timeout_s": 10, "mcp_call_timeout_s": 5}

@@ -92,15 +92,17 @@ def start_mcp_server(
     *,
     token: str | None = None,
     json_response: bool = False,
+    port: int = 0,
 ) -> McpTestServer:
     """Start a test server in a subprocess and return once it accepts MCP requests; the
-    caller stops it (or use `mcp_server`)."""
+    caller stops it (or use `mcp_server`). ``port``: a given one (a running app's allowlist
+    names it), else a free one."""
     if kind not in KINDS:
         raise ValueError(f"unknown MCP test server kind {kind!r}; one of {KINDS}")
     # The port is bound here and the socket handed to the child: no race for a free port.
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 0))
+    listener.bind(("127.0.0.1", port))
     listener.listen(128)
     port = listener.getsockname()[1]
     command = [sys.executable, "-m", "tests.support.mcp_servers", kind, "--transport", transport]
@@ -138,9 +140,10 @@ def mcp_server(
     *,
     token: str | None = None,
     json_response: bool = False,
+    port: int = 0,
 ) -> Iterator[McpTestServer]:
     """`start_mcp_server`, stopped on leaving."""
-    server = start_mcp_server(kind, transport, token=token, json_response=json_response)
+    server = start_mcp_server(kind, transport, token=token, json_response=json_response, port=port)
     try:
         yield server
     finally:

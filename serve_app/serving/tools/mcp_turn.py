@@ -28,10 +28,10 @@ from serve_app.protocol.mcp_items import (
     McpTool,
 )
 from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.protocol.stream_events import ResponseEventWriter
 from serve_app.protocol.tool_events import ToolCallEvents
 from serve_app.serving.tools.contract import ToolCall, ToolResult, ToolRunners
 from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpServer
-from serve_app.serving.turn.state import Context
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +117,13 @@ class McpPrelude:
     def rendered_items(self) -> list[InputItem]:
         """What the prompt shows after the request's input: the approved calls' outputs."""
         return [call.item() for call in self.approved]
+
+    def open(self, writer: ResponseEventWriter) -> None:
+        """Start the response (``response.created``) and write the items' events after it;
+        nothing for a response without them."""
+        if self:
+            writer.start()
+            self.write(writer)
 
     def write(self, writer: ToolCallEvents) -> None:
         """The items' events, right after ``response.created``: each fresh listing, then each
@@ -254,16 +261,26 @@ class McpTurns:
         runners.register(mcp_events.MCP_KIND, self.runner)
         runners.register(mcp_events.MCP_APPROVAL_KIND, self.runner)
 
-    async def prepare(self, context: Context) -> tuple[Context, McpPrelude]:
-        """The context as the model's prompt renders it (the servers' tools added to its
-        registry, the approved calls' outputs after its input) and the prelude whose items
-        open the response. A request without ``mcp`` tools (or with ``tool_choice: none``):
-        as it is."""
-        request = context.request
+    async def prepare(
+        self, request: ResponsesRequest, history: Sequence[InputItem], tools: ToolRegistry | None
+    ) -> Prepared:
+        """What the model's prompt renders (the servers' tools added to ``tools``, the
+        approved calls' outputs after the request's input) and the prelude whose items open
+        the response. A request without ``mcp`` tools (or with ``tool_choice: none``): as it
+        is."""
         if request.tool_choice == "none" or not mcp_tools(request):
-            return context, McpPrelude()
-        done = await prelude(self.servers, request, [*context.history, *request.input_items])
+            return Prepared(request, tools, McpPrelude())
+        done = await prelude(self.servers, request, [*history, *request.input_items])
         shown = request.model_copy(update={"input": [*request.input_items, *done.rendered_items()]})
-        tools = context.tools or ToolRegistry.from_request(request)
-        tools = replace(tools, tools=(*tools.tools, *done.specs()))
-        return Context(shown, context.history, tools), done
+        tools = tools or ToolRegistry.from_request(request)
+        return Prepared(shown, replace(tools, tools=(*tools.tools, *done.specs())), done)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """`McpTurns.prepare`'s answer: the request as rendered (its input extended), the tools
+    the model is shown, the prelude."""
+
+    request: ResponsesRequest
+    tools: ToolRegistry | None
+    prelude: McpPrelude

@@ -10,6 +10,7 @@ from serve_app.config import AppArgs
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.protocol.requests import ItemReference
 from serve_app.serving.admission import responses as rules
+from serve_app.serving.admission.mcp import check_mcp
 from serve_app.serving.turn import history
 from serve_app.serving.turn.references import find_referenced, replace_references
 from serve_app.serving.turn.state import Ask, Context
@@ -21,6 +22,7 @@ class Door:
         self._args = args
         self._store = store
         self._vault = vault
+        self._tool_args = args.tools.resolved()  # the MCP allowlist, its override applied
 
     async def admit(self, ask: Ask, *, generating: bool = False) -> Context:
         """Every 4xx a request can earn before rendering. Returns the request with its item
@@ -31,6 +33,8 @@ class Door:
         if generating:
             rules.check_strict_schemas(context.request)
         tools = rules.check_items(context.request, context.history, self._vault, ask.owner)
+        items = [*context.history, *context.request.input_items]
+        check_mcp(self._tool_args, context.request, items, len(context.history))
         if generating:
             rules.check_generation(context.request, tools)
         return replace(context, tools=tools)

@@ -29,6 +29,8 @@ from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
 from serve_app.serving.tools.contract import ToolRunners
 from serve_app.serving.tools.loop import ToolLoop
+from serve_app.serving.tools.mcp.client import McpClient
+from serve_app.serving.tools.mcp_turn import McpTurns
 from serve_app.serving.turn import context_management, history
 from serve_app.serving.turn.admit import Door
 from serve_app.serving.turn.engine_request import engine_request
@@ -59,6 +61,9 @@ class ResponsesService:
         self._persistence = Persistence(store)
         # The runners of the tools the server runs, by kind (serving/tools/contract.py).
         self._tools = tools if tools is not None else ToolRunners()
+        # MCP servers' tools: listed before the model runs, their calls run by the loop.
+        self._mcp = McpTurns(McpClient(args.tools))
+        self._mcp.register(self._tools)
         self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools))
 
     @property
@@ -84,6 +89,8 @@ class ResponsesService:
             await self._door.admit(ask, generating=True), ask.owner
         )
         request, owner = context.request, ask.owner
+        mcp = await self._mcp.prepare(request, context.history, context.tools)
+        context = replace(context, request=mcp.request, tools=mcp.tools)
         prompt = await self._renderer.render(context, owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
@@ -112,6 +119,7 @@ class ResponsesService:
             summarize_reasoning=self._summarize_reasoning(request),
             max_tool_calls=request.max_tool_calls,
         )
+        mcp.prelude.open(translator.writer)
         logger.info(
             "response %s: %d prompt tokens, max %d output tokens, conversation %s",
             response.id,

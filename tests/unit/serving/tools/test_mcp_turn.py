@@ -64,7 +64,8 @@ def context(items: list[dict], history: list[dict] = (), **tool: object) -> Cont
 
 
 def prepare(servers: FakeServers, ctx: Context):
-    return asyncio.run(McpTurns(servers).prepare(ctx))
+    prepared = asyncio.run(McpTurns(servers).prepare(ctx.request, ctx.history, ctx.tools))
+    return Context(prepared.request, ctx.history, prepared.tools), prepared.prelude
 
 
 def test_a_server_is_listed_once_and_its_tools_join_the_registry_with_credentials_sent() -> None:
