@@ -113,8 +113,8 @@ Tool = Annotated[
     Annotated[FunctionTool, Tag("function")]
     | Annotated[CustomTool, Tag("custom")]
     | Annotated[NamespaceTool, Tag("namespace")]
-    | Annotated[HostedTool, Tag("hosted")]
-    | Annotated[McpTool, Tag("mcp")],
+    | Annotated[McpTool, Tag("mcp")]
+    | Annotated[HostedTool, Tag("hosted")],
     PydanticDiscriminator(_tool_tag),
 ]
 

@@ -162,6 +162,71 @@ HOSTED_CHOICE: dict[str, Any] = {
     "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []},
 }
 
+# MCP: the tool with its filter forms, and every MCP input item.
+MCP_ITEMS: list[dict[str, Any]] = [
+    {
+        "type": "mcp_list_tools",
+        "id": "mcpl_1",
+        "server_label": "docs",
+        "tools": [
+            {
+                "name": "echo",
+                "input_schema": PARAMETERS,
+                "description": "Echo.",
+                "annotations": {"readOnlyHint": True},
+            }
+        ],
+        "error": None,
+    },
+    {
+        "type": "mcp_call",
+        "id": "mcp_1",
+        "server_label": "docs",
+        "name": "echo",
+        "arguments": "{}",
+        "output": "hi",
+        "error": {"type": "http_error", "code": 500, "message": "down"},
+        "approval_request_id": "mcpr_0",
+        "status": "failed",
+    },
+    {
+        "type": "mcp_approval_request",
+        "id": "mcpr_1",
+        "server_label": "docs",
+        "name": "echo",
+        "arguments": "{}",
+    },
+    {
+        "type": "mcp_approval_response",
+        "id": "mcpa_1",
+        "approval_request_id": "mcpr_1",
+        "approve": True,
+        "reason": "fine",
+    },
+]
+MCP_FORMS: dict[str, Any] = {
+    "model": MODEL,
+    "input": MCP_ITEMS,
+    "tools": [
+        {
+            "type": "mcp",
+            "server_label": "docs",
+            "server_url": "http://127.0.0.1:9/mcp",
+            "connector_id": "connector_gmail",
+            "tunnel_id": "tunnel_1",
+            "allowed_tools": {"tool_names": ["echo"], "read_only": True},
+            "headers": {"X-Key": "k"},
+            "authorization": "token",
+            "require_approval": {
+                "always": {"tool_names": ["echo"], "read_only": False},
+                "never": {"tool_names": ["add"]},
+            },
+            "server_description": "Docs.",
+            "defer_loading": False,
+        }
+    ],
+}
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -170,11 +235,16 @@ class Endpoint:
     examples: tuple[dict[str, Any], ...]
 
 
-RESPONSES = Endpoint("/v1/responses", ResponsesRequest, (MAIN_REQUEST, OTHER_FORMS, HOSTED_CHOICE))
+RESPONSES = Endpoint(
+    "/v1/responses", ResponsesRequest, (MAIN_REQUEST, OTHER_FORMS, HOSTED_CHOICE, MCP_FORMS)
+)
 CONVERSATIONS = Endpoint(
     "/v1/conversations",
     ConversationCreate,
-    ({"items": [*MAIN_REQUEST["input"], *STATE_ITEMS], "metadata": {"topic": "words"}},),
+    (
+        {"items": [*MAIN_REQUEST["input"], *STATE_ITEMS], "metadata": {"topic": "words"}},
+        {"items": MCP_ITEMS},
+    ),
 )
 ENDPOINTS = (RESPONSES, CONVERSATIONS)
 

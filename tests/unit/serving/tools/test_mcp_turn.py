@@ -195,3 +195,49 @@ def test_the_runner_calls_the_server_or_awaits_approval_and_a_failure_is_a_resul
     assert waits.awaits_client and len(servers.calls) == 2
     refused = asyncio.run(runner.run(call_of("mcp", "wipe", "{}", allowed_tools=["echo"])))
     assert refused.failed and len(servers.calls) == 2
+
+
+async def test_credentials_reach_their_server_only_never_a_log_line_the_echo_nor_the_store(
+    tmp_path, caplog
+) -> None:
+    """The whole app in this process, a real MCP server that refuses requests without the
+    token: the listing and the call work (the server got it), and the token is in no log
+    record (every logger at DEBUG), no echoed or stored response, no byte of the store's file;
+    a wrong token is a failed listing whose error does not repeat it."""
+    import logging
+
+    from serve_app.config import AppArgs
+    from serve_app.engines.simulated import SimulatedEngineConfig
+    from tests.support import ENGINE_SCRIPT
+    from tests.support.helpers import in_process_api, sdk_client
+    from tests.support.mcp_servers import mcp_server
+
+    token, header = "tok-5b1e7d2c9a", "hdr-8f3c1a6e4d"
+    caplog.set_level(logging.DEBUG)
+    with mcp_server("good", token=token) as server:
+        args = AppArgs.model_validate({"tools": {"mcp_allow": [server.origin]}})
+        engine = SimulatedEngineConfig(script=str(ENGINE_SCRIPT), decode_tokens_per_s=50_000)
+        async with in_process_api(tmp_path / "s.db", args, engine=engine) as api:
+            client = sdk_client(api)
+            tool = mcp(
+                server_url=server.url,
+                authorization=token,
+                headers={"X-Extra": header},
+                require_approval="never",
+            )
+            response = await client.responses.create(
+                model=MODEL, input="MCP-ECHO-TASK", tools=[tool]
+            )
+            stored = await client.responses.retrieve(response.id)
+            wrong = await client.responses.create(
+                model=MODEL, input="SDK-TEXT", tools=[{**tool, "authorization": token[::-1]}]
+            )
+    assert [item.type for item in response.output][::2] == ["mcp_list_tools", "mcp_call", "message"]
+    assert response.output[2].output == "MCP-ECHOED-7"
+    assert wrong.output[0].error and wrong.status == "completed"
+    for secret in (token, header, token[::-1]):
+        assert secret not in caplog.text
+        for shown in (response, stored, wrong):
+            assert secret not in shown.model_dump_json()
+        for path in tmp_path.iterdir():
+            assert secret.encode() not in path.read_bytes(), path.name
