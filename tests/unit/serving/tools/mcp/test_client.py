@@ -70,7 +70,8 @@ async def test_a_failing_tool_is_an_execution_error(good: McpTestServer) -> None
     client = _client(good)
     failed = await client.call_tool(McpServer(good.url), "fail", {"message": "boom"})
     assert isinstance(failed.error, McpToolExecutionError) and failed.output is None
-    assert "fail" in failed.message
+    assert failed.message == "Error executing tool fail: boom"  # the SDK server's wording
+    assert failed.error.content == [{"type": "text", "text": failed.message}]
     unknown = await client.call_tool(McpServer(good.url), "no_such_tool", {})
     assert unknown.error is not None and "no_such_tool" in unknown.message
 
@@ -126,6 +127,13 @@ async def test_a_token_is_never_logged_nor_in_an_error(caplog: pytest.LogCapture
         assert TOKEN not in repr(record.args) and "the-right-one" not in repr(record.args)
 
 
+async def test_a_token_a_server_echoes_in_its_error_is_blanked(good: McpTestServer) -> None:
+    server = McpServer.for_tool(good.url, authorization=TOKEN)
+    echoed = await _client(good).call_tool(server, "fail", {"message": f"you sent Bearer {TOKEN}"})
+    assert isinstance(echoed.error, McpToolExecutionError)
+    assert echoed.message.endswith("you sent [redacted]")
+
+
 async def test_a_hanging_call_fails_within_its_timeout() -> None:
     with mcp_server("hang") as hang:
         client = _client(hang, mcp_call_timeout_s=1.5)
@@ -134,7 +142,7 @@ async def test_a_hanging_call_fails_within_its_timeout() -> None:
         elapsed = time.monotonic() - started
     assert isinstance(outcome.error, McpProtocolError) and outcome.error.code == -32001
     assert "1.5s" in outcome.message
-    assert 1.4 < elapsed < 4
+    assert 1.4 < elapsed < 6  # the bound, and a margin for a loaded machine
 
 
 @pytest.mark.parametrize("operation", ["list", "call"])
@@ -150,7 +158,7 @@ async def test_a_server_that_never_answers_fails_within_the_connect_timeout(oper
             error = (await client.call_tool(McpServer(silent.url), "echo", {"text": "x"})).message
         elapsed = time.monotonic() - started
     assert error and "in time" in error
-    assert elapsed < 5
+    assert elapsed < 8  # the connect timeout (1 s), far below the operation's (30 s)
 
 
 async def test_an_unreachable_server_fails_at_once() -> None:
@@ -195,7 +203,7 @@ async def test_a_server_closing_mid_call_is_an_error_at_once(transport: str) -> 
         started = time.monotonic()
         outcome = await client.call_tool(McpServer(drop.url), "drop", {})
         elapsed = time.monotonic() - started
-        assert not drop.alive()
+        assert drop.process.wait(timeout=10) == 3  # it did end mid-call (os._exit(3))
     assert outcome.output is None and isinstance(outcome.error, McpProtocolError)
     assert elapsed < 10
 
@@ -244,7 +252,7 @@ async def test_cancelling_the_caller_cancels_the_call() -> None:
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 5  # at once, not after the call's 30 s
         assert client.calls_in_flight(target) == 0
         # The server is fine, and so is the client.
         assert (await client.call_tool(target, "echo", {"text": "again"})).output == "again"
