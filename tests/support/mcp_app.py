@@ -26,6 +26,7 @@ from serve_app.config import MCP_ALLOW_ENV
 from tests.support import REPO
 
 ROLES = ("good", "good_sse", "hang", "huge", "drop", "many", "everything", "agents", "closed")
+ROLES = (*ROLES, "loop")  # tests/app/test_tool_loop.py
 EVERYTHING = REPO / "tests" / "js" / "node_modules" / "@modelcontextprotocol" / "server-everything"
 
 
