@@ -88,13 +88,6 @@ class McpTool(Lenient):
             return True
         return not (rule.always is not None and rule.never is None)
 
-    def credentials(self) -> dict[str, str]:
-        """The HTTP headers this server is sent (``authorization`` as a bearer token)."""
-        sent = dict(self.headers or {})
-        if self.authorization:
-            sent["Authorization"] = f"Bearer {self.authorization}"
-        return sent
-
     def echo(self) -> dict[str, Any]:
         """The tool as the Response's ``tools`` shows it (and the store keeps it): what was
         sent, credentials left out."""

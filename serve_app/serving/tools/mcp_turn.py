@@ -1,6 +1,6 @@
-"""MCP tools in a turn: the door's rules on ``mcp`` tools, each server's listing before the
-model runs (or the one its context already holds), approved calls run at the start of the next
-response, and the `ToolRunner` of the ``mcp`` and ``mcp_approval`` kinds.
+"""MCP tools in a turn: each server's listing before the model runs (or the one its context
+already holds), the approved calls run at the start of the next response, and the `ToolRunner`
+of the ``mcp`` and ``mcp_approval`` kinds (the door's rules: serve_app.serving.admission.mcp).
 
 The MCP client (serve_app.serving.tools.mcp) reaches the servers: this module only decides
 what to ask it and what its answers become (items the model and the client read). Nothing here

@@ -36,7 +36,7 @@ def test_the_mcp_tool_parses_every_field_of_the_sdk_type() -> None:
         )
     ).tools[0]
     assert isinstance(tool, McpTool)
-    assert tool.credentials() == {"X-Key": SECRET, "Authorization": f"Bearer {SECRET}"}
+    assert tool.headers == {"X-Key": SECRET} and tool.authorization == SECRET
     assert SECRET not in repr(tool) and SECRET not in str(tool)
 
 
