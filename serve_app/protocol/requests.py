@@ -22,6 +22,16 @@ from pydantic import (
     model_validator,
 )
 
+from serve_app.protocol.client_tools import (
+    ApplyPatchCallItem,
+    ApplyPatchCallOutputItem,
+    ClientCallItem,
+    ClientOutputItem,
+    LocalShellCallItem,
+    LocalShellCallOutputItem,
+    ShellCallItem,
+    ShellCallOutputItem,
+)
 from serve_app.protocol.request_base import OPAQUE, Lenient
 from serve_app.protocol.request_tools import HostedTool, Tool, ToolChoice
 
@@ -169,6 +179,8 @@ INPUT_ITEM_TYPES = (
     "custom_tool_call_output",
     "item_reference",
     "compaction",
+    *("shell_call", "shell_call_output", "local_shell_call", "local_shell_call_output"),
+    *("apply_patch_call", "apply_patch_call_output"),
 )
 
 
@@ -194,7 +206,13 @@ InputItem = Annotated[
     | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
     | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
     | Annotated[ItemReference, Tag("item_reference")]
-    | Annotated[CompactionItem, Tag("compaction")],
+    | Annotated[CompactionItem, Tag("compaction")]
+    | Annotated[ShellCallItem, Tag("shell_call")]
+    | Annotated[ShellCallOutputItem, Tag("shell_call_output")]
+    | Annotated[LocalShellCallItem, Tag("local_shell_call")]
+    | Annotated[LocalShellCallOutputItem, Tag("local_shell_call_output")]
+    | Annotated[ApplyPatchCallItem, Tag("apply_patch_call")]
+    | Annotated[ApplyPatchCallOutputItem, Tag("apply_patch_call_output")],
     PydanticDiscriminator(
         _item_tag,
         custom_error_type="invalid_item_type",
@@ -202,8 +220,8 @@ InputItem = Annotated[
     ),
 ]
 
-ToolCallItem = FunctionCallItem | CustomToolCallItem
-ToolOutputItem = FunctionCallOutputItem | CustomToolCallOutputItem
+ToolCallItem = FunctionCallItem | CustomToolCallItem | ClientCallItem
+ToolOutputItem = FunctionCallOutputItem | CustomToolCallOutputItem | ClientOutputItem
 
 
 # --- the request ---------------------------------------------------------------------------

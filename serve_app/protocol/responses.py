@@ -75,6 +75,7 @@ ITEM_ID_PREFIXES = {
     "custom_tool_call": "ctc",
     "custom_tool_call_output": "ctco",
     "compaction": "cmp",
+    **{"shell_call": "sh", "local_shell_call": "lsh", "apply_patch_call": "apc"},
 }
 
 

@@ -66,6 +66,7 @@ from openai.types.responses.response_reasoning_summary_part_done_event import (
 )
 
 from serve_app.protocol import responses as builders
+from serve_app.protocol.client_tool_events import DEFERRED_KINDS, ClientCallWriting
 from serve_app.protocol.stream_items import (
     FinishStatus,
     ItemKind,
@@ -87,7 +88,7 @@ from serve_app.protocol.stream_items import (
 logger = logging.getLogger(__name__)
 
 
-class ResponseEventWriter:
+class ResponseEventWriter(ClientCallWriting):
     """Writes one response's stream events: `start`, items opened, grown and closed, then
     exactly one of `finish` or `fail`. Each call keeps its events until `take_events`."""
 
@@ -214,6 +215,8 @@ class ResponseEventWriter:
         item.text += delta
         if item.kind is ItemKind.MESSAGE:
             item.logprobs.extend(logprobs)
+        elif item.kind in DEFERRED_KINDS:
+            return  # a client-run tool's call: announced at `close`
         # The hot path (one delta per engine chunk and open item): `_seq` inlined.
         sequence = self._sequence
         self._events.append(delta_event(item, delta, sequence, logprobs))
@@ -236,6 +239,8 @@ class ResponseEventWriter:
     ) -> None:
         """The item is done with the content sent so far: its ``*.done`` events and
         ``output_item.done``. ``logprobs``: a message's entries no delta carried."""
+        if item.kind in DEFERRED_KINDS and self._close_client_call(item, status):
+            return
         events = self._events
         text = item.text
         common: dict[str, Any] = {"item_id": item.item_id, "output_index": item.output_index}

@@ -54,6 +54,10 @@ class ItemKind(enum.Enum):
     FUNCTION_CALL = "function_call"
     CUSTOM_TOOL_CALL = "custom_tool_call"
     COMPACTION = "compaction"
+    # Calls to client-run tools (protocol/client_tool_events.py builds their items and events).
+    SHELL_CALL = "shell_call"
+    LOCAL_SHELL_CALL = "local_shell_call"
+    APPLY_PATCH_CALL = "apply_patch_call"
 
 
 @dataclass

@@ -22,12 +22,10 @@ from serve_app.protocol.request_tools import (
     allowed_tools,
 )
 from serve_app.protocol.requests import (
-    CustomToolCallItem,
-    CustomToolCallOutputItem,
-    FunctionCallItem,
-    FunctionCallOutputItem,
     InputItem,
     ResponsesRequest,
+    ToolCallItem,
+    ToolOutputItem,
 )
 from serve_app.protocol.strict_schema import StrictSchemaError, check_schema
 
@@ -48,9 +46,9 @@ def check_tool_call_pairs(items: Sequence[InputItem], first_input: int = 0) -> N
     calls: dict[str, int] = {}
     outputs: dict[str, int] = {}
     for index, item in enumerate(items):
-        if isinstance(item, FunctionCallItem | CustomToolCallItem):
+        if isinstance(item, ToolCallItem):
             calls.setdefault(item.call_id, index)
-        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+        elif isinstance(item, ToolOutputItem):
             if item.call_id not in calls:
                 raise InvalidRequest(
                     f"No tool call found for function call output with call_id {item.call_id}.",
