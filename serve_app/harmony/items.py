@@ -8,9 +8,10 @@ Each harmony message of a completion becomes one output item:
 - ``final`` (or no channel): a ``message`` with ``phase: "final_answer"``;
 - ``commentary`` without a recipient: a ``message`` with ``phase: "commentary"`` (a preamble);
 - any channel with a recipient: a ``custom_tool_call`` when the recipient resolves to a custom
-  tool, a ``shell_call``, ``local_shell_call`` or ``apply_patch_call`` when it resolves to that
-  client-run tool (serve_app.harmony.client_tools), else a ``function_call`` (unknown recipients too: the client answers them with an error
-  output, which the model can read, rather than the turn vanishing).
+  tool; a ``shell_call``, ``local_shell_call`` or ``apply_patch_call`` when it resolves to that
+  client-run tool (serve_app.harmony.client_tools); else a ``function_call`` (unknown
+  recipients too: the client answers them with an error output, which the model can read,
+  rather than the turn vanishing).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from typing import Any
 from serve_app.constraints.validate import first_unenforceable
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol import json_schema
+from serve_app.protocol.client_tools import ClientTool, ShellTool
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.request_tools import (
     CustomTool,
@@ -20,6 +21,7 @@ from serve_app.protocol.request_tools import (
     NamespaceTool,
     OtherToolChoice,
     allowed_tools,
+    client_tool_choice,
 )
 from serve_app.protocol.requests import (
     InputItem,
@@ -63,6 +65,49 @@ def check_tool_call_pairs(items: Sequence[InputItem], first_input: int = 0) -> N
             )
 
 
+def check_client_tools(request: ResponsesRequest) -> None:
+    """The client-run tools are ones this server can show: a ``shell`` in the client's own
+    (``local``) environment, not in a container OpenAI would host; each at most once, and no
+    function of the same name beside it (the model calls it as that function). A
+    ``computer_use_preview`` tool is refused: its outputs are screenshots, which gpt-oss, a
+    text-only model, cannot see."""
+    for index, tool in enumerate(request.tools):
+        if tool.type == "computer_use_preview":
+            raise InvalidRequest(
+                "Tool 'computer_use_preview' is not supported with this model: the computer "
+                "tool's outputs are screenshots, and gpt-oss reads text only.",
+                param=f"tools[{index}].type",
+                code="unsupported_value",
+            )
+        if isinstance(tool, ShellTool) and tool.environment and tool.environment.type != "local":
+            raise InvalidRequest(
+                f"Shell environment '{tool.environment.type}' is not supported: this server "
+                "hosts no containers; the shell tool runs in the client's local environment "
+                "({'type': 'local'}).",
+                param=f"tools[{index}].environment.type",
+                code="unsupported_value",
+            )
+    _check_client_tool_names(request)
+
+
+def _check_client_tool_names(request: ResponsesRequest) -> None:
+    """A client-run tool is the function of its type's name: no other tool may take it."""
+    client = [index for index, tool in enumerate(request.tools) if isinstance(tool, ClientTool)]
+    first: dict[str, int] = {}
+    for index, tool in enumerate(request.tools):
+        name = tool.type if isinstance(tool, ClientTool) else getattr(tool, "name", None)
+        if not isinstance(tool, FunctionTool | CustomTool | ClientTool) or name is None:
+            continue
+        taken = first.setdefault(name, index)
+        clashes = [taken, index] if any(i in client for i in (taken, index)) else []
+        if taken != index and clashes:
+            raise InvalidRequest(
+                f"Tool '{name}' is defined twice (tools[{taken}] and tools[{index}]): the "
+                f"{name} tool is shown to the model as a function named '{name}'.",
+                param=f"tools[{index}]",
+            )
+
+
 def check_tool_choice(request: ResponsesRequest) -> None:
     """An ``allowed_tools`` choice is well formed, and a named tool_choice (or each tool an
     ``allowed_tools`` choice names) is a tool the request defines."""
@@ -70,7 +115,8 @@ def check_tool_choice(request: ResponsesRequest) -> None:
     if isinstance(choice, OtherToolChoice) and choice.type == "allowed_tools":
         _check_allowed_tools(choice.model_extra or {})
     allowed = allowed_tools(choice)
-    if not isinstance(choice, NamedToolChoice) and allowed is None:
+    forced = client_tool_choice(choice)
+    if not isinstance(choice, NamedToolChoice) and allowed is None and forced is None:
         return
     names = set()
     for tool in request.tools:
@@ -78,7 +124,9 @@ def check_tool_choice(request: ResponsesRequest) -> None:
             names.add(tool.name)
         elif isinstance(tool, NamespaceTool):
             names.update(inner.name for inner in tool.tools)
-    wanted = sorted(allowed.names) if allowed is not None else [_choice_name(choice)]
+        elif isinstance(tool, ClientTool):
+            names.add(tool.type)
+    wanted = sorted(allowed.names) if allowed else [forced or _choice_name(choice)]
     for name in wanted:
         if name not in names:
             raise InvalidRequest(
