@@ -156,7 +156,7 @@ class ClientCallWriting:
         its arguments, for `close` to end as one."""
         final = call_item(item, status)
         if final is None:
-            item.kind = ItemKind.FUNCTION_CALL
+            item.kind, item.item_id = ItemKind.FUNCTION_CALL, builders.new_function_call_id()
             self._open(item)
             self._events.append(delta_event(item, item.text, self._seq()))
             return False
