@@ -206,8 +206,8 @@ def test_calls_and_outputs_render_back_as_the_models_calls_and_the_tools_message
         'to=functions.local_shell <|constrain|>json<|message|>{"command":["pwd"],"env":{}' in text
     )
     assert (
-        '<|start|>functions.local_shell<|channel|>commentary to=assistant<|message|>{"output": "/work"}'
-        in text
+        "<|start|>functions.local_shell<|channel|>commentary to=assistant"
+        '<|message|>{"output": "/work"}' in text
     )
     patch_body = json.dumps(PATCH_ARGS, separators=(",", ":"))
     assert f"to=functions.apply_patch <|constrain|>json<|message|>{patch_body}<|call|>" in text
