@@ -25,6 +25,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from openai.types.shared import Reasoning
 from pydantic import TypeAdapter, ValidationError
 
+from serve_app.protocol.client_tools import ClientTool
 from serve_app.protocol.request_tools import (
     CustomTool,
     FunctionTool,
@@ -165,7 +166,7 @@ def _or(value: Any, default: Any) -> Any:
 
 
 def _tools(request: ResponsesRequest) -> list[Tool]:
-    """The request's function, custom and namespace tools as openai types.
+    """The request's function, custom, namespace and client-run tools as openai types.
 
     Hosted tools (web_search...) are left out: this server does not run them. A tool that
     does not validate as the SDK's type (e.g. a grammar syntax it does not know) is left out
@@ -183,6 +184,8 @@ def _tools(request: ResponsesRequest) -> list[Tool]:
                 "description": tool.description or "",
                 "tools": [_tool_dict(inner) for inner in tool.tools],
             }
+        elif isinstance(tool, ClientTool):
+            raw = tool.model_dump(exclude_none=True)
         else:
             continue
         try:
