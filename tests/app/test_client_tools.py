@@ -33,6 +33,7 @@ def test_a_shell_call_streams_as_its_item_and_its_output_is_read_by_the_next_tur
         first = stream.get_final_response()
     assert first.status == "completed"
     reasoning, call = first.output
+    assert reasoning.type == "reasoning"
     assert call.type == "shell_call" and call.status == "completed"
     assert call.action.commands == ["echo shell-out-4711 > shell.txt", "cat shell.txt"]
     assert call.action.timeout_ms == 10000 and call.environment.type == "local"
