@@ -14,6 +14,7 @@ import pytest
 from openai import OpenAI
 
 from tests.support import MODEL
+from tests.support.websocket import connected, until, until_terminal
 
 SHELL = {"type": "shell", "environment": {"type": "local"}}
 SHELL_OUTPUT = [
@@ -117,6 +118,42 @@ def test_a_local_shell_output_may_name_its_call_by_id(client: OpenAI) -> None:
         model=MODEL, previous_response_id=first.id, input=[output], tools=tools
     )
     assert second.output_text == "The local shell printed localrun-4711."
+
+
+def test_over_a_websocket_steering_waits_for_the_shell_calls_output(client: OpenAI) -> None:
+    """A shell call cannot be cut: input steered in while the model writes it waits for the
+    call's output, and ``response.steer.pending`` names that output as the input required."""
+    with connected(client) as connection:
+        connection.response.create(model=MODEL, input="STEER-SHELL", tools=[SHELL], stream_id="s")
+        first = until(connection, lambda event: event.type == "response.in_progress")
+        connection.response.steer(
+            previous_response_id=first[0].response.id,
+            input=[{"role": "user", "content": [{"type": "input_text", "text": "and pwd"}]}],
+        )
+        first += until_terminal(connection)
+        pending = connection.recv()
+        completed = first[-1]
+        assert completed.type == "response.completed", completed
+        (call,) = completed.response.output
+        assert call.type == "shell_call" and call.action.commands == ["ls"]
+        assert pending.type == "response.steer.pending", pending
+        assert pending.reason == "waiting_for_required_input"
+        assert [stub.model_dump() for stub in pending.required_input] == [
+            {"type": "shell_call_output", "call_id": call.call_id}
+        ]
+        # The continuation on that lane carries the steered input before the tool's output.
+        connection.response.create(
+            model=MODEL,
+            input=[shell_output(call.call_id)],
+            tools=[SHELL],
+            previous_response_id=completed.response.id,
+            stream_id="s",
+        )
+        done = until_terminal(connection)[-1]
+    assert done.type == "response.completed", done
+    assert done.response.output_text == "The shell printed shell-out-4711."
+    items = client.responses.input_items.list(done.response.id, order="asc").data
+    assert [item.type for item in items] == ["message", "shell_call_output"]
 
 
 def test_the_tools_are_shown_to_the_model(client: OpenAI) -> None:
