@@ -90,11 +90,15 @@ def test_allowed_tools_names_client_tools_by_type() -> None:
 # --- the model's calls -----------------------------------------------------------------------
 
 
-def translate(harmony: str, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+def translate(
+    harmony: str, sizes: tuple[int, ...], max_tool_calls: int | None = None
+) -> list[dict[str, Any]]:
     """The wire events of a completion, checked by the SDK's accumulator."""
     req = request()
     response = initial_response(req, response_id=new_response_id(), model=MODEL)
-    translator = ResponseStreamTranslator(response, ToolRegistry.from_request(req))
+    translator = ResponseStreamTranslator(
+        response, ToolRegistry.from_request(req), max_tool_calls=max_tool_calls
+    )
     events = translator.start()
     for chunk in chunked(tokens(harmony), sizes):
         events += translator.feed(chunk)
@@ -153,6 +157,15 @@ def test_the_models_calls_become_the_tools_items_in_its_order(sizes: tuple[int, 
     commands = [e["command"] for e in wire if e["type"] == "response.shell_call_command.done"]
     assert commands == SHELL_ARGS["commands"]
     assert wire[-1]["type"] == "response.completed"
+
+
+@pytest.mark.parametrize("sizes", [(1,), (1000,)], ids=str)
+def test_client_calls_count_toward_max_tool_calls(sizes: tuple[int, ...]) -> None:
+    """What the model writes after the last call allowed is dropped, as for function calls."""
+    two = call("functions.apply_patch", PATCH_ARGS) + call("functions.shell", SHELL_ARGS)
+    wire = translate(two, sizes, max_tool_calls=1)
+    assert [item["type"] for item in wire[-1]["response"]["output"]] == ["apply_patch_call"]
+    assert not [e for e in wire if e["type"].startswith("response.shell_call")]
 
 
 # --- the history -----------------------------------------------------------------------------
