@@ -63,23 +63,28 @@ def shell_in(folder: Path, ran: list[str]):
 
 
 class FolderEditor:
-    """An ApplyPatchEditor on ``folder``, applying V4A diffs with the SDK's own apply_diff."""
+    """An ApplyPatchEditor on ``folder``, applying V4A diffs with the SDK's own apply_diff;
+    each operation answers ``says``."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path, says: str = "patch-done-4711") -> None:
+        self.folder, self.says = folder, says
+        self.operations: list[tuple[str, str]] = []
 
     def create_file(self, operation: ApplyPatchOperation) -> ApplyPatchResult:
+        self.operations.append((operation.type, operation.path))
         (self.folder / operation.path).write_text(apply_diff("", operation.diff or "", "create"))
-        return ApplyPatchResult(status="completed", output="patch-done-4711")
+        return ApplyPatchResult(status="completed", output=self.says)
 
     def update_file(self, operation: ApplyPatchOperation) -> ApplyPatchResult:
+        self.operations.append((operation.type, operation.path))
         path = self.folder / operation.path
         path.write_text(apply_diff(path.read_text(), operation.diff or ""))
-        return ApplyPatchResult(status="completed", output="patch-done-4711")
+        return ApplyPatchResult(status="completed", output=self.says)
 
     def delete_file(self, operation: ApplyPatchOperation) -> ApplyPatchResult:
+        self.operations.append((operation.type, operation.path))
         (self.folder / operation.path).unlink()
-        return ApplyPatchResult(status="completed", output="patch-done-4711")
+        return ApplyPatchResult(status="completed", output=self.says)
 
 
 async def test_the_shell_tool_runs_the_models_commands_and_the_model_reads_their_output(
@@ -122,3 +127,22 @@ async def test_the_local_shell_tool_runs_the_models_argv(app_url: str, tmp_path:
     )
     assert seen == [["bash", "-lc", "echo localrun-4711"]]
     assert result.final_output == "The local shell printed localrun-4711."
+
+
+async def test_a_codex_style_loop_reads_a_file_patches_it_and_answers(
+    app_url: str, tmp_path: Path
+) -> None:
+    """Three model turns in one agent run, two client-run calls between them: ``cat`` through
+    the shell, an ``update_file`` patch made from what it printed, then the answer."""
+    (tmp_path / "notes.txt").write_text("loop-notes-4711\n")
+    ran: list[str] = []
+    editor = FolderEditor(tmp_path, says="loop-patched-4711")
+    tools = [ShellTool(executor=shell_in(tmp_path, ran)), ApplyPatchTool(editor=editor)]
+    result = await Runner.run(
+        agent(app_url, tools), "CLIENT-LOOP-TASK", auto_previous_response_id=True
+    )
+    assert ran == ["cat notes.txt"]
+    assert editor.operations == [("update_file", "notes.txt")]
+    assert (tmp_path / "notes.txt").read_text() == "loop-fixed-4711\n"
+    assert result.final_output == "Fixed: notes.txt now says loop-fixed-4711."
+    assert len(result.raw_responses) == 3
