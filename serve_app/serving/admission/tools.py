@@ -92,15 +92,17 @@ def check_client_tools(request: ResponsesRequest) -> None:
 
 def _check_client_tool_names(request: ResponsesRequest) -> None:
     """A client-run tool is the function of its type's name: no other tool may take it."""
-    client = [index for index, tool in enumerate(request.tools) if isinstance(tool, ClientTool)]
+    client = {index for index, tool in enumerate(request.tools) if isinstance(tool, ClientTool)}
     first: dict[str, int] = {}
     for index, tool in enumerate(request.tools):
-        name = tool.type if isinstance(tool, ClientTool) else getattr(tool, "name", None)
-        if not isinstance(tool, FunctionTool | CustomTool | ClientTool) or name is None:
+        if isinstance(tool, ClientTool):
+            name = tool.type
+        elif isinstance(tool, FunctionTool | CustomTool):
+            name = tool.name
+        else:
             continue
         taken = first.setdefault(name, index)
-        clashes = [taken, index] if any(i in client for i in (taken, index)) else []
-        if taken != index and clashes:
+        if taken != index and (taken in client or index in client):
             raise InvalidRequest(
                 f"Tool '{name}' is defined twice (tools[{taken}] and tools[{index}]): the "
                 f"{name} tool is shown to the model as a function named '{name}'.",
@@ -126,7 +128,7 @@ def check_tool_choice(request: ResponsesRequest) -> None:
             names.update(inner.name for inner in tool.tools)
         elif isinstance(tool, ClientTool):
             names.add(tool.type)
-    wanted = sorted(allowed.names) if allowed else [forced or _choice_name(choice)]
+    wanted = sorted(allowed.names) if allowed is not None else [forced or _choice_name(choice)]
     for name in wanted:
         if name not in names:
             raise InvalidRequest(
