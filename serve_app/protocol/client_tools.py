@@ -59,9 +59,14 @@ ClientTool = ShellTool | LocalShellTool | ApplyPatchTool
 # --- calls and outputs -----------------------------------------------------------------------
 
 
+# Kept with the item (a stored item lists with its status, as the SDK's item types require).
+CallStatus = Literal["in_progress", "completed", "incomplete"]
+
+
 class _ClientCall(Lenient):
     call_id: str = Field(min_length=1)
     id: str | None = Field(default=None, max_length=256)
+    status: CallStatus = "completed"
 
 
 class ShellAction(Lenient):
@@ -95,6 +100,7 @@ class ShellCallOutputItem(Lenient):
     output: list[ShellOutputContent]
     max_output_length: int | None = None
     id: str | None = Field(default=None, max_length=256)
+    status: CallStatus = "completed"
 
 
 class LocalShellAction(Lenient):
@@ -123,6 +129,7 @@ class LocalShellCallOutputItem(Lenient):
     call_id: str = Field(default="", max_length=256)
     id: str | None = Field(default=None, max_length=256)
     output: str
+    status: CallStatus = "completed"
 
     @model_validator(mode="after")
     def _names_its_call(self) -> LocalShellCallOutputItem:
@@ -148,6 +155,7 @@ class PatchOperation(Lenient):
 class ApplyPatchCallItem(_ClientCall):
     type: Literal["apply_patch_call"]
     operation: PatchOperation
+    status: Literal["in_progress", "completed"] = "completed"  # type: ignore[assignment]
 
     def arguments(self) -> dict[str, Any]:
         operation = self.operation

@@ -77,6 +77,11 @@ ITEM_ID_PREFIXES = {
     "custom_tool_call_output": "ctco",
     "compaction": "cmp",
     **{"shell_call": "sh", "local_shell_call": "lsh", "apply_patch_call": "apc"},
+    **{
+        "shell_call_output": "sho",
+        "local_shell_call_output": "lsho",
+        "apply_patch_call_output": "apco",
+    },
 }
 
 

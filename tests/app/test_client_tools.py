@@ -12,6 +12,7 @@ from typing import Any
 import openai
 import pytest
 from openai import OpenAI
+from openai.types.responses import ResponseFunctionShellToolCallOutput
 
 from tests.support import MODEL
 from tests.support.websocket import connected, until, until_terminal
@@ -50,8 +51,11 @@ def test_a_shell_call_streams_as_its_item_and_its_output_is_read_by_the_next_tur
         tools=[SHELL],
     )
     assert second.output_text == "The shell printed shell-out-4711."
-    listed = client.responses.input_items.list(second.id).data
-    assert listed[0].type == "shell_call_output" and listed[0].call_id == call.call_id
+    (listed,) = client.responses.input_items.list(second.id).data
+    # Listed as the SDK types it (an id minted, the status kept), strictly validated.
+    stored = ResponseFunctionShellToolCallOutput.model_validate(listed.model_dump())
+    assert stored.call_id == call.call_id and stored.status == "completed"
+    assert stored.id.startswith("sho_") and stored.output[0].stdout == "shell-out-4711\n"
 
 
 def test_stateless_resend_and_a_conversation_carry_the_call_and_its_output(client: OpenAI) -> None:
