@@ -48,7 +48,7 @@ def first_unenforceable(request: ResponsesRequest, tools: ToolRegistry) -> Unenf
         if rule_body.free:
             continue
         prefix = params.get((spec.namespace, spec.name), "tools")
-        if spec.kind == "function":
+        if spec.kind != "custom":  # a function, or a client-run tool's (our own schema)
             checks.append((rule_body, f"{prefix}.parameters", "invalid_function_parameters"))
         else:
             checks.append((rule_body, f"{prefix}.format.definition", "invalid_grammar"))

@@ -9,9 +9,11 @@ Each harmony message of a completion becomes one output item:
 - ``commentary`` without a recipient: a ``message`` with ``phase: "commentary"`` (a preamble);
 - any channel with a recipient: the item of the tool's kind when the server runs it (its kind
   has items registered, serve_app/protocol/tool_items.py: the tool loop runs it), a
-  ``custom_tool_call`` when the recipient resolves to a custom tool, else a ``function_call``
-  (unknown recipients too: the client answers them with an error output, which the model can
-  read, rather than the turn vanishing).
+  ``custom_tool_call`` when the recipient resolves to a custom tool; a ``shell_call``,
+  ``local_shell_call`` or ``apply_patch_call`` when it resolves to that client-run tool
+  (serve_app.harmony.client_tools); else a ``function_call`` (unknown recipients too: the
+  client answers them with an error output, which the model can read, rather than the turn
+  vanishing).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 from openai_harmony import Message, StreamableParser
 
 from serve_app.harmony.recovery import ROLE_RECIPIENTS, bare_name
-from serve_app.harmony.tools import ToolRegistry
+from serve_app.harmony.tools import CLIENT_KINDS, ToolRegistry
 from serve_app.protocol.stream_events import OpenItem, ResponseEventWriter
 from serve_app.protocol.tool_items import tool_items
 
@@ -41,6 +43,8 @@ def open_item(
             return writer.open_tool_call(spec.kind, spec.name, spec.namespace)
         if spec.kind == "custom":
             return writer.open_custom_tool_call(spec.name, spec.namespace)
+        if spec.kind in CLIENT_KINDS:
+            return writer.open_client_call(spec.kind)
         return writer.open_function_call(spec.name, spec.namespace)
     if channel == "analysis":
         return writer.open_reasoning()

@@ -35,25 +35,26 @@ from openai_harmony import (
     SystemContent,
 )
 
-from serve_app.harmony import compaction
+from serve_app.harmony import client_tools, compaction
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.mcp_tools import McpHistory
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec, recipient
 from serve_app.harmony.typescript import NamespaceText, ToolText, tools_section
 from serve_app.protocol import json_schema
+from serve_app.protocol.client_tools import CALL_TOOL, ClientCallItem, ClientOutputItem
 from serve_app.protocol.request_tools import NamedToolChoice
 from serve_app.protocol.requests import (
     CompactionItem,
     CustomToolCallItem,
-    CustomToolCallOutputItem,
     FunctionCallItem,
-    FunctionCallOutputItem,
     InputItem,
     ItemReference,
     MessageItem,
     ReasoningItem,
     ResponsesRequest,
+    ToolCallItem,
+    ToolOutputItem,
 )
 
 logger = logging.getLogger(__name__)
@@ -241,9 +242,9 @@ def _history_messages(
                 messages.extend(_reasoning_message(item, vault, owner))
         elif isinstance(item, MessageItem):
             messages.append(_message(item, is_preamble=_is_preamble(items, index)))
-        elif isinstance(item, FunctionCallItem | CustomToolCallItem):
+        elif isinstance(item, ToolCallItem):
             messages.append(_tool_call_message(item, recipients[item.call_id]))
-        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+        elif isinstance(item, ToolOutputItem):
             messages.append(_tool_output_message(item, recipients[item.call_id]))
         elif isinstance(item, CompactionItem):
             messages.append(_compaction_message(item, vault, owner))
@@ -266,7 +267,9 @@ def _compaction_message(
 def _call_recipients(items: list[InputItem], tools: ToolRegistry) -> dict[str, str]:
     recipients = {}
     for item in items:
-        if isinstance(item, FunctionCallItem | CustomToolCallItem):
+        if isinstance(item, ClientCallItem):
+            recipients[item.call_id] = recipient(CALL_TOOL[item.type])
+        elif isinstance(item, FunctionCallItem | CustomToolCallItem):
             spec = tools.by_name(item.name, item.namespace)
             recipients[item.call_id] = (
                 spec.recipient if spec else recipient(item.name, item.namespace)
@@ -288,7 +291,7 @@ def _is_preamble(items: list[InputItem], index: int) -> bool:
     for later in items[index + 1 :]:
         if isinstance(later, ReasoningItem):
             continue
-        return isinstance(later, FunctionCallItem | CustomToolCallItem)
+        return isinstance(later, ToolCallItem)
     return False
 
 
@@ -333,9 +336,12 @@ def _reasoning_text(item: ReasoningItem, vault: ReasoningVault | None, owner: st
     return "\n".join(part.text for part in item.summary)
 
 
-def _tool_call_message(item: FunctionCallItem | CustomToolCallItem, recipient: str) -> Message:
+def _tool_call_message(item: ToolCallItem, recipient: str) -> Message:
     if isinstance(item, FunctionCallItem):
         body, content_type = item.arguments, _JSON_CONTENT_TYPE
+    elif isinstance(item, ClientCallItem):
+        body = client_tools.call_arguments(item.arguments())
+        content_type = _JSON_CONTENT_TYPE
     else:
         body, content_type = item.input, None
     message = (
@@ -346,11 +352,10 @@ def _tool_call_message(item: FunctionCallItem | CustomToolCallItem, recipient: s
     return message.with_content_type(content_type) if content_type else message
 
 
-def _tool_output_message(
-    item: FunctionCallOutputItem | CustomToolCallOutputItem, recipient: str
-) -> Message:
+def _tool_output_message(item: ToolOutputItem, recipient: str) -> Message:
+    text = client_tools.output_text(item) if isinstance(item, ClientOutputItem) else item.text
     return (
-        Message.from_author_and_content(Author.new(Role.TOOL, recipient), item.text)
+        Message.from_author_and_content(Author.new(Role.TOOL, recipient), text)
         .with_channel("commentary")
         .with_recipient("assistant")
     )

@@ -31,6 +31,7 @@ from serve_app.harmony.recovery import LooseHeader, parse_loose_header
 from serve_app.harmony.token_text import structural_tokens, text_logprob, valid_token
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol import responses as builders
+from serve_app.protocol.client_tools import OWED_CALL_TYPES
 from serve_app.protocol.stream_events import (
     ItemKind,
     ItemStatus,
@@ -135,7 +136,7 @@ class ResponseStreamTranslator:
         if self._state is not _State.EXPECT_START or self._writer.pending_calls:
             return False
         items = self._writer.output_items
-        return not items or items[-1].type not in ("function_call", "custom_tool_call")
+        return not items or items[-1].type not in OWED_CALL_TYPES
 
     def begin_completion(self) -> None:
         """The tool loop's next completion (again after ``<|start|>assistant``): numbered on."""

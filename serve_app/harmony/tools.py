@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from serve_app.harmony import client_tools
 from serve_app.protocol import strict_schema
+from serve_app.protocol.client_tools import ClientTool
 from serve_app.protocol.request_tools import (
     CustomTool,
     FunctionTool,
@@ -22,12 +24,16 @@ from serve_app.protocol.request_tools import (
     NamedToolChoice,
     NamespaceTool,
     allowed_tools,
+    client_tool_choice,
 )
 from serve_app.protocol.requests import ResponsesRequest
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_NAMESPACE = "functions"
+# The tools the client runs, shown as functions whose calls become their own items
+# (serve_app.harmony.client_tools); the kind is the tool's type, and its function's name.
+CLIENT_KINDS = ("shell", "local_shell", "apply_patch")
 
 
 def recipient(name: str, namespace: str | None = None) -> str:
@@ -39,7 +45,9 @@ def recipient(name: str, namespace: str | None = None) -> str:
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
-    kind: Literal["function", "custom", "mcp", "mcp_approval"]
+    kind: Literal[
+        "function", "custom", "mcp", "mcp_approval", "shell", "local_shell", "apply_patch"
+    ]
     description: str = ""
     parameters: dict[str, Any] | None = None
     # The client's namespace tool this belongs to; None for top-level tools.
@@ -78,8 +86,10 @@ class ToolRegistry:
         if choice == "none":
             return cls()
         specs = (*_specs(request), *server_tools)
-        if isinstance(choice, NamedToolChoice):
-            return cls(tuple(spec for spec in specs if spec.name == choice.name), required=True)
+        forced = choice.name if isinstance(choice, NamedToolChoice) else None
+        forced = forced or client_tool_choice(choice)
+        if forced is not None:
+            return cls(tuple(spec for spec in specs if spec.name == forced), required=True)
         allowed = allowed_tools(choice)
         if allowed is not None:
             return cls(specs, required=allowed.required, allowed=allowed.names)
@@ -128,6 +138,8 @@ def _specs(request: ResponsesRequest) -> list[ToolSpec]:
             continue  # an MCP server's tools are known once listed: `server_tools`
         if isinstance(tool, NamespaceTool):
             specs.extend(_spec(inner, namespace=tool.name) for inner in tool.tools)
+        elif isinstance(tool, ClientTool):
+            specs.append(_client_spec(tool))
         else:
             specs.append(_spec(tool))
     return specs
@@ -153,6 +165,19 @@ def enforces_strict(tool: FunctionTool) -> bool:
     except strict_schema.StrictSchemaError:
         return False
     return True
+
+
+def _client_spec(tool: ClientTool) -> ToolSpec:
+    """A client-run tool as the strict function the model calls (its schema is ours, in the
+    strict subset, so every call parses into the tool's item)."""
+    description, parameters = client_tools.SHOWN[tool.type]
+    return ToolSpec(
+        name=tool.type,
+        kind=tool.type,
+        description=description,
+        parameters=parameters,
+        strict=True,
+    )
 
 
 def _spec(tool: FunctionTool | CustomTool, namespace: str | None = None) -> ToolSpec:

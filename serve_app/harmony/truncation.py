@@ -21,12 +21,10 @@ from serve_app.harmony.render import (
 )
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import (
-    CustomToolCallItem,
-    CustomToolCallOutputItem,
-    FunctionCallItem,
-    FunctionCallOutputItem,
     InputItem,
     ResponsesRequest,
+    ToolCallItem,
+    ToolOutputItem,
 )
 
 logger = logging.getLogger(__name__)
@@ -77,7 +75,7 @@ def _droppable_units(items: Sequence[InputItem]) -> list[list[int]]:
     last = len(items) - 1
     outputs: dict[str, list[int]] = {}
     for index, item in enumerate(items):
-        if isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+        if isinstance(item, ToolOutputItem):
             outputs.setdefault(item.call_id, []).append(index)
     units: list[list[int]] = []
     taken: set[int] = set()
@@ -86,7 +84,7 @@ def _droppable_units(items: Sequence[InputItem]) -> list[list[int]]:
             continue
         unit = [index]
         item = items[index]
-        if isinstance(item, FunctionCallItem | CustomToolCallItem):
+        if isinstance(item, ToolCallItem):
             unit += [out for out in outputs.get(item.call_id, []) if out not in taken]
         if last in unit:
             break  # the newest item stays, and with it the call it answers

@@ -21,6 +21,12 @@ from pydantic import (
 from pydantic import Discriminator as PydanticDiscriminator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from serve_app.protocol.client_tools import (
+    CLIENT_TOOL_TYPES,
+    ApplyPatchTool,
+    LocalShellTool,
+    ShellTool,
+)
 from serve_app.protocol.mcp_items import McpTool
 from serve_app.protocol.request_base import STRICT_TYPES, Lenient
 
@@ -101,12 +107,12 @@ class HostedTool(BaseModel):
     type: str
 
 
-TOOL_TAGS = ("function", "custom", "namespace", "hosted", "mcp")
+TOOL_TAGS = ("function", "custom", "namespace", "hosted", "mcp", *CLIENT_TOOL_TYPES)
 
 
 def _tool_tag(value: Any) -> str:
     tool_type = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return tool_type if tool_type in ("function", "custom", "namespace", "mcp") else "hosted"
+    return tool_type if tool_type in TOOL_TAGS else "hosted"
 
 
 Tool = Annotated[
@@ -114,6 +120,9 @@ Tool = Annotated[
     | Annotated[CustomTool, Tag("custom")]
     | Annotated[NamespaceTool, Tag("namespace")]
     | Annotated[McpTool, Tag("mcp")]
+    | Annotated[ShellTool, Tag("shell")]
+    | Annotated[LocalShellTool, Tag("local_shell")]
+    | Annotated[ApplyPatchTool, Tag("apply_patch")]
     | Annotated[HostedTool, Tag("hosted")],
     PydanticDiscriminator(_tool_tag),
 ]
@@ -155,8 +164,8 @@ ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice | OtherToolCh
 @dataclass(frozen=True)
 class AllowedTools:
     """``tool_choice: {"type": "allowed_tools", "mode": ..., "tools": [...]}``: the model may
-    call only these function or custom tools (by name), and must call one when ``required``.
-    Hosted tools among them are left out, as hosted tools are."""
+    call only these function, custom or client-run tools (by name), and must call one when
+    ``required``. Hosted tools among them are left out, as hosted tools are."""
 
     names: frozenset[str]
     required: bool
@@ -177,4 +186,19 @@ def allowed_tools(choice: ToolChoice) -> AllowedTools | None:
         and tool.get("type") in ("function", "custom")
         and isinstance(tool.get("name"), str)
     }
+    # A client-run tool (`{"type": "shell"}`) is named by its type (the function the model
+    # calls: serve_app.harmony.client_tools).
+    names |= {
+        tool["type"]
+        for tool in (tools if isinstance(tools, list) else [])
+        if isinstance(tool, dict) and tool.get("type") in CLIENT_TOOL_TYPES
+    }
     return AllowedTools(frozenset(names), required=extra.get("mode") == "required")
+
+
+def client_tool_choice(choice: ToolChoice) -> str | None:
+    """The client-run tool a ``{"type": "shell"}`` or ``{"type": "apply_patch"}`` choice
+    forces (the SDK's ``tool_choice_shell`` and ``tool_choice_apply_patch``), else None."""
+    if isinstance(choice, OtherToolChoice) and choice.type in ("shell", "apply_patch"):
+        return choice.type
+    return None

@@ -23,6 +23,16 @@ from pydantic import (
 )
 
 from serve_app.protocol import mcp_items
+from serve_app.protocol.client_tools import (
+    ApplyPatchCallItem,
+    ApplyPatchCallOutputItem,
+    ClientCallItem,
+    ClientOutputItem,
+    LocalShellCallItem,
+    LocalShellCallOutputItem,
+    ShellCallItem,
+    ShellCallOutputItem,
+)
 from serve_app.protocol.request_base import OPAQUE, Lenient
 from serve_app.protocol.request_tools import HostedTool, Tool, ToolChoice
 
@@ -171,6 +181,8 @@ INPUT_ITEM_TYPES = (
     "item_reference",
     "compaction",
     *mcp_items.MCP_ITEM_TYPES,
+    *("shell_call", "shell_call_output", "local_shell_call", "local_shell_call_output"),
+    *("apply_patch_call", "apply_patch_call_output"),
 )
 
 
@@ -200,7 +212,13 @@ InputItem = Annotated[
     | Annotated[mcp_items.McpListToolsItem, Tag("mcp_list_tools")]
     | Annotated[mcp_items.McpCallItem, Tag("mcp_call")]
     | Annotated[mcp_items.McpApprovalRequestItem, Tag("mcp_approval_request")]
-    | Annotated[mcp_items.McpApprovalResponseItem, Tag("mcp_approval_response")],
+    | Annotated[mcp_items.McpApprovalResponseItem, Tag("mcp_approval_response")]
+    | Annotated[ShellCallItem, Tag("shell_call")]
+    | Annotated[ShellCallOutputItem, Tag("shell_call_output")]
+    | Annotated[LocalShellCallItem, Tag("local_shell_call")]
+    | Annotated[LocalShellCallOutputItem, Tag("local_shell_call_output")]
+    | Annotated[ApplyPatchCallItem, Tag("apply_patch_call")]
+    | Annotated[ApplyPatchCallOutputItem, Tag("apply_patch_call_output")],
     PydanticDiscriminator(
         _item_tag,
         custom_error_type="invalid_item_type",
@@ -208,8 +226,8 @@ InputItem = Annotated[
     ),
 ]
 
-ToolCallItem = FunctionCallItem | CustomToolCallItem
-ToolOutputItem = FunctionCallOutputItem | CustomToolCallOutputItem
+ToolCallItem = FunctionCallItem | CustomToolCallItem | ClientCallItem
+ToolOutputItem = FunctionCallOutputItem | CustomToolCallOutputItem | ClientOutputItem
 
 
 # --- the request ---------------------------------------------------------------------------

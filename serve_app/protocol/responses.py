@@ -25,6 +25,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from openai.types.shared import Reasoning
 from pydantic import TypeAdapter, ValidationError
 
+from serve_app.protocol.client_tools import ClientTool
 from serve_app.protocol.mcp_items import McpTool
 from serve_app.protocol.request_tools import (
     CustomTool,
@@ -76,6 +77,12 @@ ITEM_ID_PREFIXES = {
     "custom_tool_call": "ctc",
     "custom_tool_call_output": "ctco",
     "compaction": "cmp",
+    **{"shell_call": "sh", "local_shell_call": "lsh", "apply_patch_call": "apc"},
+    **{
+        "shell_call_output": "sho",
+        "local_shell_call_output": "lsho",
+        "apply_patch_call_output": "apco",
+    },
 }
 
 
@@ -165,7 +172,7 @@ def _or(value: Any, default: Any) -> Any:
 
 
 def _tools(request: ResponsesRequest) -> list[Tool]:
-    """The request's function, custom and namespace tools as openai types.
+    """The request's function, custom, namespace and client-run tools as openai types.
 
     Hosted tools (web_search...) are left out: this server does not run them. A tool that
     does not validate as the SDK's type (e.g. a grammar syntax it does not know) is left out
@@ -185,6 +192,8 @@ def _tools(request: ResponsesRequest) -> list[Tool]:
             }
         elif isinstance(tool, McpTool):
             raw = tool.echo()  # without its credentials (mcp_items.py)
+        elif isinstance(tool, ClientTool):
+            raw = tool.model_dump(exclude_none=True)
         else:
             continue
         try:

@@ -65,6 +65,7 @@ from openai.types.responses.response_reasoning_summary_part_done_event import (
 )
 
 from serve_app.protocol import responses as builders
+from serve_app.protocol.client_tool_events import DEFERRED_KINDS, ClientCallWriting
 from serve_app.protocol.stream_items import (
     FinishStatus,
     ItemKind,
@@ -87,7 +88,7 @@ from serve_app.protocol.tool_events import ToolCallEvents
 logger = logging.getLogger(__name__)
 
 
-class ResponseEventWriter(ToolCallEvents):
+class ResponseEventWriter(ToolCallEvents, ClientCallWriting):
     """Writes one response's stream events: `start`, items opened, grown and closed, then
     exactly one of `finish` or `fail`. Each call keeps its events until `take_events`."""
 
@@ -216,6 +217,8 @@ class ResponseEventWriter(ToolCallEvents):
         elif item.kind is ItemKind.SERVER_TOOL_CALL:
             self._tool_delta(item, delta)
             return
+        elif item.kind in DEFERRED_KINDS:
+            return  # a client-run tool's call: announced at `close`
         # The hot path (one delta per engine chunk and open item): `_seq` inlined.
         sequence = self._sequence
         self._events.append(delta_event(item, delta, sequence, logprobs))
@@ -240,6 +243,8 @@ class ResponseEventWriter(ToolCallEvents):
         ``output_item.done``. ``logprobs``: a message's entries no delta carried."""
         if item.kind is ItemKind.SERVER_TOOL_CALL:
             self._tool_arguments_done(item, status)
+            return
+        if item.kind in DEFERRED_KINDS and self._close_client_call(item, status):
             return
         events = self._events
         text = item.text

@@ -57,6 +57,10 @@ class ItemKind(enum.Enum):
     # A call of a tool the server runs: its item and events are its kind's
     # (`OpenItem.tool_kind`, built by that kind's `tool_items.ToolItemBuilder`).
     SERVER_TOOL_CALL = "server_tool_call"
+    # Calls to client-run tools (protocol/client_tool_events.py builds their items and events).
+    SHELL_CALL = "shell_call"
+    LOCAL_SHELL_CALL = "local_shell_call"
+    APPLY_PATCH_CALL = "apply_patch_call"
 
 
 @dataclass

@@ -47,9 +47,11 @@ from openai.types.responses import (
     ResponseSteerPendingEvent,
 )
 from openai.types.responses.response_steer_required_input import (
+    ApplyPatchCallOutput,
     CustomToolCallOutput,
     FunctionCallOutput,
     ResponseSteerRequiredInput,
+    ShellCallOutput,
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -396,6 +398,10 @@ def _required_input(response: Response) -> list[ResponseSteerRequiredInput]:
             )
         elif item.type == "custom_tool_call":
             stubs.append(CustomToolCallOutput(type="custom_tool_call_output", call_id=item.call_id))
+        elif item.type == "shell_call":
+            stubs.append(ShellCallOutput(type="shell_call_output", call_id=item.call_id))
+        elif item.type == "apply_patch_call":
+            stubs.append(ApplyPatchCallOutput(type="apply_patch_call_output", call_id=item.call_id))
     return stubs
 
 

@@ -212,6 +212,7 @@ def check_items(
     items = [*history, *request.input_items]
     _check_resolved(items, first_input=len(history))
     tool_rules.check_tool_call_pairs(items, first_input=len(history))
+    tool_rules.check_client_tools(request)
     tool_rules.check_tool_choice(request)
     tools = ToolRegistry.from_request(request)
     tool_rules.check_tool_parameters(tools)

@@ -12,6 +12,7 @@ from typing import Any
 from serve_app.constraints.validate import first_unenforceable
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol import json_schema
+from serve_app.protocol.client_tools import ClientTool, ShellTool
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.request_tools import (
     CustomTool,
@@ -20,14 +21,13 @@ from serve_app.protocol.request_tools import (
     NamespaceTool,
     OtherToolChoice,
     allowed_tools,
+    client_tool_choice,
 )
 from serve_app.protocol.requests import (
-    CustomToolCallItem,
-    CustomToolCallOutputItem,
-    FunctionCallItem,
-    FunctionCallOutputItem,
     InputItem,
     ResponsesRequest,
+    ToolCallItem,
+    ToolOutputItem,
 )
 from serve_app.protocol.strict_schema import StrictSchemaError, check_schema
 
@@ -48,9 +48,9 @@ def check_tool_call_pairs(items: Sequence[InputItem], first_input: int = 0) -> N
     calls: dict[str, int] = {}
     outputs: dict[str, int] = {}
     for index, item in enumerate(items):
-        if isinstance(item, FunctionCallItem | CustomToolCallItem):
+        if isinstance(item, ToolCallItem):
             calls.setdefault(item.call_id, index)
-        elif isinstance(item, FunctionCallOutputItem | CustomToolCallOutputItem):
+        elif isinstance(item, ToolOutputItem):
             if item.call_id not in calls:
                 raise InvalidRequest(
                     f"No tool call found for function call output with call_id {item.call_id}.",
@@ -65,6 +65,51 @@ def check_tool_call_pairs(items: Sequence[InputItem], first_input: int = 0) -> N
             )
 
 
+def check_client_tools(request: ResponsesRequest) -> None:
+    """The client-run tools are ones this server can show: a ``shell`` in the client's own
+    (``local``) environment, not in a container OpenAI would host; each at most once, and no
+    function of the same name beside it (the model calls it as that function). A
+    ``computer_use_preview`` tool is refused: its outputs are screenshots, which gpt-oss, a
+    text-only model, cannot see."""
+    for index, tool in enumerate(request.tools):
+        if tool.type == "computer_use_preview":
+            raise InvalidRequest(
+                "Tool 'computer_use_preview' is not supported with this model: the computer "
+                "tool's outputs are screenshots, and gpt-oss reads text only.",
+                param=f"tools[{index}].type",
+                code="unsupported_value",
+            )
+        if isinstance(tool, ShellTool) and tool.environment and tool.environment.type != "local":
+            raise InvalidRequest(
+                f"Shell environment '{tool.environment.type}' is not supported: this server "
+                "hosts no containers; the shell tool runs in the client's local environment "
+                "({'type': 'local'}).",
+                param=f"tools[{index}].environment.type",
+                code="unsupported_value",
+            )
+    _check_client_tool_names(request)
+
+
+def _check_client_tool_names(request: ResponsesRequest) -> None:
+    """A client-run tool is the function of its type's name: no other tool may take it."""
+    client = {index for index, tool in enumerate(request.tools) if isinstance(tool, ClientTool)}
+    first: dict[str, int] = {}
+    for index, tool in enumerate(request.tools):
+        if isinstance(tool, ClientTool):
+            name = tool.type
+        elif isinstance(tool, FunctionTool | CustomTool):
+            name = tool.name
+        else:
+            continue
+        taken = first.setdefault(name, index)
+        if taken != index and (taken in client or index in client):
+            raise InvalidRequest(
+                f"Tool '{name}' is defined twice (tools[{taken}] and tools[{index}]): the "
+                f"{name} tool is shown to the model as a function named '{name}'.",
+                param=f"tools[{index}]",
+            )
+
+
 def check_tool_choice(request: ResponsesRequest) -> None:
     """An ``allowed_tools`` choice is well formed, and a named tool_choice (or each tool an
     ``allowed_tools`` choice names) is a tool the request defines."""
@@ -72,7 +117,8 @@ def check_tool_choice(request: ResponsesRequest) -> None:
     if isinstance(choice, OtherToolChoice) and choice.type == "allowed_tools":
         _check_allowed_tools(choice.model_extra or {})
     allowed = allowed_tools(choice)
-    if not isinstance(choice, NamedToolChoice) and allowed is None:
+    forced = client_tool_choice(choice)
+    if not isinstance(choice, NamedToolChoice) and allowed is None and forced is None:
         return
     names = set()
     for tool in request.tools:
@@ -80,7 +126,9 @@ def check_tool_choice(request: ResponsesRequest) -> None:
             names.add(tool.name)
         elif isinstance(tool, NamespaceTool):
             names.update(inner.name for inner in tool.tools)
-    wanted = sorted(allowed.names) if allowed is not None else [_choice_name(choice)]
+        elif isinstance(tool, ClientTool):
+            names.add(tool.type)
+    wanted = sorted(allowed.names) if allowed is not None else [forced or _choice_name(choice)]
     for name in wanted:
         if name not in names:
             raise InvalidRequest(

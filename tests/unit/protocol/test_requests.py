@@ -227,6 +227,63 @@ MCP_FORMS: dict[str, Any] = {
     ],
 }
 
+# The client-run tools (serve_app/protocol/client_tools.py), their calls and outputs.
+CLIENT_TOOLS: dict[str, Any] = {
+    "model": MODEL,
+    "input": [
+        {"role": "user", "content": "Run it."},
+        {
+            "type": "shell_call",
+            "id": "sh_1",
+            "call_id": "call_s",
+            "action": {"commands": ["ls"], "timeout_ms": 1000, "max_output_length": 100},
+            "status": "completed",
+        },
+        {
+            "type": "shell_call_output",
+            "id": "sho_1",
+            "call_id": "call_s",
+            "max_output_length": 100,
+            "output": [{"stdout": "a", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}],
+        },
+        {
+            "type": "local_shell_call",
+            "id": "lsh_1",
+            "call_id": "call_l",
+            "action": {
+                "type": "exec",
+                "command": ["ls"],
+                "env": {"A": "b"},
+                "timeout_ms": 1000,
+                "user": "me",
+                "working_directory": "/tmp",
+            },
+            "status": "completed",
+        },
+        {"type": "local_shell_call_output", "id": "call_l", "call_id": "call_l", "output": "a"},
+        {
+            "type": "apply_patch_call",
+            "id": "apc_1",
+            "call_id": "call_p",
+            "operation": {"type": "update_file", "path": "a.txt", "diff": "@@\n-a\n+b"},
+            "status": "completed",
+        },
+        {
+            "type": "apply_patch_call_output",
+            "id": "apco_1",
+            "call_id": "call_p",
+            "status": "completed",
+            "output": "Done.",
+        },
+    ],
+    "tools": [
+        {"type": "shell", "environment": {"type": "local"}},
+        {"type": "local_shell"},
+        {"type": "apply_patch"},
+    ],
+    "tool_choice": {"type": "shell"},
+}
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -236,7 +293,9 @@ class Endpoint:
 
 
 RESPONSES = Endpoint(
-    "/v1/responses", ResponsesRequest, (MAIN_REQUEST, OTHER_FORMS, HOSTED_CHOICE, MCP_FORMS)
+    "/v1/responses",
+    ResponsesRequest,
+    (MAIN_REQUEST, OTHER_FORMS, HOSTED_CHOICE, MCP_FORMS, CLIENT_TOOLS),
 )
 CONVERSATIONS = Endpoint(
     "/v1/conversations",
@@ -244,6 +303,7 @@ CONVERSATIONS = Endpoint(
     (
         {"items": [*MAIN_REQUEST["input"], *STATE_ITEMS], "metadata": {"topic": "words"}},
         {"items": MCP_ITEMS},
+        {"items": CLIENT_TOOLS["input"]},
     ),
 )
 ENDPOINTS = (RESPONSES, CONVERSATIONS)
