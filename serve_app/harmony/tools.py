@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from serve_app.protocol import strict_schema
+from serve_app.protocol.builtin_tools import BuiltinTool, CodeInterpreterTool, WebSearchTool
 from serve_app.protocol.request_tools import (
     CustomTool,
     FunctionTool,
@@ -26,6 +27,11 @@ from serve_app.protocol.requests import ResponsesRequest
 logger = logging.getLogger(__name__)
 
 DEFAULT_NAMESPACE = "functions"
+# gpt-oss's own tools (harmony/builtin.py): `browser.search|open|find` and `python`.
+BROWSER_NAMESPACE = "browser"
+BROWSER_ACTIONS = ("search", "open", "find")
+PYTHON = "python"
+BUILTIN_KINDS = ("browser", "python")
 
 
 def recipient(name: str, namespace: str | None = None) -> str:
@@ -37,7 +43,7 @@ def recipient(name: str, namespace: str | None = None) -> str:
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
-    kind: Literal["function", "custom"]
+    kind: Literal["function", "custom", "browser", "python"]
     description: str = ""
     parameters: dict[str, Any] | None = None
     # The client's namespace tool this belongs to; None for top-level tools.
@@ -51,7 +57,14 @@ class ToolSpec:
 
     @property
     def recipient(self) -> str:
+        if self.kind == "python":  # gpt-oss calls it `to=python`, no namespace
+            return PYTHON
         return recipient(self.name, self.namespace)
+
+    @property
+    def builtin(self) -> bool:
+        """One of gpt-oss's own tools, shown in the system message (harmony/builtin.py)."""
+        return self.kind in BUILTIN_KINDS
 
 
 @dataclass(frozen=True)
@@ -73,7 +86,8 @@ class ToolRegistry:
             return cls()
         specs = tuple(_specs(request))
         if isinstance(choice, NamedToolChoice):
-            return cls(tuple(spec for spec in specs if spec.name == choice.name), required=True)
+            named = tuple(spec for spec in specs if spec.name == choice.name and not spec.builtin)
+            return cls(named, required=True)
         allowed = allowed_tools(choice)
         if allowed is not None:
             return cls(specs, required=allowed.required, allowed=allowed.names)
@@ -84,8 +98,12 @@ class ToolRegistry:
         return self.allowed is None or spec.name in self.allowed
 
     def namespaces(self) -> dict[str | None, list[ToolSpec]]:
+        """The tools the developer message shows, by namespace (gpt-oss's own, `builtin`,
+        are in the system message instead)."""
         grouped: dict[str | None, list[ToolSpec]] = {}
         for spec in self.tools:
+            if spec.builtin:
+                continue
             grouped.setdefault(spec.namespace, []).append(spec)
         return grouped
 
@@ -102,8 +120,13 @@ class ToolRegistry:
             if cleaned == spec.recipient:
                 return spec
         bare = cleaned.rsplit(".", 1)[-1]
-        matches = [spec for spec in self.tools if spec.name == bare]
+        # A bare `search` is not the browser's: gpt-oss's own tools answer their names only.
+        matches = [spec for spec in self.tools if spec.name == bare and not spec.builtin]
         return matches[0] if len(matches) == 1 else None
+
+    def builtin_kinds(self) -> set[str]:
+        """Which of gpt-oss's own tools (``browser``, ``python``) the request offers."""
+        return {spec.kind for spec in self.tools if spec.builtin}
 
     def by_name(self, name: str, namespace: str | None = None) -> ToolSpec | None:
         for spec in self.tools:
@@ -120,7 +143,9 @@ def _specs(request: ResponsesRequest) -> list[ToolSpec]:
     for tool in request.tools:
         if isinstance(tool, HostedTool):
             continue
-        if isinstance(tool, NamespaceTool):
+        if isinstance(tool, WebSearchTool | CodeInterpreterTool):
+            specs.extend(spec for spec in builtin_specs(tool) if spec not in specs)
+        elif isinstance(tool, NamespaceTool):
             specs.extend(_spec(inner, namespace=tool.name) for inner in tool.tools)
         else:
             specs.append(_spec(tool))
@@ -170,3 +195,14 @@ def _spec(tool: FunctionTool | CustomTool, namespace: str | None = None) -> Tool
         grammar=grammar,
         grammar_syntax=syntax,
     )
+
+
+def builtin_specs(tool: BuiltinTool) -> list[ToolSpec]:
+    """gpt-oss's browser (three calls) for a web_search tool, its python for code_interpreter.
+    Their descriptions are harmony's own (`SystemContent.with_browser_tool()`)."""
+    if isinstance(tool, CodeInterpreterTool):
+        return [ToolSpec(name=PYTHON, kind="python")]
+    return [
+        ToolSpec(name=action, kind="browser", namespace=BROWSER_NAMESPACE)
+        for action in BROWSER_ACTIONS
+    ]

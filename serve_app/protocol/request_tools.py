@@ -21,6 +21,12 @@ from pydantic import (
 from pydantic import Discriminator as PydanticDiscriminator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from serve_app.protocol.builtin_tools import (
+    BUILTIN_TOOL_TYPES,
+    CODE_INTERPRETER_TYPE,
+    CodeInterpreterTool,
+    WebSearchTool,
+)
 from serve_app.protocol.request_base import STRICT_TYPES, Lenient
 
 
@@ -100,11 +106,13 @@ class HostedTool(BaseModel):
     type: str
 
 
-TOOL_TAGS = ("function", "custom", "namespace", "hosted")
+TOOL_TAGS = ("function", "custom", "namespace", "web_search", "code_interpreter", "hosted")
 
 
 def _tool_tag(value: Any) -> str:
     tool_type = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if tool_type in BUILTIN_TOOL_TYPES:  # gpt-oss's browser and python (builtin_tools.py)
+        return tool_type if tool_type == CODE_INTERPRETER_TYPE else "web_search"
     return tool_type if tool_type in ("function", "custom", "namespace") else "hosted"
 
 
@@ -112,6 +120,8 @@ Tool = Annotated[
     Annotated[FunctionTool, Tag("function")]
     | Annotated[CustomTool, Tag("custom")]
     | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[WebSearchTool, Tag("web_search")]
+    | Annotated[CodeInterpreterTool, Tag("code_interpreter")]
     | Annotated[HostedTool, Tag("hosted")],
     PydanticDiscriminator(_tool_tag),
 ]

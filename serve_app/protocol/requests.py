@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from serve_app.protocol.builtin_tools import CodeInterpreterCallItem, WebSearchCallItem
 from serve_app.protocol.request_base import OPAQUE, Lenient
 from serve_app.protocol.request_tools import HostedTool, Tool, ToolChoice
 
@@ -169,6 +170,8 @@ INPUT_ITEM_TYPES = (
     "custom_tool_call_output",
     "item_reference",
     "compaction",
+    "web_search_call",
+    "code_interpreter_call",
 )
 
 
@@ -194,7 +197,9 @@ InputItem = Annotated[
     | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
     | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
     | Annotated[ItemReference, Tag("item_reference")]
-    | Annotated[CompactionItem, Tag("compaction")],
+    | Annotated[CompactionItem, Tag("compaction")]
+    | Annotated[WebSearchCallItem, Tag("web_search_call")]
+    | Annotated[CodeInterpreterCallItem, Tag("code_interpreter_call")],
     PydanticDiscriminator(
         _item_tag,
         custom_error_type="invalid_item_type",

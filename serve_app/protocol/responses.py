@@ -25,6 +25,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from openai.types.shared import Reasoning
 from pydantic import TypeAdapter, ValidationError
 
+from serve_app.protocol.builtin_tools import CodeInterpreterTool, WebSearchTool
 from serve_app.protocol.request_tools import (
     CustomTool,
     FunctionTool,
@@ -182,6 +183,8 @@ def _tools(request: ResponsesRequest) -> list[Tool]:
                 "description": tool.description or "",
                 "tools": [_tool_dict(inner) for inner in tool.tools],
             }
+        elif isinstance(tool, WebSearchTool | CodeInterpreterTool):
+            raw = tool.model_dump(exclude_none=True)  # gpt-oss's browser and python
         else:
             continue
         try:
