@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -244,6 +245,63 @@ class SecretArgs(BaseModel):
         return [key.strip() for key in (self.reasoning_key or "").split(",") if key.strip()]
 
 
+MCP_ALLOW_ENV = "SERVE_APP_MCP_ALLOW"
+
+
+class ToolArgs(BaseModel):
+    """Tools the server runs (serve_app/serving/tools/): what they may reach and how long and
+    how much each may take. A request's `mcp` tool names its server; the server is reached only
+    when its URL is under an `mcp_allow` prefix (serve_app/serving/tools/mcp/policy.py), and
+    every bound below turns a slow, huge or broken server into a failed call the model reads,
+    never a hang or a 500 (docs/protocol.md#what-the-server-may-reach)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # URL prefixes of the MCP servers requests may name (`https://mcp.example.com/`,
+    # `http://127.0.0.1:9000/mcp`): matched on scheme, host, port and whole path segments.
+    # Empty (the default): no `mcp` tool is accepted. A name's addresses are checked when it
+    # is reached: private and loopback ones only for an entry that names such an address or
+    # `localhost`; link-local and metadata ones never. $SERVE_APP_MCP_ALLOW (comma-separated)
+    # overrides it.
+    mcp_allow: list[str] = Field(default_factory=list)
+    # Resolving the name, the TCP (and TLS) connect, and the MCP handshake (initialize).
+    mcp_connect_timeout_s: float = Field(default=10.0, gt=0)
+    # One `tools/list` in all (connect and handshake included).
+    mcp_list_timeout_s: float = Field(default=30.0, gt=0)
+    # One `tools/call` in all (connect and handshake included): past it the call fails.
+    mcp_call_timeout_s: float = Field(default=60.0, gt=0)
+    # Text of one call's result the model is given; a longer result fails the call (the
+    # model reads why). Bytes of UTF-8.
+    mcp_max_output_bytes: int = Field(default=1024 * 1024, gt=0)
+    # Bytes one HTTP response (or SSE event) from an MCP server may carry; more is cut off
+    # as it arrives (never buffered whole) and fails the call or the listing.
+    mcp_max_response_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    # Tools one server may list; more fails the listing.
+    mcp_max_tools: int = Field(default=1000, gt=0)
+    # Calls in flight to one server (its URL and credentials) from one ingress replica; more
+    # wait their turn (within their own timeout).
+    mcp_max_concurrent_calls: int = Field(default=8, gt=0)
+
+    @model_validator(mode="after")
+    def _allow_entries_are_urls(self) -> ToolArgs:
+        for entry in self.mcp_allow:
+            parts = urlsplit(entry)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"tools.mcp_allow: {entry!r} is not an http(s) URL")
+            if parts.username is not None or parts.password is not None:
+                raise ValueError(f"tools.mcp_allow: {entry!r} carries credentials")
+        return self
+
+    def resolved(self) -> ToolArgs:
+        """These settings with $SERVE_APP_MCP_ALLOW applied, read where the tools run (the
+        ingress replica), so from that node's environment."""
+        allow = os.environ.get(MCP_ALLOW_ENV)
+        if allow is None:
+            return self
+        entries = [entry.strip() for entry in allow.split(",") if entry.strip()]
+        return ToolArgs.model_validate({**self.model_dump(), "mcp_allow": entries})
+
+
 class AppArgs(BaseModel):
     """What ``serve_app.app:build_app`` takes (validated by Ray Serve from the YAML ``args``)."""
 
@@ -258,6 +316,7 @@ class AppArgs(BaseModel):
     background: BackgroundArgs = Field(default_factory=BackgroundArgs)
     streaming: StreamingArgs = Field(default_factory=StreamingArgs)
     secrets: SecretArgs = Field(default_factory=SecretArgs)
+    tools: ToolArgs = Field(default_factory=ToolArgs)
     # An app reachable beyond this machine (Serve's http_options.host not loopback, as in
     # configs/gpt-oss.yaml, or a Ray cluster of several nodes) refuses to start without API
     # keys (serve_app/serving/http/exposure.py); true serves it open to anyone who reaches it,

@@ -57,3 +57,26 @@ def test_each_variable_overrides_its_field(monkeypatch: pytest.MonkeyPatch) -> N
     assert (secrets.api_keys_file, secrets.reasoning_key) == ("/run/keys", "secret")
     monkeypatch.setenv("SERVE_APP_ENGINE_CHANNELS", "1")
     assert AppArgs().streaming.resolved().channels is True
+
+
+def test_mcp_allowlist_is_empty_by_default_and_the_variable_replaces_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SERVE_APP_MCP_ALLOW", raising=False)
+    configured = AppArgs.model_validate({"tools": {"mcp_allow": ["https://mcp.example.com/"]}})
+    assert AppArgs().tools.mcp_allow == []
+    assert configured.tools.resolved() == configured.tools
+    monkeypatch.setenv("SERVE_APP_MCP_ALLOW", " http://127.0.0.1:9000/mcp, ,https://b.example/x ")
+    resolved = configured.tools.resolved()
+    assert resolved.mcp_allow == ["http://127.0.0.1:9000/mcp", "https://b.example/x"]
+    assert resolved.mcp_call_timeout_s == configured.tools.mcp_call_timeout_s
+    monkeypatch.setenv("SERVE_APP_MCP_ALLOW", "")
+    assert configured.tools.resolved().mcp_allow == []
+
+
+@pytest.mark.parametrize(
+    "entry", ["ftp://mcp.example.com/", "mcp.example.com", "https://user:pw@mcp.example.com/"]
+)
+def test_an_mcp_allowlist_entry_is_an_http_url_without_credentials(entry: str) -> None:
+    with pytest.raises(ValueError, match=r"tools\.mcp_allow"):
+        AppArgs.model_validate({"tools": {"mcp_allow": [entry]}})
