@@ -23,6 +23,8 @@ import json
 
 from openai_harmony import Author, Message, Role, SystemContent
 
+# Imported for its registration: the browser's and python's calls are server-run items.
+import serve_app.protocol.builtin_items  # noqa: F401
 from serve_app.harmony.tools import BROWSER_NAMESPACE, PYTHON, ToolRegistry
 from serve_app.protocol.builtin_tools import (
     CodeInterpreterCallItem,

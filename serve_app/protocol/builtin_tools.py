@@ -138,9 +138,9 @@ class CodeInterpreterCallItem(Lenient):
     code: str | None = None
     container_id: str | None = None
     outputs: list[CodeLogs | CodeImage] | None = None
-    status: (
-        Literal["in_progress", "completed", "incomplete", "interpreting", "failed"] | None
-    ) = None
+    status: Literal["in_progress", "completed", "incomplete", "interpreting", "failed"] | None = (
+        None
+    )
 
     @property
     def logs(self) -> str | None:

@@ -27,7 +27,7 @@ def check_builtin_tools(
             if container is not None and container != AUTO_CONTAINER:
                 raise InvalidRequest(
                     f"Container with id '{container}' not found. This server runs code in one "
-                    f"container: use {{\"type\": \"auto\"}}.",
+                    f'container: use {{"type": "auto"}}.',
                     param=f"tools[{index}].container",
                     code="invalid_value",
                 )
