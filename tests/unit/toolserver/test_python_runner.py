@@ -1,0 +1,170 @@
+"""gpt-oss's python tool, through the `mcp` SDK's client against the running reference tool
+server: what the code prints, and each limit (wall time, CPU time, memory, output, network),
+alone and with eight runs at once. The server's limits: tests/unit/toolserver/conftest.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from serve_app.toolserver.python_runner import NO_OUTPUT, PythonLimits, PythonRunner, netns_works
+from tests.support.toolserver import ToolServer, mcp_session, text_of
+
+WALL_SECONDS = 8
+OUTPUT_BYTES = 4096
+SLEEP_FOREVER = "import time\nprint('sleeping', flush=True)\ntime.sleep(600)"
+SPIN = "while True:\n    pass"
+MEMORY_BOMB = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 * 1024))"
+FLOOD = "while True:\n    print('x' * 100)"
+
+
+def connect_to(port: int) -> str:
+    """Code that connects to the tool server's own loopback port, which the host can reach."""
+    return (
+        "import socket\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=3)\n"
+        "    print('CONNECTED')\n"
+        "except OSError as error:\n"
+        "    print('refused:', type(error).__name__, error)\n"
+    )
+
+
+async def run(server: ToolServer, code: str) -> tuple[str, float]:
+    async with mcp_session(server.mcp_url) as session:
+        started = time.monotonic()
+        result = await session.call_tool("python", {"code": code})
+        elapsed = time.monotonic() - started
+    assert not result.is_error
+    return text_of(result), elapsed
+
+
+def port_of(server: ToolServer) -> int:
+    return int(server.url.rsplit(":", 1)[1])
+
+
+async def test_stdout_and_stderr_as_written(server: ToolServer) -> None:
+    code = "import sys\nprint('out 1')\nprint('err', file=sys.stderr)\nprint(6 * 7)"
+    output, _ = await run(server, code)
+    assert output == "out 1\nerr\n42\n"
+
+
+async def test_an_exception_is_its_traceback_and_silence_is_a_warning(server: ToolServer) -> None:
+    failed, _ = await run(server, "x = 1\n1 / x0")
+    silent, _ = await run(server, "x = 1")
+    assert failed.startswith('Traceback (most recent call last):\n  File "script.py", line 2')
+    assert failed.rstrip().endswith("NameError: name 'x0' is not defined")
+    assert silent == NO_OUTPUT
+
+
+async def test_each_run_is_a_fresh_process_in_an_empty_directory(server: ToolServer) -> None:
+    first, _ = await run(server, "import os\nopen('kept.txt', 'w').write('x')\nprint(os.getcwd())")
+    second, _ = await run(server, "import os\nprint(os.getcwd(), os.listdir('.'))")
+    assert first.strip() != second.split()[0]  # another directory
+    assert "kept.txt" not in second and "script.py" in second
+    assert not Path(first.strip()).exists()  # removed after the run
+    secrets, _ = await run(server, "import os\nprint(sorted(os.environ))")
+    assert "PYTHONPATH" not in secrets  # the server's environment stays with the server
+
+
+async def test_wall_time_is_enforced(server: ToolServer) -> None:
+    output, elapsed = await run(server, SLEEP_FOREVER)
+    assert output.startswith("sleeping\n")
+    assert f"[ERROR] Execution timed out after {WALL_SECONDS} seconds" in output
+    assert WALL_SECONDS - 0.5 < elapsed < WALL_SECONDS + 5
+
+
+async def test_cpu_time_is_enforced(server: ToolServer) -> None:
+    output, elapsed = await run(server, SPIN)
+    assert "[ERROR] The process was killed by SIGXCPU (the CPU time limit is 1 seconds)." in output
+    assert elapsed < WALL_SECONDS
+
+
+async def test_a_memory_bomb_is_stopped(server: ToolServer) -> None:
+    output, elapsed = await run(server, MEMORY_BOMB)
+    assert output.rstrip().endswith("MemoryError")
+    assert elapsed < WALL_SECONDS
+
+
+async def test_output_is_bounded_and_the_flood_stopped(server: ToolServer) -> None:
+    output, elapsed = await run(server, FLOOD)
+    printed, note = output.rsplit("\n", 1)
+    assert len(printed.encode()) <= OUTPUT_BYTES
+    assert note == f"[WARN] Output truncated at {OUTPUT_BYTES} bytes; the process was stopped."
+    assert elapsed < WALL_SECONDS  # stopped at the bound, not at the wall time
+
+
+async def test_no_network_even_to_the_hosts_loopback(server: ToolServer) -> None:
+    output, _ = await run(server, connect_to(port_of(server)))
+    assert "CONNECTED" not in output
+    assert output.startswith("refused:")
+
+
+async def test_no_network_through_the_audit_hook_fallback(hook_server: ToolServer) -> None:
+    output, _ = await run(hook_server, connect_to(port_of(hook_server)))
+    assert output.startswith("refused: PermissionError network access is disabled")
+    spawned, _ = await run(hook_server, "import subprocess\nsubprocess.run(['true'])")
+    assert "PermissionError: starting processes is disabled in this sandbox" in spawned
+
+
+@pytest.mark.skipif(not netns_works(), reason="no user/network/PID namespaces on this machine")
+async def test_what_the_code_starts_dies_with_it(server: ToolServer) -> None:
+    marker = f"{os.getpid()}{int(time.time())}"
+    code = (
+        "import subprocess\n"
+        f"subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
+        "print('started')"
+    )
+    output, _ = await run(server, code)
+    assert output == "started\n"
+    await asyncio.sleep(0.5)
+    assert marker not in " ".join(_command_lines())
+
+
+async def test_the_limits_hold_with_eight_runs_at_once(server: ToolServer) -> None:
+    codes = {
+        "sleep": SLEEP_FOREVER,
+        "spin": SPIN,
+        "bomb": MEMORY_BOMB,
+        "flood": FLOOD,
+        "net": connect_to(port_of(server)),
+        "print": "print(sum(range(10)))",
+        "spin2": SPIN,
+        "sleep2": SLEEP_FOREVER,
+    }
+    started = time.monotonic()
+    results = await asyncio.gather(*(run(server, code) for code in codes.values()))
+    outputs = dict(zip(codes, (output for output, _ in results), strict=True))
+    assert time.monotonic() - started < 2 * WALL_SECONDS - 1  # at once: two sleeps alone take 16 s
+    for name in ("sleep", "sleep2"):
+        assert "[ERROR] Execution timed out" in outputs[name]
+    for name in ("spin", "spin2"):
+        assert "SIGXCPU" in outputs[name]
+    assert outputs["bomb"].rstrip().endswith("MemoryError")
+    assert outputs["flood"].endswith("the process was stopped.")
+    assert len(outputs["flood"].encode()) < OUTPUT_BYTES + 100
+    assert outputs["net"].startswith("refused:")
+    assert outputs["print"] == "45\n"
+
+
+async def test_runs_beyond_the_concurrency_bound_wait_for_a_slot() -> None:
+    runner = PythonRunner(PythonLimits(concurrency=2, wall_seconds=20), isolation="hook")
+    started = time.monotonic()
+    outputs = await asyncio.gather(*(runner.run("import time\ntime.sleep(1)") for _ in range(4)))
+    assert outputs == [NO_OUTPUT] * 4
+    assert time.monotonic() - started >= 2.0  # two rounds of two
+
+
+def _command_lines() -> list[str]:
+    lines = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:
+                continue
+    return lines
