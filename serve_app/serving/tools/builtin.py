@@ -128,11 +128,11 @@ class BuiltinToolRunner:
         if self.kind == builtin_items.PYTHON_KIND:
             return {builtin_items.LOGS: text} if OUTPUTS_INCLUDE in include else {}
         pages = self._tracked(call.response_id)
-        head = _DISPLAY_HEAD.match(text.split("\n", 1)[0])
-        if head:
-            pages[int(head["cursor"])] = head["url"]
         data: dict[str, Any] = {}
+        head = _DISPLAY_HEAD.match(text.split("\n", 1)[0])
         if call.spec.name == "open" and head:
+            # Only opened pages: a find's results page is not a page find searches.
+            pages[int(head["cursor"])] = head["url"]
             data[builtin_items.URL] = head["url"]
         elif call.spec.name == "find":
             cursor = arguments.get("cursor", -1)
