@@ -76,7 +76,7 @@ class ResponseStreamTranslator:
             response, seal_reasoning=seal_reasoning, summarize_reasoning=summarize_reasoning
         )
         self._tools = tools
-        self._limit = CallLimit(max_tool_calls)
+        self.call_limit = CallLimit(max_tool_calls)
         self._state = _State.EXPECT_START
         self._parser: StreamableParser | None = None
         # The current header's tokens (ours: the parser's copy is only reachable as JSON).
@@ -116,7 +116,7 @@ class ResponseStreamTranslator:
     @property
     def tool_calls_exhausted(self) -> bool:
         """Whether ``max_tool_calls`` calls are done: what the engine writes next is dropped."""
-        return self._limit.exhausted(self._writer.tool_calls)
+        return self.call_limit.exhausted(self._writer.tool_calls)
 
     def start(self) -> list[ResponseStreamEvent]:
         """``response.created`` then ``response.in_progress`` (nothing once started)."""
@@ -141,7 +141,7 @@ class ResponseStreamTranslator:
         """The tool loop's next completion (again after ``<|start|>assistant``): numbered on."""
         if self._state is not _State.DONE:
             self._close_all("completed", ending=False)
-            self._limit.begin(self._writer.tool_calls)
+            self.call_limit.begin(self._writer.tool_calls)
 
     def take_sequence(self) -> int:
         """The stream's next sequence number, for an event that joins it (steering's)."""
@@ -174,7 +174,7 @@ class ResponseStreamTranslator:
             return [], 0
         writer = self._writer
         writer.start()
-        limit = self._limit if self._limit.limit is not None else None
+        limit = self.call_limit if self.call_limit.limit is not None else None
         read = 0
         for index, token in enumerate(token_ids):
             if to_boundary and self.at_safe_boundary:
@@ -437,7 +437,7 @@ class ResponseStreamTranslator:
     def _open_item(self, channel: str | None, recipient: str | None) -> None:
         # Open only once announced, so recovery never closes an item the client never saw.
         self._pending = []
-        refused = self._limit.refuses(self._writer.tool_calls, recipient)
+        refused = self.call_limit.refuses(self._writer.tool_calls, recipient)
         self._item = None if refused else open_item(self._writer, self._tools, channel, recipient)
 
     def _flush(self) -> None:

@@ -1,0 +1,436 @@
+"""The MCP client the server runs `mcp` tools with: list a server's tools, call one, with the
+official `mcp` SDK (`ClientSession` over its streamable HTTP or SSE transport).
+
+Each operation opens its own session (resolve and check the address, connect, initialize),
+does its one thing and closes it: nothing of one request's server, headers or session is
+kept for another, and a broken server breaks one call. Every bound of `ToolArgs` applies:
+the connect, list and call timeouts, the bytes of a response and of a result, the tools of a
+listing, the calls in flight to one server. A failure of any kind is a value (`ListOutcome`,
+`CallOutcome` with ``error``) whose message the model and the client can read; only the
+caller's own cancellation leaves as an exception (and closes the session on its way out).
+
+Headers (``authorization`` too) go to their server only, in the HTTP requests of its session:
+never into a log line, an error message or a repr.
+
+Transport: a URL whose path ends in ``/sse`` is spoken to with the SSE transport (the
+convention of SSE servers and of the SDK's own ``sse_app``), any other with streamable HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import anyio
+import httpx2
+import mcp_types
+from mcp.client.session import ClientSession
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from openai.types.responses.mcp_tool_call_error import (
+    HTTPError,
+    McpProtocolError,
+    McpToolCallError,
+    McpToolExecutionError,
+)
+from openai.types.responses.response_output_item import McpListToolsTool
+
+from serve_app.config import ToolArgs
+from serve_app.serving.tools.mcp.policy import (
+    ServerAddress,
+    UnsafeAddress,
+    check_server_url,
+    parse_server_url,
+    resolve_checked,
+)
+from serve_app.serving.tools.mcp.transport import Guard, pinned_client
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+CLIENT_INFO = mcp_types.Implementation(name="serve_app", version="1")
+# Pages of a listing followed at most (each page's tools count against mcp_max_tools too).
+MAX_LIST_PAGES = 100
+
+
+@dataclass(frozen=True)
+class McpServer:
+    """One MCP server as a request names it: its URL and the headers sent to it (its
+    ``authorization`` among them). The repr shows the URL only."""
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def for_tool(
+        cls,
+        server_url: str,
+        headers: Mapping[str, str] | None = None,
+        authorization: str | None = None,
+    ) -> McpServer:
+        """The server of a request's `mcp` tool (``server_url``, ``headers``, ``authorization``:
+        an OAuth access token, sent as ``Authorization: Bearer``)."""
+        sent = dict(headers or {})
+        if authorization:
+            sent = {name: value for name, value in sent.items() if name.lower() != "authorization"}
+            sent["Authorization"] = f"Bearer {authorization}"
+        return cls(server_url, sent)
+
+    @property
+    def transport(self) -> Literal["streamable_http", "sse"]:
+        path = parse_server_url(self.url).path.rstrip("/")
+        return "sse" if path.endswith("/sse") else "streamable_http"
+
+    @property
+    def key(self) -> str:
+        """The server and its credentials, as one opaque key (concurrency is bounded per key):
+        the URL and a digest of the headers, never the headers themselves."""
+        digest = hashlib.sha256(json.dumps(sorted(self.headers.items())).encode()).hexdigest()
+        return f"{self.url}#{digest[:32]}"
+
+    def redact(self, text: str) -> str:
+        """``text`` with every header value in it blanked (a server may echo one back)."""
+        for value in self.headers.values():
+            for secret in {value, value.removeprefix("Bearer ").strip()}:
+                if len(secret) >= 4:
+                    text = text.replace(secret, "[redacted]")
+        return text
+
+
+@dataclass(frozen=True)
+class ListOutcome:
+    """A server's tools, or why it could not list them."""
+
+    tools: list[McpListToolsTool] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """A call's output (its text content, as the model reads it), or its error as an
+    ``mcp_call`` item carries it."""
+
+    output: str | None = None
+    error: McpToolCallError | None = None
+
+    @property
+    def message(self) -> str:
+        """What the model reads: the output, or what went wrong."""
+        if self.error is None:
+            return self.output or ""
+        if isinstance(self.error, McpToolExecutionError):
+            return _content_text(self.error.content)
+        return self.error.message
+
+
+class _Failed(Exception):
+    """An operation's failure, already described (a value once it leaves the client)."""
+
+    def __init__(self, error: McpToolCallError) -> None:
+        super().__init__(getattr(error, "message", "failed"))
+        self.error = error
+
+
+def _protocol_error(code: int, message: str) -> McpProtocolError:
+    return McpProtocolError(type="mcp_protocol_error", code=code, message=message)
+
+
+class _Slots:
+    """Calls in flight per server key, at most ``limit`` each; a key's semaphore lives while
+    someone holds or awaits it, so keys (one per server and credentials) never pile up."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._semaphores: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        self._active: dict[str, int] = {}
+
+    def active(self, key: str) -> int:
+        return self._active.get(key, 0)
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        semaphore, users = self._semaphores.get(key, (asyncio.Semaphore(self._limit), 0))
+        self._semaphores[key] = (semaphore, users + 1)
+        try:
+            async with semaphore:
+                self._active[key] = self._active.get(key, 0) + 1
+                try:
+                    yield
+                finally:
+                    self._active[key] -= 1
+                    if not self._active[key]:
+                        del self._active[key]
+        finally:
+            semaphore, users = self._semaphores[key]
+            if users == 1:
+                del self._semaphores[key]
+            else:
+                self._semaphores[key] = (semaphore, users - 1)
+
+
+class McpClient:
+    """The MCP client of one ingress replica: the allowlist and bounds of `ToolArgs` (its
+    environment override applied), and the per-server bound on calls in flight."""
+
+    def __init__(self, args: ToolArgs | None = None) -> None:
+        self.args = (args or ToolArgs()).resolved()
+        self._slots = _Slots(self.args.mcp_max_concurrent_calls)
+
+    def check_server_url(self, url: str, param: str) -> ServerAddress:
+        """The request path's check (a 400 naming ``param``), before any connection."""
+        return check_server_url(url, param, self.args.mcp_allow)
+
+    def calls_in_flight(self, server: McpServer) -> int:
+        return self._slots.active(server.key)
+
+    async def list_tools(self, server: McpServer) -> ListOutcome:
+        """The server's tools (every page), within ``mcp_list_timeout_s``."""
+
+        async def listing(session: ClientSession) -> list[McpListToolsTool]:
+            return await self._list(session)
+
+        try:
+            tools = await self._operate(server, self.args.mcp_list_timeout_s, listing)
+        except _Failed as failure:
+            return ListOutcome(error=CallOutcome(error=failure.error).message)
+        return ListOutcome(tools=tools)
+
+    async def call_tool(
+        self, server: McpServer, name: str, arguments: str | Mapping[str, Any]
+    ) -> CallOutcome:
+        """Call ``name`` with ``arguments`` (a JSON object, or its text as the model wrote it)
+        within ``mcp_call_timeout_s``, waiting for a free slot of the server included."""
+        try:
+            parsed = _arguments(arguments)
+        except ValueError as error:
+            return CallOutcome(error=_protocol_error(mcp_types.INVALID_PARAMS, str(error)))
+
+        async def calling(session: ClientSession) -> CallOutcome:
+            request = mcp_types.CallToolRequest(
+                params=mcp_types.CallToolRequestParams(name=name, arguments=parsed)
+            )
+            result = await session.send_request(request, mcp_types.CallToolResult)
+            return self._outcome(result)
+
+        try:
+            return await self._operate(server, self.args.mcp_call_timeout_s, calling, slot=True)
+        except _Failed as failure:
+            return CallOutcome(error=failure.error)
+
+    async def _list(self, session: ClientSession) -> list[McpListToolsTool]:
+        tools: list[McpListToolsTool] = []
+        cursor: str | None = None
+        for _ in range(MAX_LIST_PAGES):
+            params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await session.list_tools(params=params)
+            tools.extend(_listed(tool) for tool in page.tools)
+            if len(tools) > self.args.mcp_max_tools:
+                raise _Failed(
+                    _protocol_error(
+                        mcp_types.INTERNAL_ERROR,
+                        f"the MCP server lists more than {self.args.mcp_max_tools} tools, "
+                        "more than this server takes",
+                    )
+                )
+            cursor = page.next_cursor
+            if not cursor:
+                return tools
+        raise _Failed(
+            _protocol_error(mcp_types.INTERNAL_ERROR, "the MCP server's tool list never ends")
+        )
+
+    def _outcome(self, result: mcp_types.CallToolResult) -> CallOutcome:
+        blocks = [
+            block.model_dump(by_alias=True, exclude_none=True, mode="json")
+            for block in result.content
+        ]
+        if result.is_error:
+            return CallOutcome(
+                error=McpToolExecutionError(type="mcp_tool_execution_error", content=blocks)
+            )
+        text = _content_text(blocks)
+        if not blocks and result.structured_content is not None:
+            text = json.dumps(result.structured_content)
+        size = len(text.encode())
+        if size > self.args.mcp_max_output_bytes:
+            message = (
+                f"the tool's output is {size} bytes, more than the "
+                f"{self.args.mcp_max_output_bytes} this server passes on"
+            )
+            return CallOutcome(error=_protocol_error(mcp_types.INTERNAL_ERROR, message))
+        return CallOutcome(output=text)
+
+    async def _operate(
+        self,
+        server: McpServer,
+        timeout_s: float,
+        body: Callable[[ClientSession], Awaitable[_T]],
+        *,
+        slot: bool = False,
+    ) -> _T:
+        """``body`` on a fresh session with ``server``, within ``timeout_s`` in all; its
+        failures raised as `_Failed` (described, redacted), the caller's cancellation as is."""
+        guard = Guard()
+        with anyio.CancelScope(deadline=anyio.current_time() + timeout_s) as scope:
+            guard.on_failure = scope.cancel
+            try:
+                async with AsyncExitStack() as stack:
+                    if slot:
+                        await stack.enter_async_context(self._slots.hold(server.key))
+                    session = await self._open(stack, server, guard, timeout_s)
+                    return await body(session)
+            except _Failed:
+                raise
+            except Exception as error:  # every failure is the model's to read
+                raise _Failed(_describe(error, guard, server)) from None
+        if guard.failure is not None:
+            raise _Failed(_protocol_error(mcp_types.INTERNAL_ERROR, guard.failure))
+        raise _Failed(
+            _protocol_error(
+                mcp_types.REQUEST_TIMEOUT, f"the MCP server did not answer within {timeout_s:g}s"
+            )
+        )
+
+    async def _open(
+        self, stack: AsyncExitStack, server: McpServer, guard: Guard, timeout_s: float
+    ) -> ClientSession:
+        """A session with ``server``, initialized: the URL checked again (a stored request may
+        outlive a change of the allowlist), its address resolved and checked, and pinned."""
+        args = self.args
+        try:
+            entry = check_server_url(server.url, "server_url", args.mcp_allow)
+        except Exception as error:
+            raise _Failed(_protocol_error(mcp_types.INVALID_REQUEST, str(error))) from None
+        address = parse_server_url(server.url)
+        with anyio.fail_after(args.mcp_connect_timeout_s):
+            ip = await resolve_checked(address, entry)
+
+        def http_client(
+            headers: dict[str, str] | None = None,
+            timeout: httpx2.Timeout | None = None,
+            auth: httpx2.Auth | None = None,
+        ) -> httpx2.AsyncClient:
+            return pinned_client(
+                address,
+                ip,
+                server.headers,
+                connect_timeout_s=args.mcp_connect_timeout_s,
+                read_timeout_s=timeout_s,
+                max_response_bytes=args.mcp_max_response_bytes,
+                guard=guard,
+            )
+
+        if server.transport == "sse":
+            streams = sse_client(
+                server.url,
+                timeout=args.mcp_connect_timeout_s,
+                sse_read_timeout=timeout_s,
+                httpx_client_factory=http_client,
+            )
+        else:
+            client = await stack.enter_async_context(http_client())
+            streams = streamable_http_client(
+                server.url, http_client=client, max_sse_event_size=args.mcp_max_response_bytes
+            )
+        read, write = await stack.enter_async_context(streams)
+        session = await stack.enter_async_context(
+            ClientSession(read, write, client_info=CLIENT_INFO)
+        )
+        with anyio.fail_after(args.mcp_connect_timeout_s):
+            await session.initialize()
+        return session
+
+
+def _arguments(arguments: str | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as error:
+            raise ValueError(f"the arguments are not valid JSON ({error.msg})") from None
+    if not isinstance(arguments, Mapping):
+        raise ValueError("the arguments are not a JSON object")
+    return dict(arguments)
+
+
+def _listed(tool: mcp_types.Tool) -> McpListToolsTool:
+    annotations = (
+        tool.annotations.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if tool.annotations
+        else None
+    )
+    return McpListToolsTool(
+        name=tool.name,
+        description=tool.description,
+        input_schema=tool.input_schema,
+        annotations=annotations,
+    )
+
+
+def _content_text(blocks: object) -> str:
+    """The text of content blocks: text blocks as they are, any other block as its JSON."""
+    if not isinstance(blocks, list):
+        return json.dumps(blocks)
+    parts = []
+    for block in blocks:
+        if isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        else:
+            parts.append(json.dumps(block))
+    return "\n".join(parts)
+
+
+def _leaves(error: BaseException) -> Iterator[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error
+
+
+def _describe(error: Exception, guard: Guard, server: McpServer) -> McpToolCallError:
+    """The failure as an ``mcp_call`` error: what the transport guard saw first, else the
+    most telling exception of the group anyio may have wrapped it in. Redacted."""
+    if guard.failure is not None:
+        return _protocol_error(mcp_types.INTERNAL_ERROR, guard.failure)
+    leaves = list(_leaves(error))
+    leaf = next(
+        (e for e in leaves if not isinstance(e, anyio.get_cancelled_exc_class())), leaves[0]
+    )
+    if isinstance(leaf, httpx2.HTTPStatusError):
+        status = leaf.response.status_code
+        return HTTPError(
+            type="http_error", code=status, message=f"the MCP server answered HTTP {status}"
+        )
+    if isinstance(leaf, MCPError) and guard.http_status is not None:
+        status = guard.http_status
+        return HTTPError(
+            type="http_error", code=status, message=f"the MCP server answered HTTP {status}"
+        )
+    if isinstance(leaf, MCPError):
+        return _protocol_error(leaf.code, server.redact(leaf.message))
+    if isinstance(leaf, TimeoutError | httpx2.TimeoutException):
+        return _protocol_error(mcp_types.REQUEST_TIMEOUT, "the MCP server did not answer in time")
+    if isinstance(leaf, httpx2.SSEError):
+        detail = server.redact(str(leaf))
+        return _protocol_error(
+            mcp_types.INTERNAL_ERROR, f"the MCP server's event stream was refused ({detail})"
+        )
+    if isinstance(leaf, UnsafeAddress):
+        return _protocol_error(mcp_types.CONNECTION_CLOSED, f"not connecting: {leaf}")
+    if isinstance(leaf, httpx2.TransportError | OSError):
+        detail = server.redact(str(leaf)) or type(leaf).__name__
+        return _protocol_error(
+            mcp_types.CONNECTION_CLOSED, f"could not reach the MCP server ({detail})"
+        )
+    logger.info("MCP operation failed: %s", type(leaf).__name__)
+    return _protocol_error(
+        mcp_types.INTERNAL_ERROR,
+        server.redact(f"the MCP operation failed ({type(leaf).__name__}: {leaf})"),
+    )

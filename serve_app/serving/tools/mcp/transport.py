@@ -1,0 +1,140 @@
+"""The HTTP client one MCP session uses: every request goes to the address the policy checked
+(the name is never resolved again: no DNS rebinding between the check and the connection),
+to the session's server only, and every response is counted as it arrives and cut off past
+its bound (never buffered whole first).
+
+The `mcp` SDK's transports take an ``httpx2.AsyncClient`` (``streamable_http_client``'s
+``http_client``, ``sse_client``'s ``httpx_client_factory``); this module builds it around a
+transport that rewrites each request's host to the pinned address, keeping the name in the
+``Host`` header and as the TLS server name (httpcore's ``sni_hostname``), so a certificate is
+still verified against the name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+
+import httpx2
+
+from serve_app.serving.tools.mcp.policy import IPAddress, ServerAddress
+
+# Asked of every server: a compressed body could decode to far more than it counts.
+_IDENTITY = {"accept-encoding": "identity"}
+
+
+class Guard:
+    """The first failure an operation's transport saw (a response over its bound, a request
+    to another host), kept to be the operation's error: the SDK may turn a transport's
+    exception into a vaguer one, or into none. ``on_failure`` is told at once (the operation
+    cancels itself rather than wait for the SDK to notice)."""
+
+    def __init__(self) -> None:
+        self.failure: str | None = None
+        self.on_failure: Callable[[], None] | None = None
+        # The HTTP status of the last error answer to a message (the streamable HTTP
+        # transport reports one as a generic JSON-RPC error: this says which).
+        self.http_status: int | None = None
+
+    def fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+            if self.on_failure is not None:
+                self.on_failure()
+
+
+class _BoundedStream(httpx2.AsyncByteStream):
+    """A response body that fails once it has carried more than ``limit`` bytes."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, guard: Guard) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._guard = guard
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self._inner:
+            seen += len(chunk)
+            if seen > self._limit:
+                reason = f"the MCP server's response exceeded {self._limit} bytes"
+                self._guard.fail(reason)
+                raise httpx2.ReadError(reason)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class PinnedTransport(httpx2.AsyncBaseTransport):
+    """Sends requests for ``address``'s host and port to ``ip``, refuses any other, and
+    bounds each response to ``max_response_bytes``."""
+
+    def __init__(
+        self, address: ServerAddress, ip: IPAddress, max_response_bytes: int, guard: Guard
+    ) -> None:
+        self._address = address
+        self._ip = ip
+        self._limit = max_response_bytes
+        self._guard = guard
+        # No proxies from the environment (a proxy would resolve the name itself), no retries.
+        self._inner = httpx2.AsyncHTTPTransport(trust_env=False)
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        url = request.url
+        port = url.port or (443 if url.scheme == "https" else 80)
+        if (url.scheme, url.host.rstrip(".").lower(), port) != (
+            self._address.scheme,
+            self._address.host,
+            self._address.port,
+        ):
+            reason = "the MCP server sent the client to another origin; refused"
+            self._guard.fail(reason)
+            raise httpx2.ConnectError(reason, request=request)
+        pinned = httpx2.Request(
+            request.method,
+            url.copy_with(host=str(self._ip)),
+            headers=request.headers,  # its Host header still names the server
+            stream=request.stream,
+            extensions={**request.extensions, "sni_hostname": self._address.host},
+        )
+        response = await self._inner.handle_async_request(pinned)
+        if response.status_code >= 400 and request.method == "POST":
+            self._guard.http_status = response.status_code
+        encoding = response.headers.get("content-encoding", "identity").lower()
+        if encoding not in ("", "identity"):
+            await response.aclose()
+            reason = f"the MCP server answered with a compressed body ({encoding}); refused"
+            self._guard.fail(reason)
+            raise httpx2.DecodingError(reason, request=request)
+        stream = response.stream
+        if not isinstance(stream, httpx2.AsyncByteStream):  # never, from an async transport
+            raise httpx2.ReadError("the MCP server's response is not a stream", request=request)
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_BoundedStream(stream, self._limit, self._guard),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def pinned_client(
+    address: ServerAddress,
+    ip: IPAddress,
+    headers: Mapping[str, str],
+    *,
+    connect_timeout_s: float,
+    read_timeout_s: float,
+    max_response_bytes: int,
+    guard: Guard,
+) -> httpx2.AsyncClient:
+    """An ``httpx2.AsyncClient`` for one MCP session with ``address``'s server at ``ip``,
+    sending ``headers`` (its credentials) to that server only."""
+    return httpx2.AsyncClient(
+        transport=PinnedTransport(address, ip, max_response_bytes, guard),
+        headers={**_IDENTITY, **headers},
+        timeout=httpx2.Timeout(connect_timeout_s, read=read_timeout_s),
+        trust_env=False,
+        follow_redirects=False,
+    )
