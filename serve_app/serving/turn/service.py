@@ -27,6 +27,7 @@ from serve_app.routing.keys import cache_salt, key_digest, routing_key
 from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
+from serve_app.serving.tools.builtin import register_builtin_runners
 from serve_app.serving.tools.contract import ToolRunners
 from serve_app.serving.tools.loop import ToolLoop
 from serve_app.serving.turn import context_management, history
@@ -59,6 +60,7 @@ class ResponsesService:
         self._persistence = Persistence(store)
         # The runners of the tools the server runs, by kind (serving/tools/contract.py).
         self._tools = tools if tools is not None else ToolRunners()
+        register_builtin_runners(self._tools, args.tools)  # gpt-oss's browser and python
         self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools))
 
     @property
