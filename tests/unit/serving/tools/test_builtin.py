@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -92,7 +91,9 @@ async def test_python_runs_and_its_logs_are_outputs_only_when_included(server: T
     python = runner("python", server.mcp_url)
     plain = await python.run(call(PYTHON, "print(6 * 7)"))
     assert plain.output.strip() == "42" and plain.data == {}
-    included = await python.run(call(PYTHON, "print(6 * 7)", include=["code_interpreter_call.outputs"]))
+    included = await python.run(
+        call(PYTHON, "print(6 * 7)", include=["code_interpreter_call.outputs"])
+    )
     assert included.data == {builtin_items.LOGS: included.output}
     failing = await python.run(call(PYTHON, "1 / 0"))
     assert "ZeroDivisionError" in failing.model_text
