@@ -45,6 +45,22 @@ class Page:
     listing: bool = False
 
 
+@dataclass(frozen=True)
+class Display:
+    """What one call shows (`text`, what the model reads) and, for clients, what it is: the
+    page's cursor, URL and title, and a search's result URLs in rank order."""
+
+    text: str
+    cursor: int
+    url: str
+    title: str
+    sources: tuple[str, ...] = ()
+
+    def fields(self) -> dict[str, object]:
+        fields: dict[str, object] = {"cursor": self.cursor, "url": self.url, "title": self.title}
+        return fields | ({"sources": list(self.sources)} if self.url == "" else {})
+
+
 def wrap_lines(text: str, width: int = 80) -> list[str]:
     wrapped: list[str] = []
     for line in text.split("\n"):
@@ -104,7 +120,7 @@ class Browser:
             self._sessions.popitem(last=False)
         return session
 
-    def search(self, key: str, query: str, topn: int = 10) -> str:
+    def search(self, key: str, query: str, topn: int = 10) -> Display:
         hits = self.folder.search(query, max(1, min(topn, MAX_RESULTS)))
         items = []
         for hit in hits:
@@ -128,7 +144,7 @@ class Browser:
         loc: int = -1,
         num_lines: int = -1,
         view_source: bool = False,
-    ) -> str:
+    ) -> Display:
         session = self.session(key)
         line_of_link: int | None = None
         if isinstance(id, str):
@@ -149,7 +165,7 @@ class Browser:
             loc = _view_start(line_of_link)
         return self._show_new(session, page, loc=loc, num_lines=num_lines)
 
-    def find(self, key: str, pattern: str, cursor: int = -1) -> str:
+    def find(self, key: str, pattern: str, cursor: int = -1) -> Display:
         session = self.session(key)
         page = session.page(cursor)
         if page.listing:
@@ -162,14 +178,16 @@ class Browser:
             raise BrowserError(f"Error fetching URL `{_truncate(url)}`: not in the document folder")
         return document_page(document, view_source or url.startswith("view-source:"))
 
-    def _show_new(self, session: Session, page: Page, loc: int, num_lines: int) -> str:
+    def _show_new(self, session: Session, page: Page, loc: int, num_lines: int) -> Display:
         """Push the page and show it; a display that fails leaves the stack as it was."""
         cursor = session.push(page)
         try:
-            return self.display(page, cursor, loc, num_lines)
+            text = self.display(page, cursor, loc, num_lines)
         except BrowserError:
             session.pages.pop()
             raise
+        sources = tuple(page.urls.values()) if page.url == "" and page.listing else ()
+        return Display(text, cursor, page.url, page.title, sources)
 
     def display(self, page: Page, cursor: int, loc: int, num_lines: int) -> str:
         lines = wrap_lines(page.text)

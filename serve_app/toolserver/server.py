@@ -21,13 +21,14 @@ from typing import Literal
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent
 from openai_harmony import ToolNamespaceConfig
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from serve_app.toolserver.browser import Browser, BrowserError
+from serve_app.toolserver.browser import Browser, BrowserError, Display
 from serve_app.toolserver.documents import DEFAULT_BASE_URL, DocumentFolder
 from serve_app.toolserver.python_runner import PythonLimits, PythonRunner
 
@@ -75,18 +76,25 @@ def session_key(ctx: Context) -> str:
     return f"connection-{id(ctx.request_context.session)}"
 
 
-def _answer(call: Callable[[], str]) -> str:
-    """The browser's text, or its refusal as an error result the model reads."""
+def _answer(call: Callable[[], Display]) -> CallToolResult:
+    """The browser's display (its text; its cursor, URL, title and a search's sources as
+    structured content), or its refusal as an error result the model reads."""
     try:
-        return call()
+        display = call()
     except BrowserError as error:
         raise ToolError(str(error)) from None
+    return CallToolResult(
+        content=[TextContent(type="text", text=display.text)],
+        structured_content=display.fields(),
+    )
 
 
 def _add_browser(server: MCPServer, browser: Browser) -> None:
     descriptions = {tool.name: tool.description for tool in ToolNamespaceConfig.browser().tools}
 
-    async def search(ctx: Context, query: str, topn: int = 10, source: str | None = None) -> str:
+    async def search(
+        ctx: Context, query: str, topn: int = 10, source: str | None = None
+    ) -> CallToolResult:
         return _answer(lambda: browser.search(session_key(ctx), query, topn))
 
     async def open(  # the tool's name
@@ -97,11 +105,11 @@ def _add_browser(server: MCPServer, browser: Browser) -> None:
         num_lines: int = -1,
         view_source: bool = False,
         source: str | None = None,
-    ) -> str:
+    ) -> CallToolResult:
         key = session_key(ctx)
         return _answer(lambda: browser.open(key, id, cursor, loc, num_lines, view_source))
 
-    async def find(ctx: Context, pattern: str, cursor: int = -1) -> str:
+    async def find(ctx: Context, pattern: str, cursor: int = -1) -> CallToolResult:
         return _answer(lambda: browser.find(session_key(ctx), pattern, cursor))
 
     for fn in (search, open, find):

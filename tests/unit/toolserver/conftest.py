@@ -15,7 +15,7 @@ from tests.support.toolserver import ToolServer, tool_server
 # all together.
 PYTHON_LIMITS = (
     "--python-cpu-seconds", "1",
-    "--python-wall-seconds", "8",
+    "--python-wall-seconds", "10",
     "--python-memory-mb", "256",
     "--python-output-bytes", "4096",
     "--python-concurrency", "8",
@@ -33,6 +33,7 @@ ROUTING = """<html><head><title>Prefix-affinity routing</title>
 <script>var SECRET_SCRIPT_TEXT = 1;</script></head><body>
 <h1>Routing</h1>
 <p>The router sends a conversation to the replica that holds its KV cache.</p>
+<script>document.write("SECRET_SCRIPT_TEXT")</script><style>p { color: red }</style>
 <ul><li>Consistent hashing with bounded load</li>
 <li>See <a href="ray-serve.md">autoscaling</a> and <a href="https://example.com/ring">rings</a></li></ul>
 </body></html>

@@ -13,12 +13,14 @@ ZEBRA_URL = "http://docs.local/notes/zebra.md"
 
 async def test_search_ranks_the_document_that_answers_first(server: ToolServer) -> None:
     async with mcp_session(server.mcp_url) as session:
-        result = await session.call_tool("search", {"query": "autoscaler target_ongoing_requests"})
+        query = "replica autoscaler target_ongoing_requests"
+        result = await session.call_tool("search", {"query": query})
         shown = text_of(result)
     assert not result.is_error
-    assert shown.startswith("[0] autoscaler target_ongoing_requests\n**viewing lines [0 - ")
+    assert shown.startswith(f"[0] {query}\n**viewing lines [0 - ")
     results = re.findall(r"【(\d+)†([^†】]+)†docs\.local】", shown)
-    assert results[0] == ("0", "Ray Serve autoscaling")
+    # Both say "replica"; only one says the rarer words too.
+    assert results == [("0", "Ray Serve autoscaling"), ("1", "Prefix-affinity routing")]
     assert "Zebras" not in shown  # not a word of the query in it
     assert "L2: # Search Results" in shown
 
@@ -59,6 +61,7 @@ async def test_open_a_result_then_a_link_on_its_page(server: ToolServer) -> None
     assert routing.startswith("[1] Prefix-affinity routing (http://docs.local/routing.html)\n")
     assert "KV cache" in routing
     assert "SECRET_SCRIPT_TEXT" not in routing  # a script is no text of the page
+    assert "color" not in routing  # nor a style
     assert "【0†autoscaling】" in routing  # a link in the folder: its id and text
     assert "【1†rings†example.com】" in routing  # a link out of it names its site
     assert autoscaling.startswith("[2] Ray Serve autoscaling (http://docs.local/ray-serve.md)\n")
@@ -118,3 +121,23 @@ async def test_pages_belong_to_the_x_session_id_across_connections(server: ToolS
         other = await session.call_tool("open", {"id": 0})
     assert same.startswith(f"[1] Zebras ({ZEBRA_URL})")
     assert other.is_error and "No pages to access!" in text_of(other)
+
+
+async def test_structured_content_says_which_page_and_a_searchs_sources(
+    server: ToolServer,
+) -> None:
+    async with mcp_session(server.mcp_url) as session:
+        query = "replica autoscaler target_ongoing_requests"
+        searched = await session.call_tool("search", {"query": query})
+        opened = await session.call_tool("open", {"id": 1})
+    assert searched.structured_content == {
+        "cursor": 0,
+        "url": "",
+        "title": query,
+        "sources": ["http://docs.local/ray-serve.md", "http://docs.local/routing.html"],
+    }
+    assert opened.structured_content == {
+        "cursor": 1,
+        "url": "http://docs.local/routing.html",
+        "title": "Prefix-affinity routing",
+    }

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
 from openai_harmony import ToolNamespaceConfig
@@ -76,8 +77,16 @@ def test_a_request_for_another_host_is_refused(server: ToolServer) -> None:
     ],
 )
 def test_the_cli_refuses_what_it_should_not_serve(
-    argv: list[str], complaint: str, docs: Path, capsys: pytest.CaptureFixture[str]
+    argv: list[str],
+    complaint: str,
+    docs: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    def serve(*args: object, **kwargs: object) -> None:
+        raise AssertionError("served what it should have refused")
+
+    monkeypatch.setattr(uvicorn, "run", serve)
     with_docs = [] if argv == ["--tools", "browser"] else ["--docs", str(docs)]
     with pytest.raises(SystemExit) as exited:
         main([*with_docs, "--port", "1", *argv])
