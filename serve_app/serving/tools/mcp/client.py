@@ -98,7 +98,10 @@ class McpServer:
     def redact(self, text: str) -> str:
         """``text`` with every header value in it blanked (a server may echo one back)."""
         for value in self.headers.values():
-            for secret in {value, value.removeprefix("Bearer ").strip()}:
+            # The whole value first, then the token alone: one outcome, whatever the order.
+            for secret in sorted(
+                {value, value.removeprefix("Bearer ").strip()}, key=len, reverse=True
+            ):
                 if len(secret) >= 4:
                     text = text.replace(secret, "[redacted]")
         return text

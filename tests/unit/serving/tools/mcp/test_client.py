@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
 from collections.abc import Iterator
 
@@ -19,6 +20,7 @@ from openai.types.responses.mcp_tool_call_error import (
 
 from serve_app.config import ToolArgs
 from serve_app.serving.tools.mcp import McpClient, McpServer
+from serve_app.serving.tools.mcp.client import _Slots
 from tests.support.mcp_servers import McpTestServer, mcp_server
 
 TOKEN = "tok-7f3a9c-secret"
@@ -132,7 +134,7 @@ async def test_a_hanging_call_fails_within_its_timeout() -> None:
         elapsed = time.monotonic() - started
     assert isinstance(outcome.error, McpProtocolError) and outcome.error.code == -32001
     assert "1.5s" in outcome.message
-    assert 1.4 < elapsed < 4
+    assert 1.4 < elapsed < 6  # the bound, and a margin for a loaded machine
 
 
 @pytest.mark.parametrize("operation", ["list", "call"])
@@ -148,7 +150,7 @@ async def test_a_server_that_never_answers_fails_within_the_connect_timeout(oper
             error = (await client.call_tool(McpServer(silent.url), "echo", {"text": "x"})).message
         elapsed = time.monotonic() - started
     assert error and "in time" in error
-    assert elapsed < 5
+    assert elapsed < 8  # the connect timeout (1 s), far below the operation's (30 s)
 
 
 async def test_an_unreachable_server_fails_at_once() -> None:
@@ -242,7 +244,80 @@ async def test_cancelling_the_caller_cancels_the_call() -> None:
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 5  # at once, not after the call's 30 s
         assert client.calls_in_flight(target) == 0
         # The server is fine, and so is the client.
         assert (await client.call_tool(target, "echo", {"text": "again"})).output == "again"
+
+
+# The bound on calls in flight per server (and credentials): never more than the limit at once,
+# whatever order calls arrive, finish or are cancelled in (waiting or running), and nothing kept
+# for a server once its calls are done.
+
+LIMIT = 3
+KEYS = ("a", "b", "c")
+
+
+async def _interleaving(seed: int) -> None:
+    rng = random.Random(seed)
+    slots = _Slots(LIMIT)
+    inside = dict.fromkeys(KEYS, 0)
+    worst = dict.fromkeys(KEYS, 0)
+
+    async def call(key: str) -> None:
+        async with slots.hold(key):
+            inside[key] += 1
+            worst[key] = max(worst[key], inside[key])
+            assert slots.active(key) == inside[key]
+            try:
+                for _ in range(rng.randint(0, 3)):
+                    await asyncio.sleep(0)
+            finally:
+                inside[key] -= 1
+
+    tasks = []
+    for _ in range(120):
+        tasks.append(asyncio.create_task(call(rng.choice(KEYS))))
+        for _ in range(rng.randint(0, 2)):
+            await asyncio.sleep(0)
+        if rng.random() < 0.3:  # cancel one: waiting for a slot, holding one, or done
+            rng.choice(tasks).cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(count <= LIMIT for count in worst.values())
+    assert max(worst.values()) == LIMIT  # the bound was reached, so it was tested
+    assert slots._semaphores == {} and slots._active == {}
+
+
+@pytest.mark.parametrize("seed", range(25))
+async def test_the_bound_holds_under_any_interleaving(seed: int) -> None:
+    await _interleaving(seed)
+
+
+def test_a_server_key_separates_credentials_and_shows_none() -> None:
+    url = "https://a.example.com/mcp"
+    one = McpServer.for_tool(url, authorization="secret-one")
+    two = McpServer.for_tool(url, authorization="secret-two")
+    assert one.key != two.key and one.key == McpServer.for_tool(url, authorization="secret-one").key
+    assert one.key.startswith(url) and "secret" not in one.key
+    assert "secret" not in repr(one)
+    assert one.headers == {"Authorization": "Bearer secret-one"}
+    assert one.redact("the server said: Bearer secret-one") == "the server said: [redacted]"
+
+
+def test_authorization_replaces_a_header_of_that_name() -> None:
+    server = McpServer.for_tool("https://a.example/mcp", {"authorization": "x", "X-A": "b"}, "tok")
+    assert server.headers == {"X-A": "b", "Authorization": "Bearer tok"}
+
+
+@pytest.mark.parametrize(
+    ("url", "transport"),
+    [
+        ("https://a.example/sse", "sse"),
+        ("https://a.example/v1/sse/", "sse"),
+        ("https://a.example/mcp", "streamable_http"),
+        ("https://a.example/ssex", "streamable_http"),
+        ("https://a.example/", "streamable_http"),
+    ],
+)
+def test_the_transport_is_chosen_by_the_url(url: str, transport: str) -> None:
+    assert McpServer(url).transport == transport
