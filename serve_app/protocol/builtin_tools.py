@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag
 
 from serve_app.protocol.request_base import Lenient
 
@@ -105,9 +105,30 @@ class FindInPageAction(Lenient):
     url: str
 
 
-# A plain union, not a tagged one: a tag would show in a 400's `param` (body_errors.py drops
-# the class names of this module's models instead).
-WebSearchAction = SearchAction | OpenPageAction | FindInPageAction
+_ACTION_CLASSES = {
+    "search": "SearchAction",
+    "open_page": "OpenPageAction",
+    "find_in_page": "FindInPageAction",
+}
+
+
+def _action_tag(value: Any) -> str | None:
+    # Tagged by class name, which a 400's `param` leaves out (body_errors.py), so an error
+    # names `input[3].action.url`, from the one action its `type` names.
+    action_type = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return _ACTION_CLASSES.get(action_type) if isinstance(action_type, str) else None
+
+
+WebSearchAction = Annotated[
+    Annotated[SearchAction, Tag("SearchAction")]
+    | Annotated[OpenPageAction, Tag("OpenPageAction")]
+    | Annotated[FindInPageAction, Tag("FindInPageAction")],
+    Discriminator(
+        _action_tag,
+        custom_error_type="invalid_action_type",
+        custom_error_message="action.type must be one of 'search', 'open_page', 'find_in_page'",
+    ),
+]
 
 
 class WebSearchCallItem(Lenient):
@@ -130,6 +151,23 @@ class CodeImage(Lenient):
     url: str
 
 
+def _output_tag(value: Any) -> str | None:
+    output_type = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if not isinstance(output_type, str):
+        return None
+    return {"logs": "CodeLogs", "image": "CodeImage"}.get(output_type)
+
+
+CodeOutput = Annotated[
+    Annotated[CodeLogs, Tag("CodeLogs")] | Annotated[CodeImage, Tag("CodeImage")],
+    Discriminator(
+        _output_tag,
+        custom_error_type="invalid_output_type",
+        custom_error_message="an output's type is 'logs' or 'image'",
+    ),
+]
+
+
 class CodeInterpreterCallItem(Lenient):
     """A ``python`` call the model made: its code and (when the client kept them) outputs."""
 
@@ -137,7 +175,7 @@ class CodeInterpreterCallItem(Lenient):
     id: Annotated[str, Field(max_length=256)] | None = None
     code: str | None = None
     container_id: str | None = None
-    outputs: list[CodeLogs | CodeImage] | None = None
+    outputs: list[CodeOutput] | None = None
     status: Literal["in_progress", "completed", "incomplete", "interpreting", "failed"] | None = (
         None
     )

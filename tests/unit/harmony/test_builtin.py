@@ -144,7 +144,9 @@ def test_calls_of_the_current_turn_render_as_the_call_and_its_answer() -> None:
         + call_and_answer("python", "print(42)", "42\n")
     )
     user_end = ENCODING.encode("look", allowed_special=set())[-1]
-    tail = tokens[tokens.index(user_end) + 2 : -2]  # after `look<|end|>`, before `<|start|>assistant`
+    tail = tokens[
+        tokens.index(user_end) + 2 : -2
+    ]  # after `look<|end|>`, before `<|start|>assistant`
     assert tail == expected
 
 

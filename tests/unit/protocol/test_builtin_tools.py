@@ -120,7 +120,7 @@ def test_the_sdks_items_are_input_items() -> None:
     ("item", "param"),
     [
         ({"type": "web_search_call", "action": {"type": "search", "query": 5}}, "input[0].action.query"),
-        ({"type": "web_search_call", "action": {"type": "nope"}}, "input[0].action.type"),
+        ({"type": "web_search_call", "action": {"type": "nope"}}, "input[0].action"),
         ({"type": "web_search_call"}, "input[0].action"),
         ({"type": "code_interpreter_call", "code": 1}, "input[0].code"),
         ({"type": "code_interpreter_call", "outputs": [{"type": "logs", "logs": 3}]},
