@@ -67,7 +67,8 @@ def test_the_sdks_tools_parse_and_echo_as_the_sdks() -> None:
     ("tool", "param"),
     [
         ({"type": "web_search", "search_context_size": "huge"}, "tools[0].search_context_size"),
-        ({"type": "web_search", "filters": {"allowed_domains": "x"}}, "tools[0].filters.allowed_domains"),
+        ({"type": "web_search", "filters": {"allowed_domains": "x"}},
+         "tools[0].filters.allowed_domains"),
         ({"type": "web_search", "user_location": {"type": "exact"}}, "tools[0].user_location.type"),
         ({"type": "code_interpreter"}, "tools[0].container"),
         ({"type": "code_interpreter", "container": {"type": "x"}}, "tools[0].container.type"),
@@ -119,7 +120,8 @@ def test_the_sdks_items_are_input_items() -> None:
 @pytest.mark.parametrize(
     ("item", "param"),
     [
-        ({"type": "web_search_call", "action": {"type": "search", "query": 5}}, "input[0].action.query"),
+        ({"type": "web_search_call", "action": {"type": "search", "query": 5}},
+         "input[0].action.query"),
         ({"type": "web_search_call", "action": {"type": "nope"}}, "input[0].action"),
         ({"type": "web_search_call"}, "input[0].action"),
         ({"type": "code_interpreter_call", "code": 1}, "input[0].code"),
