@@ -5,10 +5,11 @@ empty temporary directory (its cwd and HOME, removed afterwards), with no enviro
 server's. The tool's output is what the process wrote, stdout and stderr interleaved as written,
 as the docker backend returns it. Limits: CPU seconds and address space (RLIMIT_CPU, RLIMIT_AS),
 size of written files, open files, wall time (the whole process group is killed), output bytes
-(the process is stopped once it has written more). No network: on Linux the process runs in new
-user, network and PID namespaces (`unshare`), so it sees only a loopback that is down and its
-children die with it; where that cannot be made, an audit hook refuses sockets and new processes
-instead (weaker: see docs/tools.md). NOT a production sandbox.
+(the process is stopped once it has written more); a run dies with the server (setpriv's
+parent-death signal). No network: on Linux the process runs in new user, network and PID
+namespaces (`unshare`), so it sees only a loopback that is down and its children die with it;
+where that cannot be made, an audit hook refuses sockets and new processes instead (weaker: see
+docs/tools.md). NOT a production sandbox.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ NO_OUTPUT = (
     "[WARN] No output available. Use print() to output anything to stdout to receive the output"
 )
 NETNS_PREFIX = ("unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child")
+# The run dies with the server, even a server killed outright (SIGKILL) that could not stop it:
+# the parent-death signal survives exec into unshare (whose --kill-child passes it on) or python.
+PARENT_DEATH_PREFIX = ("setpriv", "--pdeathsig", "KILL")
 NetworkIsolation = Literal["auto", "netns", "hook"]
 
 
@@ -94,16 +98,21 @@ class PythonRunner:
         self.isolation = isolation
         self.python = python
         self._slots = asyncio.Semaphore(self.limits.concurrency)
+        with_setpriv = sys.platform == "linux" and shutil.which("setpriv") is not None
+        self._guard = list(PARENT_DEATH_PREFIX) if with_setpriv else []
 
     async def run(self, code: str) -> str:
         async with self._slots:
-            with tempfile.TemporaryDirectory(prefix="serve-app-python-") as workdir:
+            with tempfile.TemporaryDirectory(
+                prefix="serve-app-python-", ignore_cleanup_errors=True
+            ) as workdir:
                 return await self._run_in(code, Path(workdir))
 
     def command(self) -> list[str]:
         child_limits = asdict(self.limits) | {"block_network": self.isolation == "hook"}
         python = [self.python, "-I", "-u", str(CHILD), json.dumps(child_limits), SCRIPT_NAME]
-        return [*NETNS_PREFIX, *python] if self.isolation == "netns" else python
+        isolated = [*NETNS_PREFIX, *python] if self.isolation == "netns" else python
+        return [*self._guard, *isolated]
 
     def environment(self, workdir: Path) -> dict[str, str]:
         threads = "1"  # numerical libraries' thread pools would each map memory (RLIMIT_AS)

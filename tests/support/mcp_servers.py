@@ -11,7 +11,7 @@ port, started and stopped by the test.
 
 Kinds (`KINDS`), each also listing `echo` unless said otherwise:
 - ``good``: ``echo(text)``, ``add(a, b)``, ``slow(seconds)`` (sleeps, then says so),
-  ``fail(message)`` (the tool raises: an ``isError`` result), ``seen_headers()`` (the
+  ``fail(message)`` (an ``isError`` result with that message), ``seen_headers()`` (the
   ``authorization`` and ``x-*`` header values every HTTP request to this server carried, JSON);
 - ``hang``: ``hang()`` never answers;
 - ``huge``: ``huge(mib=10)`` answers that many MiB of text;
@@ -161,6 +161,7 @@ def _await_ready(process: subprocess.Popen[bytes]) -> None:
 def _build_server(kind: str) -> Any:
     import anyio
     from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
 
     server = MCPServer(name=f"test-{kind}", log_level="WARNING")
     if kind != "many":
@@ -182,7 +183,7 @@ def _build_server(kind: str) -> Any:
 
         @server.tool(description="Fails with this message.")
         def fail(message: str) -> str:
-            raise ValueError(message)
+            raise ToolError(message)  # the SDK answers isError with this message
 
         @server.tool(description="The authorization and x-* header values this server was sent.")
         def seen_headers() -> str:

@@ -5,6 +5,7 @@ alone and with eight runs at once. The server's limits: tests/unit/toolserver/co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.toolserver.python_runner import NO_OUTPUT, PythonLimits, PythonRunner, netns_works
-from tests.support.toolserver import ToolServer, mcp_session, text_of
+from tests.support.toolserver import ToolServer, mcp_session, text_of, tool_server
 
 WALL_SECONDS = 10  # the server's (conftest.py): room for 1 CPU second on a loaded machine
 OUTPUT_BYTES = 4096
@@ -186,3 +187,66 @@ def _command_lines() -> list[tuple[int, str]]:
                 continue
             lines.append((int(entry.name), command))
     return lines
+
+
+async def test_a_cancelled_call_stops_its_run(hook_server: ToolServer, tmp_path: Path) -> None:
+    """The client gives up (a response cancelled, a client gone): the code's process ends."""
+    pid_file = tmp_path / "pid"
+    code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)"
+
+    async def call() -> None:
+        async with mcp_session(hook_server.mcp_url) as session:
+            await session.call_tool("python", {"code": code})
+
+    task = asyncio.create_task(call())
+    while not pid_file.exists() or not pid_file.read_text():
+        await asyncio.sleep(0.05)
+    pid = int(pid_file.read_text())
+    assert _alive(pid)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting to be reaped)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+@pytest.mark.parametrize("network", ["netns", "hook"])
+async def test_a_run_dies_with_a_killed_server(network: str, tmp_path: Path) -> None:
+    """The server killed outright (no chance to stop its runs): its runs die with it."""
+    if network == "netns" and not netns_works():
+        pytest.skip("no user/network/PID namespaces on this machine")
+    pid_file = tmp_path / "pid"
+    code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)"
+    # In a PID namespace the code's own pid is 2: it writes its host pid from /proc/self instead.
+    code = code.replace("os.getpid()", "os.readlink('/proc/self')") if network == "netns" else code
+    with tool_server(None, "--python-network", network) as doomed:
+
+        async def call() -> None:
+            async with mcp_session(doomed.mcp_url) as session:
+                await session.call_tool("python", {"code": code})
+
+        task = asyncio.create_task(call())
+        while not pid_file.exists() or not pid_file.read_text():
+            await asyncio.sleep(0.05)
+        pid = int(pid_file.read_text())
+        doomed.process.kill()
+        doomed.process.wait()
+        with contextlib.suppress(Exception):
+            await task
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    if still := _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    assert not still

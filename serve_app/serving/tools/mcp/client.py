@@ -220,7 +220,7 @@ class McpClient:
                 params=mcp_types.CallToolRequestParams(name=name, arguments=parsed)
             )
             result = await session.send_request(request, mcp_types.CallToolResult)
-            return self._outcome(result)
+            return self._outcome(result, server)
 
         try:
             return await self._operate(server, self.args.mcp_call_timeout_s, calling, slot=True)
@@ -249,12 +249,15 @@ class McpClient:
             _protocol_error(mcp_types.INTERNAL_ERROR, "the MCP server's tool list never ends")
         )
 
-    def _outcome(self, result: mcp_types.CallToolResult) -> CallOutcome:
+    def _outcome(self, result: mcp_types.CallToolResult, server: McpServer) -> CallOutcome:
         blocks = [
             block.model_dump(by_alias=True, exclude_none=True, mode="json")
             for block in result.content
         ]
-        if result.is_error:
+        if result.is_error:  # an error the server wrote: it may echo what it was sent
+            for block in blocks:
+                if isinstance(block.get("text"), str):
+                    block["text"] = server.redact(block["text"])
             return CallOutcome(
                 error=McpToolExecutionError(type="mcp_tool_execution_error", content=blocks)
             )

@@ -30,10 +30,11 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.ingress import create_api
+from serve_app.serving.tools.contract import ToolRunners
 from serve_app.serving.turn.state import Ask
 from serve_app.store.sql import SqlResponseStore
 from tests.support import MODEL
-from tests.support.echo_tool import EchoRunner, echo_runners
+from tests.support.echo_tool import EchoProvider, EchoRunner, echo_runners, register_echo
 from tests.support.helpers import WEATHER_TOOL, decode, on_uvicorn, sdk_client
 from tests.support.websocket import TERMINAL
 
@@ -119,7 +120,11 @@ class LoopApp:
 
 @contextlib.asynccontextmanager
 async def loop_app(
-    tmp_path: Path, runner: EchoRunner | None = None, *, max_rounds: int = 8
+    tmp_path: Path,
+    runner: EchoRunner | None = None,
+    *,
+    max_rounds: int = 8,
+    runners: ToolRunners | None = None,
 ) -> AsyncIterator[LoopApp]:
     store = SqlResponseStore(f"sqlite+aiosqlite:///{tmp_path / 'loop.db'}")
     await store.start()
@@ -127,7 +132,7 @@ async def loop_app(
     await simulated.start()
     engine = RecordingEngineClient(InProcessEngineClient(simulated))
     runner = runner or EchoRunner()
-    tools = echo_runners(runner, max_rounds=max_rounds)
+    tools = runners if runners is not None else echo_runners(runner, max_rounds=max_rounds)
     api = create_api(AppArgs(), engine, ReasoningVault("k"), store, tools=tools)  # type: ignore[arg-type]
     app = LoopApp(api, engine, runner)
     try:
@@ -287,6 +292,17 @@ async def test_a_runner_that_raises_is_a_failed_call_the_model_reads(tmp_path: P
     assert refused["output"][-1]["content"][0]["text"] == "The tool refused."
     prompt = decode(app.engine.requests[-1].prompt_token_ids)
     assert "<|message|>Error: echo refused: fail<|end|>" in prompt
+
+
+async def test_a_kind_without_a_runner_is_a_failed_call(tmp_path: Path) -> None:
+    register_echo()
+    async with loop_app(tmp_path, runners=ToolRunners({}, providers=[EchoProvider()])) as app:
+        response = final(await app.stream(input="ONE-CALL please"))
+    assert response["status"] == "completed"
+    mcp = response["output"][1]
+    assert mcp["status"] == "failed"
+    assert mcp["error"]["message"] == "The server cannot run testtools.echo now."
+    assert response["output"][-1]["type"] == "message"  # the model read it and answered
 
 
 async def test_max_tool_calls_counts_server_calls_and_the_model_answers(tmp_path: Path) -> None:

@@ -70,7 +70,8 @@ async def test_a_failing_tool_is_an_execution_error(good: McpTestServer) -> None
     client = _client(good)
     failed = await client.call_tool(McpServer(good.url), "fail", {"message": "boom"})
     assert isinstance(failed.error, McpToolExecutionError) and failed.output is None
-    assert "fail" in failed.message
+    assert failed.message == "Error executing tool fail: boom"  # the SDK server's wording
+    assert failed.error.content == [{"type": "text", "text": failed.message}]
     unknown = await client.call_tool(McpServer(good.url), "no_such_tool", {})
     assert unknown.error is not None and "no_such_tool" in unknown.message
 
@@ -124,6 +125,13 @@ async def test_a_token_is_never_logged_nor_in_an_error(caplog: pytest.LogCapture
     assert TOKEN not in caplog.text and "the-right-one" not in caplog.text
     for record in caplog.records:
         assert TOKEN not in repr(record.args) and "the-right-one" not in repr(record.args)
+
+
+async def test_a_token_a_server_echoes_in_its_error_is_blanked(good: McpTestServer) -> None:
+    server = McpServer.for_tool(good.url, authorization=TOKEN)
+    echoed = await _client(good).call_tool(server, "fail", {"message": f"you sent Bearer {TOKEN}"})
+    assert isinstance(echoed.error, McpToolExecutionError)
+    assert echoed.message.endswith("you sent [redacted]")
 
 
 async def test_a_hanging_call_fails_within_its_timeout() -> None:
@@ -195,7 +203,7 @@ async def test_a_server_closing_mid_call_is_an_error_at_once(transport: str) -> 
         started = time.monotonic()
         outcome = await client.call_tool(McpServer(drop.url), "drop", {})
         elapsed = time.monotonic() - started
-        assert not drop.alive()
+        assert drop.process.wait(timeout=10) == 3  # it did end mid-call (os._exit(3))
     assert outcome.output is None and isinstance(outcome.error, McpProtocolError)
     assert elapsed < 10
 
