@@ -1,6 +1,8 @@
 """The runners of gpt-oss's own tools: ``browser`` (a request's ``web_search``) and ``python``
-(``code_interpreter``), each a call to the MCP tool server the operator names in AppArgs
-(``tools.browser_server_url``, ``tools.python_server_url``), as vLLM's ``--tool-server`` does:
+(``code_interpreter``), each a call through the MCP client (serving/tools/mcp/client.py:
+streamable HTTP, or SSE for a URL ending in ``/sse``) to the tool server the operator names in
+AppArgs (``tools.browser_server_url``, ``tools.python_server_url``), as vLLM's
+``--tool-server`` does:
 ``to=browser.search`` is ``call_tool("search", <the model's JSON>)``, ``to=python`` is
 ``call_tool("python", {"code": <the model's code>})``; the server's text is what the model
 reads next.
@@ -10,33 +12,28 @@ the response's id as ``x-session-id`` (what vLLM sends, and what the reference t
 serve_app/toolserver, keys its sessions by), so ``open(id=3)`` follows a link of the page an
 earlier call of the same response opened.
 
-Nothing here raises to the loop: a bad argument, an unreachable or slow server, a failed call
-or an output beyond ``tools.mcp_max_output_bytes`` is a `ToolResult` error the model reads, its
-item ``failed``. Calls to one server from this ingress replica are bounded by
-``tools.mcp_max_concurrent_calls``.
+Nothing here raises to the loop: a bad argument, an unreachable or slow server (past
+``tools.mcp_call_timeout_s``), an error result or an output beyond ``tools.mcp_max_output_bytes``
+is a `ToolResult` error the model reads, its item ``failed``. Calls to one server from this
+ingress replica are bounded by ``tools.mcp_max_concurrent_calls``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
 from collections import OrderedDict
 from typing import Any
 
-import httpx2
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-
 from serve_app.config import ToolArgs
 from serve_app.protocol import builtin_items
 from serve_app.serving.tools.contract import ToolCall, ToolResult, ToolRunners
+from serve_app.serving.tools.mcp.client import McpClient, McpServer
 
 logger = logging.getLogger(__name__)
 
 SESSION_HEADER = "x-session-id"
-SOURCES_INCLUDE = "web_search_call.action.sources"
 OUTPUTS_INCLUDE = "code_interpreter_call.outputs"
 # A browsing display starts `[{cursor}] {title} ({url})` (serve_app/toolserver/browser.py, the
 # gpt-oss package's reference browser): the page's cursor and URL.
@@ -45,16 +42,25 @@ _DISPLAY_HEAD = re.compile(r"^\[(?P<cursor>\d+)\] .*\((?P<url>[a-z][a-z0-9+.-]*:
 _MAX_TRACKED = 1024
 
 
+def tool_server_client(url: str, args: ToolArgs) -> McpClient:
+    """The MCP client (serving/tools/mcp/client.py: its timeouts, response and output bounds,
+    calls in flight per server) for the operator's tool server at ``url``: that server its one
+    allowed entry, whatever `mcp_allow` (and $SERVE_APP_MCP_ALLOW) holds for requests' `mcp`
+    tools, so a loopback or cluster-internal address the operator named is reached."""
+    client = McpClient(args)
+    client.args = client.args.model_copy(update={"mcp_allow": [url]})
+    return client
+
+
 class BuiltinToolRunner:
     """Runs one kind of gpt-oss's tools (``browser`` or ``python``) on its tool server."""
 
     def __init__(self, kind: str, url: str, args: ToolArgs) -> None:
         self.kind = kind
         self.url = url
-        self._args = args
-        self._slots = asyncio.Semaphore(args.mcp_max_concurrent_calls)
-        # Per response: the URL of each page (by cursor) its browser calls displayed, so a
-        # `find` item can say which page it searched.
+        self._client = tool_server_client(url, args)
+        # Per response: the URL of each page (by cursor) its browser calls opened, so a `find`
+        # item can say which page it searched.
         self._pages: OrderedDict[str, dict[int, str]] = OrderedDict()
 
     async def run(self, call: ToolCall) -> ToolResult:
@@ -62,25 +68,13 @@ class BuiltinToolRunner:
             name, arguments = self._mcp_call(call)
         except ValueError as error:
             return ToolResult(error=str(error))
-        try:
-            async with self._slots:
-                async with asyncio.timeout(self._args.mcp_call_timeout_s):
-                    is_error, text, extra = await self._call(name, arguments, call.response_id)
-        except TimeoutError:
-            return ToolResult(
-                error=f"The {self.kind} tool did not answer within "
-                f"{self._args.mcp_call_timeout_s:g} s."
-            )
-        except Exception as error:  # any failure of the server or the link: the model reads it
-            logger.info("%s call of %s failed: %r", self.kind, call.response_id, error)
-            return ToolResult(error=f"The {self.kind} tool server could not be reached or failed.")
-        if len(text.encode()) > self._args.mcp_max_output_bytes:
-            return ToolResult(
-                error=f"The {self.kind} tool's output is larger than "
-                f"{self._args.mcp_max_output_bytes} bytes."
-            )
-        data = self._data(call, arguments, text, extra)
-        if is_error:
+        headers = {SESSION_HEADER: call.response_id} if call.response_id else {}
+        outcome = await self._client.call_tool(McpServer(self.url, headers), name, arguments)
+        if outcome.error is not None:
+            logger.info("%s call of %s failed: %s", self.kind, call.response_id, outcome.message)
+        text = outcome.message
+        data = self._data(call, arguments, text)
+        if outcome.error is not None:
             return ToolResult(error=text or f"The {self.kind} call failed.", data=data)
         return ToolResult(output=text, data=data)
 
@@ -97,33 +91,10 @@ class BuiltinToolRunner:
             raise ValueError(f"The arguments of browser.{call.spec.name} must be a JSON object.")
         return call.spec.name, arguments
 
-    async def _call(
-        self, name: str, arguments: dict[str, Any], session: str
-    ) -> tuple[bool, str, dict[str, Any]]:
-        """The call's ``isError``, its text, and its structured content (if any)."""
-        timeout = httpx2.Timeout(
-            self._args.mcp_call_timeout_s, connect=self._args.mcp_connect_timeout_s
-        )
-        headers = {SESSION_HEADER: session} if session else {}
-        async with (
-            httpx2.AsyncClient(headers=headers, timeout=timeout) as http,
-            streamable_http_client(
-                self.url, http_client=http, max_sse_event_size=self._args.mcp_max_response_bytes
-            ) as (read, write),
-            ClientSession(read, write) as mcp,
-        ):
-            await mcp.initialize()
-            result = await mcp.call_tool(name, arguments)
-        text = "".join(getattr(block, "text", "") for block in result.content)
-        structured = result.structured_content
-        return bool(result.is_error), text, structured if isinstance(structured, dict) else {}
-
-    def _data(
-        self, call: ToolCall, arguments: dict[str, Any], text: str, extra: dict[str, Any]
-    ) -> dict[str, Any]:
+    def _data(self, call: ToolCall, arguments: dict[str, Any], text: str) -> dict[str, Any]:
         """The item's own fields (builtin_items.py): what the call did, as far as the request's
-        ``include`` asks. A search's sources are the URLs its server gives in the result's
-        structured content (``{"sources": [url, ...]}``); a display shows none."""
+        ``include`` asks. A search's ``sources`` are left out: a browsing display names its
+        results' titles and link ids, not their URLs."""
         include = set(call.request.include)
         if self.kind == builtin_items.PYTHON_KIND:
             return {builtin_items.LOGS: text} if OUTPUTS_INCLUDE in include else {}
@@ -139,10 +110,6 @@ class BuiltinToolRunner:
             url = pages.get(cursor) if isinstance(cursor, int) and cursor >= 0 else None
             # Without a cursor, find searches the newest page: the last one with a URL.
             data[builtin_items.URL] = url or (pages[max(pages)] if pages else "")
-        elif call.spec.name == "search" and SOURCES_INCLUDE in include:
-            sources = extra.get("sources")
-            if isinstance(sources, list) and all(isinstance(url, str) for url in sources):
-                data[builtin_items.SOURCES] = sources
         return data
 
     def _tracked(self, response_id: str) -> dict[int, str]:
