@@ -2,9 +2,8 @@
 the tool loop's per-kind builders (tool_items.py) at import:
 
 - kind ``browser`` (``browser.search``, ``.open``, ``.find``): a ``web_search_call`` whose
-  ``action`` is ``search`` (``query``; ``sources`` when the runner gives them: it does when the
-  request's ``include`` asks for ``web_search_call.action.sources``), ``open_page`` (``url``)
-  or ``find_in_page`` (``pattern``, ``url``). Events: ``response.web_search_call.in_progress``
+  ``action`` is ``search`` (``query``; ``sources`` when a runner gives them), ``open_page``
+  (``url``) or ``find_in_page`` (``pattern``, ``url``). Events: ``response.web_search_call.in_progress``
   (the call is whole), ``.searching`` (it runs), ``.completed``; no argument deltas (OpenAI
   streams none for a web search).
 - kind ``python``: a ``code_interpreter_call`` (``code``, ``container_id``, ``outputs``: the
