@@ -232,6 +232,27 @@ async def test_the_continuation_extends_the_prompt_on_the_same_session(tmp_path:
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
+async def test_the_stored_response_holds_every_item_also_when_run_in_the_background(
+    tmp_path: Path,
+) -> None:
+    async with loop_app(tmp_path) as app:
+        streamed = final(await app.stream(input="ONE-CALL please", store=True))
+        stored = (await app.http.get(f"/v1/responses/{streamed['id']}")).json()
+        started = await app.sdk.responses.create(
+            model=MODEL, input="ONE-CALL please", background=True, store=True
+        )
+        for _ in range(200):
+            background = (await app.http.get(f"/v1/responses/{started.id}")).json()
+            if background["status"] not in ("queued", "in_progress"):
+                break
+            await asyncio.sleep(0.05)
+    assert stored["output"] == streamed["output"]
+    assert stored["usage"] == streamed["usage"]
+    assert background["status"] == "completed"
+    assert types_of(background) == ["reasoning", "mcp_call", "reasoning", "message"]
+    assert background["output"][1]["output"] == "echo: hi"
+
+
 # --- concurrency and order --------------------------------------------------------------------
 
 
