@@ -3,9 +3,9 @@ the tool loop's per-kind builders (tool_items.py) at import:
 
 - kind ``browser`` (``browser.search``, ``.open``, ``.find``): a ``web_search_call`` whose
   ``action`` is ``search`` (``query``; ``sources`` when a runner gives them), ``open_page``
-  (``url``) or ``find_in_page`` (``pattern``, ``url``). Events: ``response.web_search_call.in_progress``
-  (the call is whole), ``.searching`` (it runs), ``.completed``; no argument deltas (OpenAI
-  streams none for a web search).
+  (``url``) or ``find_in_page`` (``pattern``, ``url``). Events:
+  ``response.web_search_call.in_progress`` (the call is whole), ``.searching`` (it runs),
+  ``.completed``; no argument deltas (OpenAI streams none for a web search).
 - kind ``python``: a ``code_interpreter_call`` (``code``, ``container_id``, ``outputs``: the
   logs, when the runner gives them: it does when ``include`` asks for
   ``code_interpreter_call.outputs``). Events: ``response.code_interpreter_call.in_progress``,
