@@ -132,6 +132,21 @@ def test_browser_search_open_answer(sdk: OpenAI) -> None:
     assert stored.model_dump() == response.model_dump()
 
 
+def test_search_sources_when_included(sdk: OpenAI) -> None:
+    response = sdk.responses.create(
+        model=MODEL,
+        input="BUILTIN-BROWSE zebras?",
+        tools=WEB_SEARCH,
+        include=["web_search_call.action.sources"],
+    )
+    check_browse(response)
+    search = calls_of(response, "web_search_call")[0]
+    assert [source.url for source in search.action.sources][0] == ZEBRA_URL
+    assert calls_of(sdk.responses.create(
+        model=MODEL, input="BUILTIN-BROWSE zebras?", tools=WEB_SEARCH
+    ), "web_search_call")[0].action.sources is None  # fmt: skip
+
+
 def test_browser_streamed_over_sse(sdk: OpenAI) -> None:
     with sdk.responses.stream(
         model=MODEL, input="BUILTIN-BROWSE zebras?", tools=WEB_SEARCH

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 SESSION_HEADER = "x-session-id"
 OUTPUTS_INCLUDE = "code_interpreter_call.outputs"
+SOURCES_INCLUDE = "web_search_call.action.sources"
 # A browsing display starts `[{cursor}] {title} ({url})` (serve_app/toolserver/browser.py, the
 # gpt-oss package's reference browser): the page's cursor and URL.
 _DISPLAY_HEAD = re.compile(r"^\[(?P<cursor>\d+)\] .*\((?P<url>[a-z][a-z0-9+.-]*:[^\s()]*)\)$")
@@ -73,7 +74,7 @@ class BuiltinToolRunner:
         if outcome.error is not None:
             logger.info("%s call of %s failed: %s", self.kind, call.response_id, outcome.message)
         text = outcome.message
-        data = self._data(call, arguments, text)
+        data = self._data(call, arguments, text, dict(outcome.structured or {}))
         if outcome.error is not None:
             return ToolResult(error=text or f"The {self.kind} call failed.", data=data)
         return ToolResult(output=text, data=data)
@@ -91,20 +92,28 @@ class BuiltinToolRunner:
             raise ValueError(f"The arguments of browser.{call.spec.name} must be a JSON object.")
         return call.spec.name, arguments
 
-    def _data(self, call: ToolCall, arguments: dict[str, Any], text: str) -> dict[str, Any]:
+    def _data(
+        self, call: ToolCall, arguments: dict[str, Any], text: str, page: dict[str, Any]
+    ) -> dict[str, Any]:
         """The item's own fields (builtin_items.py): what the call did, as far as the request's
-        ``include`` asks. A search's ``sources`` are left out: a browsing display names its
-        results' titles and link ids, not their URLs."""
+        ``include`` asks. ``page``: the result's structured content, where a tool server says
+        what it showed (the reference server: ``cursor``, ``url``, and a search's ``sources``,
+        its results' URLs); else the display's first line, ``[cursor] title (url)``."""
         include = set(call.request.include)
         if self.kind == builtin_items.PYTHON_KIND:
             return {builtin_items.LOGS: text} if OUTPUTS_INCLUDE in include else {}
         pages = self._tracked(call.response_id)
         data: dict[str, Any] = {}
-        head = _DISPLAY_HEAD.match(text.split("\n", 1)[0])
-        if call.spec.name == "open" and head:
+        cursor, url = _shown_page(text, page)
+        if call.spec.name == "open" and url:
             # Only opened pages: a find's results page is not a page find searches.
-            pages[int(head["cursor"])] = head["url"]
-            data[builtin_items.URL] = head["url"]
+            if cursor is not None:
+                pages[cursor] = url
+            data[builtin_items.URL] = url
+        elif call.spec.name == "search" and SOURCES_INCLUDE in include:
+            sources = page.get("sources")
+            if isinstance(sources, list) and all(isinstance(source, str) for source in sources):
+                data[builtin_items.SOURCES] = sources
         elif call.spec.name == "find":
             cursor = arguments.get("cursor", -1)
             url = pages.get(cursor) if isinstance(cursor, int) and cursor >= 0 else None
@@ -118,6 +127,16 @@ class BuiltinToolRunner:
         while len(self._pages) > _MAX_TRACKED:
             self._pages.popitem(last=False)
         return pages
+
+
+def _shown_page(text: str, page: dict[str, Any]) -> tuple[int | None, str | None]:
+    """The cursor and URL of the page a call showed: from its structured content, else from
+    its display's first line."""
+    cursor, url = page.get("cursor"), page.get("url")
+    if isinstance(url, str) and url:
+        return (cursor if isinstance(cursor, int) else None), url
+    head = _DISPLAY_HEAD.match(text.split("\n", 1)[0])
+    return (int(head["cursor"]), head["url"]) if head else (None, None)
 
 
 def register_builtin_runners(runners: ToolRunners, args: ToolArgs) -> None:

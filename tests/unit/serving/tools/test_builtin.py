@@ -72,6 +72,17 @@ async def test_search_then_open_a_result_then_find_in_one_response(server: ToolS
     assert found.data == {builtin_items.URL: ZEBRA_URL}
 
 
+async def test_a_searchs_sources_when_the_request_includes_them(server: ToolServer) -> None:
+    browser = runner("browser", server.mcp_url)
+    plain = await browser.run(call(browser_spec("search"), '{"query": "zebra stripes"}'))
+    assert plain.data == {}
+    include = ["web_search_call.action.sources"]
+    searched = await browser.run(
+        call(browser_spec("search"), '{"query": "zebra stripes"}', "resp_s", include=include)
+    )
+    assert searched.data[builtin_items.SOURCES][0] == ZEBRA_URL
+
+
 async def test_each_response_has_its_own_pages(server: ToolServer) -> None:
     browser = runner("browser", server.mcp_url)
     await browser.run(call(browser_spec("search"), '{"query": "zebra"}', "resp_a"))
