@@ -65,8 +65,8 @@ class ToolCallEvents:
         return list(self._pending_calls)
 
     def take_pending_calls(self) -> list[OpenItem]:
-        """The pending calls, now the caller's to run and close (`tool_running`,
-        `close_tool_call`)."""
+        """The pending calls, now the caller's to close (the tool loop leaves them pending
+        while they run, so a response that ends meanwhile closes them: `close_pending_calls`)."""
         calls, self._pending_calls = self._pending_calls, []
         return calls
 
@@ -78,7 +78,8 @@ class ToolCallEvents:
         self, item: OpenItem, result: ToolResult | None, status: ItemStatus = "completed"
     ) -> None:
         """The call's last events and ``output_item.done`` with its finished item (``result``
-        None: it never ran)."""
+        None: it never ran); no longer pending."""
+        self._pending_calls = [call for call in self._pending_calls if call is not item]
         events, final = _builder(item).done(item, result, status)
         self._stamp(events)
         self._finished(item.output_index, final)

@@ -95,7 +95,7 @@ class EventLoop:
                     break
                 # The completion's pending calls run; the response goes on, or ends here.
                 done = Round(client_called=client_calls(turn) > completion.client_calls)
-                calls = translator.writer.take_pending_calls()
+                calls = translator.writer.pending_calls  # pending until each is closed
                 scope = CancelScope()
                 async with contextlib.aclosing(
                     self._tools.run_calls(turn, calls, scope, done)

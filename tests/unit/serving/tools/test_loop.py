@@ -339,6 +339,15 @@ async def test_max_tool_calls_counts_server_calls_and_the_model_answers(tmp_path
     assert last is not None and last.tool_calls == ()
 
 
+async def test_tool_choice_required_asks_for_the_first_call_only(tmp_path: Path) -> None:
+    async with loop_app(tmp_path) as app:
+        response = final(await app.stream(input="ONE-CALL please", tool_choice="required"))
+    first, second = app.engine.requests
+    assert first.constraint is not None and first.constraint.final is None  # must call
+    assert second.constraint is None  # may answer
+    assert response["status"] == "completed" and types_of(response)[-1] == "message"
+
+
 async def test_a_result_awaiting_the_client_ends_the_response(tmp_path: Path) -> None:
     async with loop_app(tmp_path) as app:
         response = final(await app.stream(input="APPROVE"))
@@ -422,6 +431,28 @@ async def test_cancelling_the_response_cancels_its_calls(tmp_path: Path) -> None
             await asyncio.sleep(0)
             assert sorted(runner.cancelled) == ["hang", "hang2"], delay
             assert runner.finished == []
+
+
+async def test_cancelling_a_background_response_cancels_its_calls(tmp_path: Path) -> None:
+    runner = EchoRunner(delays={"hang": 30, "hang2": 30})
+    async with loop_app(tmp_path, runner) as app:
+        started = await app.sdk.responses.create(
+            model=MODEL, input="HANG", background=True, store=True
+        )
+        await asyncio.wait_for(runner.wait_started(2), 5)
+        cancelled = await app.sdk.responses.cancel(started.id)
+        for _ in range(100):
+            if len(runner.cancelled) == 2:
+                break
+            await asyncio.sleep(0.05)
+        stored = (await app.http.get(f"/v1/responses/{started.id}")).json()
+    assert cancelled.status == "cancelled"
+    assert sorted(runner.cancelled) == ["hang", "hang2"] and runner.finished == []
+    # The calls it cut short are in its output, never run.
+    assert stored["status"] == "cancelled"
+    assert [(item["type"], item["status"]) for item in stored["output"][1:]] == [
+        ("mcp_call", "incomplete")
+    ] * 2
 
 
 async def test_steering_ends_the_response_between_completions(tmp_path: Path) -> None:
