@@ -411,6 +411,9 @@ def _describe(error: Exception, guard: Guard, server: McpServer) -> McpToolCallE
     if guard.failure is not None:
         return _protocol_error(mcp_types.INTERNAL_ERROR, guard.failure)
     leaves = list(_leaves(error))
+    described = next((e for e in leaves if isinstance(e, _Failed)), None)
+    if described is not None:  # ours, wrapped in a group by a task group closing
+        return described.error
     leaf = next(
         (e for e in leaves if not isinstance(e, anyio.get_cancelled_exc_class())), leaves[0]
     )

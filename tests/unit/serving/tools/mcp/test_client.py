@@ -20,7 +20,8 @@ from openai.types.responses.mcp_tool_call_error import (
 
 from serve_app.config import ToolArgs
 from serve_app.serving.tools.mcp import McpClient, McpServer
-from serve_app.serving.tools.mcp.client import _Slots
+from serve_app.serving.tools.mcp.client import _describe, _Failed, _protocol_error, _Slots
+from serve_app.serving.tools.mcp.transport import Guard
 from tests.support.mcp_servers import McpTestServer, mcp_server
 
 TOKEN = "tok-7f3a9c-secret"
@@ -329,3 +330,9 @@ def test_authorization_replaces_a_header_of_that_name() -> None:
 )
 def test_the_transport_is_chosen_by_the_url(url: str, transport: str) -> None:
     assert McpServer(url).transport == transport
+
+
+def test_a_failure_a_task_group_wrapped_keeps_its_description() -> None:
+    failure = _Failed(_protocol_error(-32603, "the MCP server lists more than 5 tools"))
+    group = ExceptionGroup("closing", [ConnectionResetError("reset"), failure])
+    assert _describe(group, Guard(), McpServer("http://127.0.0.1:9/mcp")) == failure.error
