@@ -39,6 +39,8 @@ class Document:
     url: str
     page: PageText
     source_path: Path
+    # The paragraphs a search result's snippet is chosen from, each with its words (read once).
+    paragraphs: tuple[tuple[str, frozenset[str]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ def read_document(root: Path, file: Path, base_url: str) -> Document:
         page = markdown_page(source, url, fallback_title=file.stem)
     else:
         page = plain_page(source, fallback_title=file.stem)
-    return Document(path=path, url=url, page=page, source_path=file)
+    return Document(path, url, page, source_path=file, paragraphs=paragraphs(page.text))
 
 
 def _files(root: Path) -> list[Path]:
@@ -119,16 +121,23 @@ class DocumentFolder:
                 scored.append((score, index))
         scored.sort(key=lambda pair: (-pair[0], pair[1]))
         return [
-            Hit(self.documents[i], score, snippet(self.documents[i].page.text, terms))
+            Hit(self.documents[i], score, snippet(self.documents[i].paragraphs, terms))
             for score, i in scored[:topn]
         ]
 
 
-def snippet(text: str, terms: set[str], width: int = 200) -> str:
+def paragraphs(text: str) -> tuple[tuple[str, frozenset[str]], ...]:
+    """A page's paragraphs (not its headings), each with the set of its words."""
+    kept = [p for p in text.split("\n\n") if p.strip() and not p.lstrip().startswith("#")]
+    return tuple((p, frozenset(words(p))) for p in kept)
+
+
+def snippet(
+    paragraphs: tuple[tuple[str, frozenset[str]], ...], terms: set[str], width: int = 200
+) -> str:
     """The paragraph that holds most of the query's words, cut to about `width` characters."""
-    paragraphs = [p for p in text.split("\n\n") if p.strip() and not p.lstrip().startswith("#")]
     if not paragraphs:
         return ""
-    best = max(paragraphs, key=lambda p: len(terms & set(words(p))))
+    best, _ = max(paragraphs, key=lambda paragraph: len(terms & paragraph[1]))
     flat = " ".join(_LINK_MARK.sub(r"\1", best).split())
     return flat if len(flat) <= width else flat[: width - 3].rsplit(" ", 1)[0] + "..."

@@ -4,6 +4,8 @@ tool; loopback only unless told otherwise, and DNS-rebinding requests refused.""
 
 from __future__ import annotations
 
+import importlib
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -14,6 +16,7 @@ from mcp.client.sse import sse_client
 from openai_harmony import ToolNamespaceConfig
 
 from serve_app.toolserver.cli import main
+from tests.support import REPO
 from tests.support.toolserver import ToolServer, mcp_session, text_of, tool_server
 
 
@@ -92,3 +95,9 @@ def test_the_cli_refuses_what_it_should_not_serve(
         main([*with_docs, "--port", "1", *argv])
     assert exited.value.code == 2
     assert complaint in capsys.readouterr().err
+
+
+def test_the_console_script_is_the_cli() -> None:
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = scripts["serve-app-tools"].partition(":")
+    assert getattr(importlib.import_module(module), function) is main
