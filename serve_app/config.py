@@ -281,6 +281,13 @@ class ToolArgs(BaseModel):
     # Calls in flight to one server (its URL and credentials) from one ingress replica; more
     # wait their turn (within their own timeout).
     mcp_max_concurrent_calls: int = Field(default=8, gt=0)
+    # gpt-oss's own tools (docs/protocol.md#gpt-oss-tools): the MCP tool server that runs the
+    # `browser` (a request's web_search) and the one that runs `python` (code_interpreter), as
+    # vLLM's --tool-server; streamable HTTP URLs (`http://127.0.0.1:8765/mcp`), one server may
+    # be both. Unset (the default): a request offering that tool is a 400. The operator's own
+    # servers, so not held to `mcp_allow`; the timeouts and bounds above apply.
+    browser_server_url: str | None = None
+    python_server_url: str | None = None
 
     @model_validator(mode="after")
     def _allow_entries_are_urls(self) -> ToolArgs:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import uvicorn
 
-from serve_app.config import AppArgs, SecretArgs
+from serve_app.config import AppArgs, SecretArgs, ToolArgs
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.http.auth import ApiKeys
@@ -28,9 +28,11 @@ from serve_app.serving.reasoning_keys import shared_vault
 from tests.support import API_KEY, ENGINE_SCRIPT, MCP_TEST_BOUNDS, OTHER_API_KEY
 
 
-async def serve(port: int, decode_tokens_per_s: float) -> None:
+async def serve(port: int, decode_tokens_per_s: float, tools: ToolArgs | None = None) -> None:
     folder = Path(tempfile.mkdtemp(prefix="serve_app_local_"))
-    args = AppArgs.model_validate({"default_max_output_tokens": 4096, "tools": MCP_TEST_BOUNDS})
+    # The MCP tests' short timeouts, beside the tool servers the command line names.
+    tools = (tools or ToolArgs()).model_copy(update=MCP_TEST_BOUNDS)
+    args = AppArgs(default_max_output_tokens=4096, tools=tools)
     store = app_store(f"sqlite+aiosqlite:///{folder / 'responses.db'}", args)
     await store.start()
     engine = SimulatedEngine(
@@ -56,8 +58,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--decode-tokens-per-s", type=float, default=2000)
+    # gpt-oss's browser and python: the MCP tool servers that run them (AppArgs.tools).
+    parser.add_argument("--browser-server-url")
+    parser.add_argument("--python-server-url")
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.decode_tokens_per_s))
+    tools = ToolArgs(
+        browser_server_url=args.browser_server_url, python_server_url=args.python_server_url
+    )
+    asyncio.run(serve(args.port, args.decode_tokens_per_s, tools))
 
 
 if __name__ == "__main__":

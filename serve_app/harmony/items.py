@@ -25,6 +25,7 @@ from openai_harmony import Message, StreamableParser
 from serve_app.harmony.recovery import ROLE_RECIPIENTS, bare_name
 from serve_app.harmony.tools import CLIENT_KINDS, ToolRegistry
 from serve_app.protocol.stream_events import OpenItem, ResponseEventWriter
+from serve_app.protocol.stream_items import CALL_CHANNEL
 from serve_app.protocol.tool_items import tool_items
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,9 @@ def open_item(
         if spec is None:
             return writer.open_function_call(bare_name(target))
         if tool_items(spec.kind) is not None:
-            return writer.open_tool_call(spec.kind, spec.name, spec.namespace)
+            item = writer.open_tool_call(spec.kind, spec.name, spec.namespace)
+            item.data[CALL_CHANNEL] = channel  # its output is the tool's message on it
+            return item
         if spec.kind == "custom":
             return writer.open_custom_tool_call(spec.name, spec.namespace)
         if spec.kind in CLIENT_KINDS:

@@ -35,13 +35,14 @@ from openai_harmony import (
     SystemContent,
 )
 
-from serve_app.harmony import client_tools, compaction
+from serve_app.harmony import builtin, client_tools, compaction
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.mcp_tools import McpHistory
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec, recipient
 from serve_app.harmony.typescript import NamespaceText, ToolText, tools_section
 from serve_app.protocol import json_schema
+from serve_app.protocol.builtin_tools import CodeInterpreterCallItem, WebSearchCallItem
 from serve_app.protocol.client_tools import CALL_TOOL, ClientCallItem, ClientOutputItem
 from serve_app.protocol.request_tools import NamedToolChoice
 from serve_app.protocol.requests import (
@@ -107,7 +108,7 @@ def render_request(
     has_functions = any(spec.recipient.startswith(f"{DEFAULT_NAMESPACE}.") for spec in tools.tools)
     try:
         token_ids = encoding.render(
-            _system_message(request, now or datetime.now(UTC)),
+            _system_message(request, now or datetime.now(UTC), tools),
             RenderOptions(conversation_has_function_tools=has_functions),
         ) + encoding.render_conversation_for_completion(
             Conversation.from_messages(messages),
@@ -133,12 +134,14 @@ def split_leading_instructions(
     return list(items[:count]), list(items[count:])  # type: ignore[arg-type]
 
 
-def _system_message(request: ResponsesRequest, now: datetime) -> Message:
+def _system_message(request: ResponsesRequest, now: datetime, tools: ToolRegistry) -> Message:
     content = (
         SystemContent.new()
         .with_reasoning_effort(_EFFORTS[request.effort])
         .with_conversation_start_date(now.date().isoformat())
     )
+    # gpt-oss's own browser and python tools are described here, as it was trained.
+    content = builtin.with_builtin_tools(content, tools)
     return Message.from_role_and_content(Role.SYSTEM, content)
 
 
@@ -149,15 +152,15 @@ def _developer_message(
     (harmony's own renders Pydantic and zod schemas as ``any``), ``# Response Formats``."""
     instructions = _instructions(request, leading, tools)
     sections = ["# Instructions", instructions] if instructions else []
-    if tools.tools:
-        namespaces = [
-            NamespaceText(
-                name=namespace or DEFAULT_NAMESPACE,
-                description=_namespace_description(request, namespace) if namespace else None,
-                tools=[_tool_text(spec) for spec in specs],
-            )
-            for namespace, specs in tools.namespaces().items()
-        ]
+    namespaces = [
+        NamespaceText(
+            name=namespace or DEFAULT_NAMESPACE,
+            description=_namespace_description(request, namespace) if namespace else None,
+            tools=[_tool_text(spec) for spec in specs],
+        )
+        for namespace, specs in tools.namespaces().items()
+    ]
+    if namespaces:
         sections.append(tools_section(namespaces))
     response_format = _response_format(request)
     if response_format:
@@ -240,6 +243,10 @@ def _history_messages(
         if isinstance(item, ReasoningItem):
             if index > last_final:
                 messages.extend(_reasoning_message(item, vault, owner))
+        elif isinstance(item, WebSearchCallItem | CodeInterpreterCallItem):
+            # Chain of thought too (the analysis channel): dropped once answered.
+            if index > last_final:
+                messages.extend(builtin.history_messages(item))
         elif isinstance(item, MessageItem):
             messages.append(_message(item, is_preamble=_is_preamble(items, index)))
         elif isinstance(item, ToolCallItem):

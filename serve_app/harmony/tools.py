@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from serve_app.harmony import client_tools
 from serve_app.protocol import strict_schema
+from serve_app.protocol.builtin_tools import BuiltinTool, CodeInterpreterTool, WebSearchTool
 from serve_app.protocol.client_tools import ClientTool
 from serve_app.protocol.request_tools import (
     CustomTool,
@@ -35,6 +36,12 @@ DEFAULT_NAMESPACE = "functions"
 # (serve_app.harmony.client_tools); the kind is the tool's type, and its function's name.
 CLIENT_KINDS = ("shell", "local_shell", "apply_patch")
 
+# gpt-oss's own tools (harmony/builtin.py): `browser.search|open|find` and `python`.
+BROWSER_NAMESPACE = "browser"
+BROWSER_ACTIONS = ("search", "open", "find")
+PYTHON = "python"
+BUILTIN_KINDS = ("browser", "python")
+
 
 def recipient(name: str, namespace: str | None = None) -> str:
     """The harmony recipient of a tool call: ``functions.NAME`` for a top-level tool,
@@ -46,7 +53,15 @@ def recipient(name: str, namespace: str | None = None) -> str:
 class ToolSpec:
     name: str
     kind: Literal[
-        "function", "custom", "mcp", "mcp_approval", "shell", "local_shell", "apply_patch"
+        "function",
+        "custom",
+        "mcp",
+        "mcp_approval",
+        "shell",
+        "local_shell",
+        "apply_patch",
+        "browser",
+        "python",
     ]
     description: str = ""
     parameters: dict[str, Any] | None = None
@@ -61,7 +76,14 @@ class ToolSpec:
 
     @property
     def recipient(self) -> str:
+        if self.kind == "python":  # gpt-oss calls it `to=python`, no namespace
+            return PYTHON
         return recipient(self.name, self.namespace)
+
+    @property
+    def builtin(self) -> bool:
+        """One of gpt-oss's own tools, shown in the system message (harmony/builtin.py)."""
+        return self.kind in BUILTIN_KINDS
 
 
 @dataclass(frozen=True)
@@ -89,7 +111,8 @@ class ToolRegistry:
         forced = choice.name if isinstance(choice, NamedToolChoice) else None
         forced = forced or client_tool_choice(choice)
         if forced is not None:
-            return cls(tuple(spec for spec in specs if spec.name == forced), required=True)
+            named = tuple(spec for spec in specs if spec.name == forced and not spec.builtin)
+            return cls(named, required=True)
         allowed = allowed_tools(choice)
         if allowed is not None:
             return cls(specs, required=allowed.required, allowed=allowed.names)
@@ -100,8 +123,12 @@ class ToolRegistry:
         return self.allowed is None or spec.name in self.allowed
 
     def namespaces(self) -> dict[str | None, list[ToolSpec]]:
+        """The tools the developer message shows, by namespace (gpt-oss's own, `builtin`,
+        are in the system message instead)."""
         grouped: dict[str | None, list[ToolSpec]] = {}
         for spec in self.tools:
+            if spec.builtin:
+                continue
             grouped.setdefault(spec.namespace, []).append(spec)
         return grouped
 
@@ -118,8 +145,13 @@ class ToolRegistry:
             if cleaned == spec.recipient:
                 return spec
         bare = cleaned.rsplit(".", 1)[-1]
-        matches = [spec for spec in self.tools if spec.name == bare]
+        # A bare `search` is not the browser's: gpt-oss's own tools answer their names only.
+        matches = [spec for spec in self.tools if spec.name == bare and not spec.builtin]
         return matches[0] if len(matches) == 1 else None
+
+    def builtin_kinds(self) -> set[str]:
+        """Which of gpt-oss's own tools (``browser``, ``python``) the request offers."""
+        return {spec.kind for spec in self.tools if spec.builtin}
 
     def by_name(self, name: str, namespace: str | None = None) -> ToolSpec | None:
         for spec in self.tools:
@@ -136,7 +168,9 @@ def _specs(request: ResponsesRequest) -> list[ToolSpec]:
     for tool in request.tools:
         if isinstance(tool, HostedTool | McpTool):
             continue  # an MCP server's tools are known once listed: `server_tools`
-        if isinstance(tool, NamespaceTool):
+        if isinstance(tool, WebSearchTool | CodeInterpreterTool):
+            specs.extend(spec for spec in builtin_specs(tool) if spec not in specs)
+        elif isinstance(tool, NamespaceTool):
             specs.extend(_spec(inner, namespace=tool.name) for inner in tool.tools)
         elif isinstance(tool, ClientTool):
             specs.append(_client_spec(tool))
@@ -201,3 +235,14 @@ def _spec(tool: FunctionTool | CustomTool, namespace: str | None = None) -> Tool
         grammar=grammar,
         grammar_syntax=syntax,
     )
+
+
+def builtin_specs(tool: BuiltinTool) -> list[ToolSpec]:
+    """gpt-oss's browser (three calls) for a web_search tool, its python for code_interpreter.
+    Their descriptions are harmony's own (`SystemContent.with_browser_tool()`)."""
+    if isinstance(tool, CodeInterpreterTool):
+        return [ToolSpec(name=PYTHON, kind="python")]
+    return [
+        ToolSpec(name=action, kind="browser", namespace=BROWSER_NAMESPACE)
+        for action in BROWSER_ACTIONS
+    ]

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from serve_app.protocol import mcp_items, request_tools, requests
+from serve_app.protocol import builtin_tools, mcp_items, request_tools, requests
 from serve_app.protocol.errors import InvalidRequest, param_path
 
 # Pydantic names union branches in error locations ("str", "list[...]", a model's class name,
@@ -22,7 +22,7 @@ def _client_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
     tags = {*requests.INPUT_ITEM_TYPES, *request_tools.TOOL_TAGS}
     models = {
         name
-        for module in (requests, request_tools, mcp_items)
+        for module in (requests, request_tools, mcp_items, builtin_tools)
         for name, value in vars(module).items()
         if isinstance(value, type) and issubclass(value, BaseModel)
     }

@@ -21,6 +21,12 @@ from pydantic import (
 from pydantic import Discriminator as PydanticDiscriminator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from serve_app.protocol.builtin_tools import (
+    BUILTIN_TOOL_TYPES,
+    CODE_INTERPRETER_TYPE,
+    CodeInterpreterTool,
+    WebSearchTool,
+)
 from serve_app.protocol.client_tools import (
     CLIENT_TOOL_TYPES,
     ApplyPatchTool,
@@ -107,11 +113,22 @@ class HostedTool(BaseModel):
     type: str
 
 
-TOOL_TAGS = ("function", "custom", "namespace", "hosted", "mcp", *CLIENT_TOOL_TYPES)
+TOOL_TAGS = (
+    "function",
+    "custom",
+    "namespace",
+    "web_search",
+    "code_interpreter",
+    "hosted",
+    "mcp",
+    *CLIENT_TOOL_TYPES,
+)
 
 
 def _tool_tag(value: Any) -> str:
     tool_type = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if tool_type in BUILTIN_TOOL_TYPES:  # gpt-oss's browser and python (builtin_tools.py)
+        return tool_type if tool_type == CODE_INTERPRETER_TYPE else "web_search"
     return tool_type if tool_type in TOOL_TAGS else "hosted"
 
 
@@ -123,6 +140,8 @@ Tool = Annotated[
     | Annotated[ShellTool, Tag("shell")]
     | Annotated[LocalShellTool, Tag("local_shell")]
     | Annotated[ApplyPatchTool, Tag("apply_patch")]
+    | Annotated[WebSearchTool, Tag("web_search")]
+    | Annotated[CodeInterpreterTool, Tag("code_interpreter")]
     | Annotated[HostedTool, Tag("hosted")],
     PydanticDiscriminator(_tool_tag),
 ]

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from serve_app.protocol import mcp_items
+from serve_app.protocol.builtin_tools import CodeInterpreterCallItem, WebSearchCallItem
 from serve_app.protocol.client_tools import (
     ApplyPatchCallItem,
     ApplyPatchCallOutputItem,
@@ -183,6 +184,8 @@ INPUT_ITEM_TYPES = (
     *mcp_items.MCP_ITEM_TYPES,
     *("shell_call", "shell_call_output", "local_shell_call", "local_shell_call_output"),
     *("apply_patch_call", "apply_patch_call_output"),
+    "web_search_call",
+    "code_interpreter_call",
 )
 
 
@@ -218,7 +221,9 @@ InputItem = Annotated[
     | Annotated[LocalShellCallItem, Tag("local_shell_call")]
     | Annotated[LocalShellCallOutputItem, Tag("local_shell_call_output")]
     | Annotated[ApplyPatchCallItem, Tag("apply_patch_call")]
-    | Annotated[ApplyPatchCallOutputItem, Tag("apply_patch_call_output")],
+    | Annotated[ApplyPatchCallOutputItem, Tag("apply_patch_call_output")]
+    | Annotated[WebSearchCallItem, Tag("web_search_call")]
+    | Annotated[CodeInterpreterCallItem, Tag("code_interpreter_call")],
     PydanticDiscriminator(
         _item_tag,
         custom_error_type="invalid_item_type",

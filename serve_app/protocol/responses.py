@@ -25,6 +25,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from openai.types.shared import Reasoning
 from pydantic import TypeAdapter, ValidationError
 
+from serve_app.protocol.builtin_tools import CodeInterpreterTool, WebSearchTool
 from serve_app.protocol.client_tools import ClientTool
 from serve_app.protocol.mcp_items import McpTool
 from serve_app.protocol.request_tools import (
@@ -194,6 +195,8 @@ def _tools(request: ResponsesRequest) -> list[Tool]:
             raw = tool.echo()  # without its credentials (mcp_items.py)
         elif isinstance(tool, ClientTool):
             raw = tool.model_dump(exclude_none=True)
+        elif isinstance(tool, WebSearchTool | CodeInterpreterTool):
+            raw = tool.model_dump(exclude_none=True)  # gpt-oss's browser and python
         else:
             continue
         try:

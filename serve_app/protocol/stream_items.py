@@ -48,6 +48,10 @@ Phase = Literal["commentary", "final_answer"]
 FinishStatus = Literal["completed", "incomplete", "cancelled"]
 
 
+# The key of `OpenItem.data` holding a server-run call's harmony channel.
+CALL_CHANNEL = "channel"
+
+
 class ItemKind(enum.Enum):
     REASONING = "reasoning"
     MESSAGE = "message"
@@ -81,6 +85,8 @@ class OpenItem:
     # A server-run call's tool kind (``ToolSpec.kind``), and what its builder keeps between
     # events (the kind's own, e.g. a parsed action).
     tool_kind: str | None = None
+    # (`data[CALL_CHANNEL]`: the harmony channel the model called it on; its output goes
+    # back on the same one.)
     data: dict[str, Any] = field(default_factory=dict)
 
 

@@ -87,11 +87,11 @@ def test_unknown_route_is_404_in_openai_shape(app_url: str) -> None:
     assert_openai_error(httpx.get(f"{app_url}/v1/nothing-here", headers=AUTH, timeout=30), 404)
 
 
-def test_hosted_tools_are_accepted_not_rejected(app_url: str) -> None:
+def test_web_search_without_a_browser_tool_server_is_a_400(app_url: str) -> None:
+    # The session app names no tool server (gpt-oss's tools: tests/app/test_builtin_tools.py).
     body = {"model": MODEL, "input": "SDK-TEXT", "tools": [{"type": "web_search"}]}
-    response = post(app_url, body)
-    assert response.status_code == 200, response.text
-    assert response.json()["status"] == "completed"
+    error = assert_openai_error(post(app_url, body), 400)
+    assert error["param"] == "tools[0].type"
 
 
 def test_metrics_count_requests(app_url: str) -> None:

@@ -36,6 +36,8 @@ def write_codex_home(home: Path, app_url: str, websockets: bool = False) -> None
     (home / "config.toml").write_text(
         'model = "gpt-oss-120b"\n'
         'model_provider = "local"\n'
+        # The session app names no browser tool server: its web_search is a 400.
+        'web_search = "disabled"\n'
         'approval_policy = "never"\n'
         'sandbox_mode = "danger-full-access"\n\n'
         "[model_providers.local]\n"

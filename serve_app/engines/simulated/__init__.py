@@ -23,6 +23,7 @@ What it says:
             - text: "final answer (ends with <|return|>)"
             - function_call: {name: exec_command, arguments: {cmd: ls}, namespace: functions}
             - custom_tool_call: {name: apply_patch, input: "raw text"}
+            - builtin_call: {to: browser.search, input: {query: "zebras"}}   # or to: python
             - raw: "<|channel|>final<|message|>harmony text, specials included"
             - sleep: 0.5                # seconds, cut short by abort
             - fail: "EngineError message raised at this point"

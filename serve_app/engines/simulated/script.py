@@ -71,6 +71,20 @@ class ScriptCustomToolCall(_ScriptItem):
     custom_tool_call: CustomToolCallSpec
 
 
+class BuiltinCallSpec(_ScriptItem):
+    # gpt-oss's own tools: `browser.search`, `browser.open`, `browser.find`, `python`.
+    to: str = Field(pattern=_HEADER_NAME)
+    # A dict is sent as JSON text (the browser's arguments); a string as is (python's code).
+    input: dict[str, Any] | str
+
+
+class ScriptBuiltinCall(_ScriptItem):
+    """``analysis to=TO code``, as gpt-oss calls its browser and python, ended with
+    ``<|call|>``."""
+
+    builtin_call: BuiltinCallSpec
+
+
 class ScriptRaw(_ScriptItem):
     """Harmony text encoded verbatim, special tokens included (for malformed-output tests)."""
 
@@ -107,6 +121,7 @@ ScriptItem: TypeAlias = (
     | ScriptText
     | ScriptFunctionCall
     | ScriptCustomToolCall
+    | ScriptBuiltinCall
     | ScriptRaw
     | ScriptFail
     | ScriptSleep
@@ -117,6 +132,7 @@ _ITEM_TYPES: dict[str, type[_ScriptItem]] = {
     "text": ScriptText,
     "function_call": ScriptFunctionCall,
     "custom_tool_call": ScriptCustomToolCall,
+    "builtin_call": ScriptBuiltinCall,
     "raw": ScriptRaw,
     "fail": ScriptFail,
     "sleep": ScriptSleep,

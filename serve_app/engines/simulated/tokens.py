@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from functools import cached_property
 
 from serve_app.engines.simulated.script import (
+    ScriptBuiltinCall,
     ScriptCustomToolCall,
     ScriptFail,
     ScriptFunctionCall,
@@ -74,6 +75,11 @@ class HarmonyTokens:
             case ScriptCustomToolCall(custom_tool_call=call):
                 to = tools.recipient(call.name, call.namespace)
                 return self.message(f"<|channel|>commentary to={to}", call.input, CALL_TOKEN)
+            case ScriptBuiltinCall(builtin_call=call):
+                body = call.input
+                if not isinstance(body, str):
+                    body = json.dumps(body, ensure_ascii=False)
+                return self.message(f"<|channel|>analysis to={call.to} code", body, CALL_TOKEN)
             case ScriptRaw(raw=text):
                 return self.header(text)
         raise TypeError(f"not a message item: {item!r}")

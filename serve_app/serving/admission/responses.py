@@ -37,6 +37,7 @@ from serve_app.protocol.errors import (
 from serve_app.protocol.request_base import OPAQUE
 from serve_app.protocol.request_tools import HostedTool
 from serve_app.protocol.requests import CompactionItem, InputItem, ItemReference, ResponsesRequest
+from serve_app.serving.admission import builtin
 from serve_app.serving.admission import tools as tool_rules
 
 
@@ -50,6 +51,11 @@ def check_request(args: AppArgs, request: ResponsesRequest, *, check_limits: boo
         _check_limits(args, request)
     check_text(request)
     check_context_management(request)
+    builtin.check_builtin_tools(
+        request,
+        browser_server=args.tools.browser_server_url,
+        python_server=args.tools.python_server_url,
+    )
     if request.conversation_id is not None and request.previous_response_id is not None:
         raise InvalidRequest(
             "Use `conversation` or `previous_response_id`, not both.", param="conversation"

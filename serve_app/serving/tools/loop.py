@@ -30,9 +30,9 @@ from serve_app.constraints.spec import CompletionConstraint
 from serve_app.engines.base import GenerateRequest
 from serve_app.harmony.encoding import CALL_TOKEN, START_TOKEN, get_encoding
 from serve_app.harmony.stream import ResponseStreamTranslator
-from serve_app.harmony.tools import ToolRegistry, ToolSpec, recipient
+from serve_app.harmony.tools import ToolRegistry, ToolSpec
 from serve_app.protocol.requests import ResponsesRequest
-from serve_app.protocol.stream_items import OpenItem
+from serve_app.protocol.stream_items import CALL_CHANNEL, OpenItem
 from serve_app.serving.tools.contract import (
     CancelScope,
     ToolCall,
@@ -157,7 +157,7 @@ class ToolLoop:
         prompt = [
             *turn.generate.prompt_token_ids,
             *completion[:cut],
-            *_tool_messages(done),
+            *_tool_messages(turn, done),
             *_ASSISTANT_START,
         ]
         max_tokens = self.output_left(turn, len(prompt))
@@ -210,17 +210,18 @@ def _after_last_call(completion: Sequence[int]) -> int | None:
     return None
 
 
-def _tool_messages(done: Round) -> list[int]:
-    """The tools' harmony messages (author: the recipient; channel commentary), in order."""
+def _tool_messages(turn: Turn, done: Round) -> list[int]:
+    """The tools' harmony messages (author: the recipient; the call's channel: commentary, or
+    analysis where gpt-oss calls its own browser and python), in order."""
     encoding = get_encoding()
     tokens: list[int] = []
     for item, result in zip(done.calls, done.results, strict=True):
         if result is None:
             continue
-        author = Author.new(Role.TOOL, recipient(item.name, item.namespace))
+        author = Author.new(Role.TOOL, _spec(turn, item).recipient)
         message = (
             Message.from_author_and_content(author, result.model_text)
-            .with_channel("commentary")
+            .with_channel(item.data.get(CALL_CHANNEL) or "commentary")
             .with_recipient("assistant")
         )
         tokens.extend(encoding.render(message))

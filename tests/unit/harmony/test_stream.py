@@ -537,7 +537,8 @@ def test_preamble_is_a_commentary_message() -> None:
 
 
 def test_unknown_recipient_becomes_a_function_call_by_bare_name() -> None:
-    ids = tokens('<|channel|>analysis to=browser.search code<|message|>{"q":"x"}<|call|>')
+    # (`browser.search` is gpt-oss's browser here: the request offers web_search.)
+    ids = tokens('<|channel|>analysis to=repo_browser.search code<|message|>{"q":"x"}<|call|>')
     run = drive(ids)
     assert kinds(run) == [("function_call:search", '{"q":"x"}')]
     assert "namespace" not in run.items()[0]
@@ -822,8 +823,9 @@ def test_initial_response_echoes_the_request() -> None:
     response = initial_response(request, response_id="resp_" + "a" * 32, model=MODEL)
     Response.model_validate(response.model_dump(by_alias=True))
     assert response.status == "in_progress" and response.output == []
-    # The hosted web_search is left out; function, custom and namespace tools are echoed.
-    assert [tool.type for tool in response.tools] == ["function", "custom", "namespace"]
+    # Every tool is echoed, web_search (gpt-oss's browser) too.
+    types = [tool.type for tool in response.tools]
+    assert types == ["function", "custom", "web_search", "namespace"]
     assert response.tool_choice == "auto" and response.parallel_tool_calls is True
     assert response.metadata == {"k": "v"} and response.prompt_cache_key == "thread-1"
     assert response.reasoning is not None and response.reasoning.effort == "high"

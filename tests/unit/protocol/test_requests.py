@@ -22,6 +22,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
+from serve_app.config import AppArgs, ToolArgs
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.conversations import ConversationCreate
 from tests.support import MODEL
@@ -84,6 +85,23 @@ MAIN_REQUEST: dict[str, Any] = {
             "content": [{"type": "output_text", "text": "It is done."}],
         },
         {"role": "user", "content": [{"type": "input_text", "text": "Thanks."}]},
+        # gpt-oss's browser and python calls, as the SDK writes them (each action's form).
+        {
+            "type": "web_search_call",
+            "id": "ws_1",
+            "status": "completed",
+            "action": {"type": "search", "query": "q", "sources": [{"type": "url", "url": "u"}]},
+        },
+        {"type": "web_search_call", "action": {"type": "open_page", "url": "u"}},
+        {"type": "web_search_call", "action": {"type": "find_in_page", "pattern": "p", "url": "u"}},
+        {
+            "type": "code_interpreter_call",
+            "id": "ci_1",
+            "code": "print(1)",
+            "container_id": "auto",
+            "outputs": [{"type": "logs", "logs": "1"}, {"type": "image", "url": "u"}],
+            "status": "completed",
+        },
     ],
     "tools": [
         {
@@ -112,7 +130,20 @@ MAIN_REQUEST: dict[str, Any] = {
                 {"type": "custom", "name": "note"},
             ],
         },
-        {"type": "web_search"},
+        {
+            "type": "web_search",
+            "filters": {"allowed_domains": ["docs.local"]},
+            "search_context_size": "low",
+            "user_location": {"type": "approximate", "city": "Paris"},
+            "external_web_access": False,
+            "search_content_types": ["text"],
+        },
+        {
+            "type": "code_interpreter",
+            "container": {"type": "auto", "file_ids": ["f"], "memory_limit": "1g"},
+            "allowed_callers": ["direct"],
+        },
+        {"type": "file_search", "vector_store_ids": ["vs_1"]},  # a hosted tool
     ],
     "tool_choice": {"type": "function", "name": "lookup"},
     "parallel_tool_calls": False,
@@ -471,7 +502,11 @@ CASES = wrong_type_cases()
 @pytest.fixture(scope="module")
 async def http(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
     db: Path = tmp_path_factory.mktemp("strict") / "strict.db"
-    async with in_process_api(db) as api:
+    # Tool servers named (never reached: the engine calls no tool), so web_search and
+    # code_interpreter are served.
+    unused = "http://127.0.0.1:9/mcp"
+    args = AppArgs(tools=ToolArgs(browser_server_url=unused, python_server_url=unused))
+    async with in_process_api(db, args) as api:
         transport = httpx.ASGITransport(app=api)
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
             yield client

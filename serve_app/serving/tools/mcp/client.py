@@ -122,6 +122,8 @@ class CallOutcome:
 
     output: str | None = None
     error: McpToolCallError | None = None
+    # The result's structured content, beside its text (e.g. a browser page's URL).
+    structured: Mapping[str, Any] | None = None
 
     @property
     def message(self) -> str:
@@ -271,7 +273,10 @@ class McpClient:
                 f"{self.args.mcp_max_output_bytes} this server passes on"
             )
             return CallOutcome(error=_protocol_error(mcp_types.INTERNAL_ERROR, message))
-        return CallOutcome(output=text)
+        structured = result.structured_content
+        return CallOutcome(
+            output=text, structured=structured if isinstance(structured, dict) else None
+        )
 
     async def _operate(
         self,

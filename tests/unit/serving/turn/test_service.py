@@ -187,7 +187,7 @@ async def test_a_requests_tools_are_built_once(
     """The door builds the request's tools once and rendering, truncation's every try included,
     uses them: the hosted tool left out is logged once per request, not once per build."""
     args = AppArgs(max_context_tokens=900, default_max_output_tokens=64)
-    tools = [EXEC_TOOL, {"type": "web_search"}]
+    tools = [EXEC_TOOL, {"type": "file_search", "vector_store_ids": ["vs_1"]}]
     body: dict[str, Any] = {"model": MODEL, "input": long_conversation(8), "tools": tools}
     async with in_process_api(tmp_path / "t.db", args) as api:
         with caplog.at_level("INFO", logger="serve_app.harmony.tools"):
@@ -195,7 +195,7 @@ async def test_a_requests_tools_are_built_once(
     assert response.status == "completed"
     left_out = [r for r in caplog.records if r.getMessage().startswith("Leaving out hosted")]
     assert [r.getMessage() for r in left_out] == [
-        "Leaving out hosted tools this server cannot run: ['web_search']"
+        "Leaving out hosted tools this server cannot run: ['file_search']"
     ]
 
 
