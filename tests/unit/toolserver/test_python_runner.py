@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -226,8 +227,11 @@ async def test_a_run_dies_with_a_killed_server(network: str, tmp_path: Path) -> 
     """The server killed outright (no chance to stop its runs): its runs die with it."""
     if network == "netns" and not netns_works():
         pytest.skip("no user/network/PID namespaces on this machine")
-    pid_file = tmp_path / "pid"
-    code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)"
+    pid_file, cwd_file = tmp_path / "pid", tmp_path / "cwd"
+    code = (
+        f"import os, time\nopen({str(cwd_file)!r}, 'w').write(os.getcwd())\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)"
+    )
     # In a PID namespace the code's own pid is 2: it writes its host pid from /proc/self instead.
     code = code.replace("os.getpid()", "os.readlink('/proc/self')") if network == "netns" else code
     with tool_server(None, "--python-network", network) as doomed:
@@ -249,4 +253,6 @@ async def test_a_run_dies_with_a_killed_server(network: str, tmp_path: Path) -> 
         await asyncio.sleep(0.1)
     if still := _alive(pid):
         os.kill(pid, signal.SIGKILL)
+    # A server killed outright cannot remove its run's temporary directory: the test does.
+    shutil.rmtree(cwd_file.read_text(), ignore_errors=True)
     assert not still
