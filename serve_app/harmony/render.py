@@ -38,7 +38,13 @@ from openai_harmony import (
 from serve_app.harmony import compaction
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec, recipient
+from serve_app.harmony.tools import (
+    DEFAULT_NAMESPACE,
+    ToolRegistry,
+    ToolSpec,
+    output_specs,
+    recipient,
+)
 from serve_app.harmony.typescript import NamespaceText, ToolText, tools_section
 from serve_app.protocol import json_schema
 from serve_app.protocol.request_tools import NamedToolChoice
@@ -53,6 +59,11 @@ from serve_app.protocol.requests import (
     MessageItem,
     ReasoningItem,
     ResponsesRequest,
+)
+from serve_app.protocol.tool_search import (
+    TOOL_SEARCH_NAME,
+    ToolSearchCallItem,
+    ToolSearchOutputItem,
 )
 
 logger = logging.getLogger(__name__)
@@ -91,7 +102,7 @@ def render_request(
     when the caller built them already (the turn's door, `Door.admit`, does); else built here."""
     items = [*history, *request.input_items]
     if tools is None:
-        tools = ToolRegistry.from_request(request)
+        tools = ToolRegistry.from_request(request, items)
     leading, rest = split_leading_instructions(items)
     # A server-side compaction item stands in for what came before it (instructions stay).
     rest = rest[compaction.context_start(rest, vault, owner) :]
@@ -147,16 +158,9 @@ def _developer_message(
     (harmony's own renders Pydantic and zod schemas as ``any``), ``# Response Formats``."""
     instructions = _instructions(request, leading, tools)
     sections = ["# Instructions", instructions] if instructions else []
-    if tools.tools:
-        namespaces = [
-            NamespaceText(
-                name=namespace or DEFAULT_NAMESPACE,
-                description=_namespace_description(request, namespace) if namespace else None,
-                tools=[_tool_text(spec) for spec in specs],
-            )
-            for namespace, specs in tools.namespaces().items()
-        ]
-        sections.append(tools_section(namespaces))
+    shown = tools.namespaces()
+    if shown:
+        sections.append(tools_section(_namespace_texts(request, shown)))
     response_format = _response_format(request)
     if response_format:
         sections.append(response_format)
@@ -199,6 +203,19 @@ def _response_format(request: ResponsesRequest) -> str | None:
     return "\n".join(lines)
 
 
+def _namespace_texts(
+    request: ResponsesRequest, grouped: dict[str | None, list[ToolSpec]]
+) -> list[NamespaceText]:
+    return [
+        NamespaceText(
+            name=namespace or DEFAULT_NAMESPACE,
+            description=_namespace_description(request, namespace) if namespace else None,
+            tools=[_tool_text(spec) for spec in specs],
+        )
+        for namespace, specs in grouped.items()
+    ]
+
+
 def _namespace_description(request: ResponsesRequest, namespace: str) -> str | None:
     for tool in request.tools:
         if getattr(tool, "type", None) == "namespace" and getattr(tool, "name", None) == namespace:
@@ -207,7 +224,7 @@ def _namespace_description(request: ResponsesRequest, namespace: str) -> str | N
 
 
 def _tool_text(spec: ToolSpec) -> ToolText:
-    if spec.kind == "function":
+    if spec.kind != "custom":
         return ToolText(spec.name, spec.description, json_schema.resolve(spec.parameters))
     # Harmony has no freeform tool type: a tool without parameters whose message body is the
     # raw input, and a description saying so.
@@ -243,6 +260,10 @@ def _history_messages(
             messages.append(_tool_output_message(item, recipients[item.call_id]))
         elif isinstance(item, CompactionItem):
             messages.append(_compaction_message(item, vault, owner))
+        elif isinstance(item, ToolSearchCallItem):
+            messages.append(_search_call_message(item))
+        elif isinstance(item, ToolSearchOutputItem):
+            messages.append(_search_output_message(item))
         elif isinstance(item, ItemReference):
             raise UnrenderableRequest(f"Item with id '{item.id}' was not resolved.")
     return messages
@@ -345,6 +366,45 @@ def _tool_output_message(
 ) -> Message:
     return (
         Message.from_author_and_content(Author.new(Role.TOOL, recipient), item.text)
+        .with_channel("commentary")
+        .with_recipient("assistant")
+    )
+
+
+# --- tool search ---------------------------------------------------------------------------
+
+
+def _search_call_message(item: ToolSearchCallItem) -> Message:
+    """The model's search, as it wrote it: a call to ``functions.tool_search``."""
+    arguments = item.arguments
+    body = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+    return (
+        Message.from_role_and_content(Role.ASSISTANT, body)
+        .with_channel("commentary")
+        .with_recipient(recipient(TOOL_SEARCH_NAME))
+        .with_content_type(_JSON_CONTENT_TYPE)
+    )
+
+
+def _search_output_message(item: ToolSearchOutputItem) -> Message:
+    """The tools a search loaded, shown where the search answered (the prompt before it, and
+    its cached prefix, stay as they were): their definitions as the developer message writes
+    tools."""
+    grouped: dict[str | None, list[ToolSpec]] = {}
+    for spec in output_specs(item):
+        grouped.setdefault(spec.namespace, []).append(spec)
+    descriptions = {tool.name: tool.description for tool in item.tools if tool.type == "namespace"}
+    texts = [
+        NamespaceText(
+            name=namespace or DEFAULT_NAMESPACE,
+            description=descriptions.get(namespace) if namespace else None,
+            tools=[_tool_text(spec) for spec in specs],
+        )
+        for namespace, specs in grouped.items()
+    ]
+    body = tools_section(texts) if texts else "No tools found."
+    return (
+        Message.from_author_and_content(Author.new(Role.TOOL, recipient(TOOL_SEARCH_NAME)), body)
         .with_channel("commentary")
         .with_recipient("assistant")
     )

@@ -1,29 +1,30 @@
 """The tools a request offers the model, as harmony sees them.
 
-Built once per request from ``tools`` and ``tool_choice``; the renderer describes these tools
-to the model and the stream translator maps a harmony recipient (``functions.exec_command``,
-``multi_agent_v1.close_agent``) back to the tool the client defined.
+Built once per request from ``tools``, ``tool_choice`` and the tools earlier ``tool_search``
+outputs of the conversation loaded; the renderer describes these tools to the model and the
+stream translator maps a harmony recipient (``functions.exec_command``,
+``multi_agent_v1.close_agent``) back to the tool the client defined. Deferred tools
+(``defer_loading``) are kept apart until a search loads them.
 """
 
 from __future__ import annotations
 
-import logging
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from serve_app.protocol import strict_schema
+from serve_app.protocol import strict_schema, tool_search
 from serve_app.protocol.request_tools import (
     CustomTool,
     FunctionTool,
-    HostedTool,
     NamedToolChoice,
     NamespaceTool,
+    ToolSearchTool,
     allowed_tools,
 )
-from serve_app.protocol.requests import ResponsesRequest
-
-logger = logging.getLogger(__name__)
+from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.protocol.tool_search import ToolSearchOutputItem
 
 DEFAULT_NAMESPACE = "functions"
 
@@ -34,10 +35,14 @@ def recipient(name: str, namespace: str | None = None) -> str:
     return f"{namespace or DEFAULT_NAMESPACE}.{name}"
 
 
+# What a tool is; each kind the server runs has a runner in the tool loop (serving/tools/).
+ToolKind = Literal["function", "custom", "tool_search"]
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
-    kind: Literal["function", "custom"]
+    kind: ToolKind
     description: str = ""
     parameters: dict[str, Any] | None = None
     # The client's namespace tool this belongs to; None for top-level tools.
@@ -48,6 +53,10 @@ class ToolSpec:
     grammar_syntax: str | None = None
     # For function tools: the client asked for ``strict: true`` (arguments must validate).
     strict: bool = False
+    # For tool_search: who answers the search, "server" or "client".
+    execution: str | None = None
+    # Loaded by a `tool_search_output` of the conversation: shown there, not up front.
+    loaded: bool = False
 
     @property
     def recipient(self) -> str:
@@ -62,31 +71,37 @@ class ToolRegistry:
     # tool_choice allowed_tools: the names the model may call. Every tool is still rendered
     # (the prompt, and so its cached prefix, stays the same as the allowed set changes).
     allowed: frozenset[str] | None = None
+    # Deferred tools no search loaded yet: neither shown nor callable.
+    deferred: tuple[ToolSpec, ...] = ()
 
     @classmethod
-    def from_request(cls, request: ResponsesRequest) -> ToolRegistry:
-        hosted = request.hosted_tool_types()
-        if hosted:
-            logger.info("Leaving out hosted tools this server cannot run: %s", hosted)
+    def from_request(
+        cls, request: ResponsesRequest, items: Sequence[InputItem] = ()
+    ) -> ToolRegistry:
+        """``items``: the prompt's history and input, whose ``tool_search_output`` items load
+        tools (the request's own input is read when not given)."""
         choice = request.tool_choice
         if choice == "none":
             return cls()
-        specs = tuple(_specs(request))
+        specs, deferred = _specs(request, items or request.input_items)
         if isinstance(choice, NamedToolChoice):
-            return cls(tuple(spec for spec in specs if spec.name == choice.name), required=True)
+            named = tuple(spec for spec in specs if spec.name == choice.name)
+            return cls(named, required=True, deferred=deferred)
         allowed = allowed_tools(choice)
         if allowed is not None:
-            return cls(specs, required=allowed.required, allowed=allowed.names)
-        return cls(specs, required=choice == "required")
+            return cls(specs, allowed.required, allowed.names, deferred)
+        return cls(specs, required=choice == "required", deferred=deferred)
 
     def callable(self, spec: ToolSpec) -> bool:
         """Whether the model may call ``spec`` (all rendered tools, unless allowed_tools)."""
         return self.allowed is None or spec.name in self.allowed
 
     def namespaces(self) -> dict[str | None, list[ToolSpec]]:
+        """The tools shown up front (in the developer message), by namespace."""
         grouped: dict[str | None, list[ToolSpec]] = {}
         for spec in self.tools:
-            grouped.setdefault(spec.namespace, []).append(spec)
+            if not spec.loaded:
+                grouped.setdefault(spec.namespace, []).append(spec)
         return grouped
 
     def resolve(self, recipient: str | None) -> ToolSpec | None:
@@ -115,16 +130,83 @@ class ToolRegistry:
 _RECIPIENT_TAIL = re.compile(r"[\s<]")
 
 
-def _specs(request: ResponsesRequest) -> list[ToolSpec]:
-    specs: list[ToolSpec] = []
+def _specs(
+    request: ResponsesRequest, items: Sequence[InputItem]
+) -> tuple[tuple[ToolSpec, ...], tuple[ToolSpec, ...]]:
+    """The shown tools (the request's, then those loaded by searches), and the deferred ones
+    still hidden. A loaded tool the request also defines is shown as loaded (where its
+    search output is), never twice."""
+    shown: list[ToolSpec] = []
+    deferred: list[ToolSpec] = []
     for tool in request.tools:
-        if isinstance(tool, HostedTool):
-            continue
         if isinstance(tool, NamespaceTool):
-            specs.extend(_spec(inner, namespace=tool.name) for inner in tool.tools)
+            for inner in tool.tools:
+                spec = _spec(inner, namespace=tool.name)
+                (deferred if tool.deferred(inner) else shown).append(spec)
+        elif isinstance(tool, FunctionTool | CustomTool):
+            (deferred if tool.defer_loading else shown).append(_spec(tool))
+        elif isinstance(tool, ToolSearchTool):
+            shown.append(_search_spec(tool, request))
+    recipients = {spec.recipient for spec in shown}
+    loaded = [spec for spec in loaded_specs(items) if spec.recipient not in recipients]
+    loaded_recipients = {spec.recipient for spec in loaded}
+    hidden = tuple(spec for spec in deferred if spec.recipient not in loaded_recipients)
+    return (*shown, *_unique(loaded)), hidden
+
+
+def _unique(specs: list[ToolSpec]) -> list[ToolSpec]:
+    seen: set[str] = set()
+    kept = []
+    for spec in specs:
+        if spec.recipient not in seen:
+            seen.add(spec.recipient)
+            kept.append(spec)
+    return kept
+
+
+def loaded_specs(items: Sequence[object]) -> list[ToolSpec]:
+    """The tools the ``tool_search_output`` items among ``items`` loaded, in their order."""
+    specs: list[ToolSpec] = []
+    for item in items:
+        if isinstance(item, ToolSearchOutputItem):
+            specs += [replace(spec, loaded=True) for spec in output_specs(item)]
+    return specs
+
+
+def output_specs(item: ToolSearchOutputItem) -> list[ToolSpec]:
+    """The tools one ``tool_search_output`` holds, as specs (the renderer shows them there)."""
+    specs: list[ToolSpec] = []
+    for tool in item.tools:
+        if isinstance(tool, NamespaceTool):
+            specs += [_spec(inner, namespace=tool.name) for inner in tool.tools]
         else:
             specs.append(_spec(tool))
     return specs
+
+
+def _search_spec(tool: ToolSearchTool, request: ResponsesRequest) -> ToolSpec:
+    """The ``tool_search`` tool as the model sees it: a function in ``functions`` listing what
+    it can load (names and descriptions, as OpenAI shows deferred tools, never parameters)."""
+    execution = tool.execution or "server"
+    client_own = execution == "client" and tool.parameters is not None
+    parameters = (
+        tool.parameters
+        if client_own
+        else tool_search.SERVER_PARAMETERS
+        if execution == "server"
+        else tool_search.CLIENT_PARAMETERS
+    )
+    lines = tool_search.searchable_lines(request.tools)
+    description = tool.description or tool_search.DEFAULT_DESCRIPTION
+    if lines:
+        description += "\nYou can load:\n" + "\n".join(lines)
+    return ToolSpec(
+        name=tool_search.TOOL_SEARCH_NAME,
+        kind="tool_search",
+        description=description,
+        parameters=parameters,
+        execution=execution,
+    )
 
 
 def enforces_strict(tool: FunctionTool) -> bool:

@@ -46,7 +46,7 @@ def truncate_to_fit(
     units = _droppable_units(items)
     bare = request.model_copy(update={"input": []})
     if tools is None:
-        tools = ToolRegistry.from_request(request)
+        tools = ToolRegistry.from_request(request, items)
 
     def render(dropped_units: int) -> RenderedPrompt:
         dropped = {index for unit in units[:dropped_units] for index in unit}

@@ -2,7 +2,8 @@
 
 Lenient where real clients differ (Codex 0.169 and 0.63, the openai SDK, the Agents SDK):
 ``input`` as a string or items, message content as a string or parts, tools flat or nested
-Chat-Completions style, hosted tools this server cannot run. Strict where a mistake would
+Chat-Completions style, tools of any type (the door refuses those not shown or run here:
+tool_types.py). Strict where a mistake would
 silently change the conversation: unknown item types, missing call ids, calls without outputs.
 Unknown top-level fields are ignored, as OpenAI ignores them. Types are as strict as OpenAI's:
 ``temperature: true``, ``stream: 0`` or ``max_output_tokens: "5"`` is a 400 naming the field,
@@ -22,8 +23,9 @@ from pydantic import (
     model_validator,
 )
 
-from serve_app.protocol.request_base import OPAQUE, Lenient
-from serve_app.protocol.request_tools import HostedTool, Tool, ToolChoice
+from serve_app.protocol.request_base import MAX_ITEM_ID_LENGTH, OPAQUE, ItemId, Lenient
+from serve_app.protocol.request_tools import Tool, ToolChoice
+from serve_app.protocol.tool_search import ToolSearchCallItem, ToolSearchOutputItem
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +67,7 @@ def join_parts(content: str | list[ContentPart]) -> str:
 
 # --- input items ---------------------------------------------------------------------------
 
-# The longest item id a client may choose. The store keeps any id up to it (and indexes it:
-# 256 characters fit a PostgreSQL index entry); longer is a 400 naming the item's `id`.
-MAX_ITEM_ID_LENGTH = 256
-ItemId = Annotated[str, Field(max_length=MAX_ITEM_ID_LENGTH)]
+# `MAX_ITEM_ID_LENGTH`, `ItemId`: request_base.py (item modules beside this one share them).
 
 
 class MessageItem(Lenient):
@@ -169,6 +168,8 @@ INPUT_ITEM_TYPES = (
     "custom_tool_call_output",
     "item_reference",
     "compaction",
+    "tool_search_call",
+    "tool_search_output",
 )
 
 
@@ -194,7 +195,9 @@ InputItem = Annotated[
     | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
     | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
     | Annotated[ItemReference, Tag("item_reference")]
-    | Annotated[CompactionItem, Tag("compaction")],
+    | Annotated[CompactionItem, Tag("compaction")]
+    | Annotated[ToolSearchCallItem, Tag("tool_search_call")]
+    | Annotated[ToolSearchOutputItem, Tag("tool_search_output")],
     PydanticDiscriminator(
         _item_tag,
         custom_error_type="invalid_item_type",
@@ -309,6 +312,3 @@ class ResponsesRequest(Lenient):
         if isinstance(self.conversation, ConversationRef):
             return self.conversation.id
         return self.conversation or None
-
-    def hosted_tool_types(self) -> list[str]:
-        return [tool.type for tool in self.tools if isinstance(tool, HostedTool)]

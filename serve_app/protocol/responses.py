@@ -75,6 +75,8 @@ ITEM_ID_PREFIXES = {
     "custom_tool_call": "ctc",
     "custom_tool_call_output": "ctco",
     "compaction": "cmp",
+    "tool_search_call": "tsc",
+    "tool_search_output": "tso",
 }
 
 
@@ -164,12 +166,11 @@ def _or(value: Any, default: Any) -> Any:
 
 
 def _tools(request: ResponsesRequest) -> list[Tool]:
-    """The request's function, custom and namespace tools as openai types.
-
-    Hosted tools (web_search...) are left out: this server does not run them. A tool that
-    does not validate as the SDK's type (e.g. a grammar syntax it does not know) is left out
-    of the echo only; it was still offered to the model.
-    """
+    """The request's tools as openai types, as sent (every type that reaches a Response is one
+    shown or run here: serve_app.protocol.tool_types). A tool model with an ``echo()`` says
+    what of it may be echoed (an mcp tool's secrets may not). A tool that does not validate as
+    the SDK's type (e.g. a grammar syntax it does not know) is left out of the echo only; it
+    was still offered to the model."""
     tools: list[Tool] = []
     for tool in request.tools:
         if isinstance(tool, FunctionTool | CustomTool):
@@ -182,8 +183,11 @@ def _tools(request: ResponsesRequest) -> list[Tool]:
                 "description": tool.description or "",
                 "tools": [_tool_dict(inner) for inner in tool.tools],
             }
+            if tool.defer_loading is not None:
+                raw["defer_loading"] = tool.defer_loading
         else:
-            continue
+            echo = getattr(tool, "echo", None)
+            raw = echo() if callable(echo) else tool.model_dump(exclude_none=True, by_alias=True)
         try:
             tools.append(_TOOL.validate_python(raw))
         except ValidationError:

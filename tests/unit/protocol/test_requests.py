@@ -84,6 +84,25 @@ MAIN_REQUEST: dict[str, Any] = {
             "content": [{"type": "output_text", "text": "It is done."}],
         },
         {"role": "user", "content": [{"type": "input_text", "text": "Thanks."}]},
+        {
+            "type": "tool_search_call",
+            "call_id": "call_3",
+            "execution": "client",
+            "arguments": {"paths": ["later"]},
+        },
+        {
+            "type": "tool_search_output",
+            "call_id": "call_3",
+            "execution": "client",
+            "tools": [
+                {"type": "function", "name": "later", "parameters": PARAMETERS},
+                {
+                    "type": "namespace",
+                    "name": "more",
+                    "tools": [{"type": "custom", "name": "x", "format": {"type": "text"}}],
+                },
+            ],
+        },
     ],
     "tools": [
         {
@@ -112,7 +131,8 @@ MAIN_REQUEST: dict[str, Any] = {
                 {"type": "custom", "name": "note"},
             ],
         },
-        {"type": "web_search"},
+        {"type": "function", "name": "later", "parameters": PARAMETERS, "defer_loading": True},
+        {"type": "tool_search", "execution": "client", "description": "Find.", "parameters": {}},
     ],
     "tool_choice": {"type": "function", "name": "lookup"},
     "parallel_tool_calls": False,
@@ -160,6 +180,8 @@ HOSTED_CHOICE: dict[str, Any] = {
     "model": MODEL,
     "input": "Hi.",
     "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []},
+    # A type no model here types (refused at the door, but its `type` is a string first).
+    "tools": [{"type": "file_search", "vector_store_ids": []}],
 }
 
 
