@@ -7,9 +7,11 @@ Each harmony message of a completion becomes one output item:
   writes no summary and clients that show reasoning read only summaries);
 - ``final`` (or no channel): a ``message`` with ``phase: "final_answer"``;
 - ``commentary`` without a recipient: a ``message`` with ``phase: "commentary"`` (a preamble);
-- any channel with a recipient: a ``custom_tool_call`` when the recipient resolves to a custom
-  tool, else a ``function_call`` (unknown recipients too: the client answers them with an error
-  output, which the model can read, rather than the turn vanishing).
+- any channel with a recipient: the item of the tool's kind when the server runs it (its kind
+  has items registered, serve_app/protocol/tool_items.py: the tool loop runs it), a
+  ``custom_tool_call`` when the recipient resolves to a custom tool, else a ``function_call``
+  (unknown recipients too: the client answers them with an error output, which the model can
+  read, rather than the turn vanishing).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from openai_harmony import Message, StreamableParser
 from serve_app.harmony.recovery import ROLE_RECIPIENTS, bare_name
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.stream_events import OpenItem, ResponseEventWriter
+from serve_app.protocol.tool_items import tool_items
 
 logger = logging.getLogger(__name__)
 
@@ -29,21 +32,64 @@ def open_item(
     writer: ResponseEventWriter, tools: ToolRegistry, channel: str | None, recipient: str | None
 ) -> OpenItem:
     """Open (announce) the item a message's header names."""
-    target = (recipient or "").strip()
-    if target.startswith("<|"):
-        # `<|channel|>final <|constrain|>json<|message|>`: harmony's parser reports the
-        # content type as the recipient. A recipient is a name (`to=NAME`), never a token.
-        target = ""
-    if target and target not in ROLE_RECIPIENTS:
+    target = _call_target(recipient)
+    if target:
         spec = tools.resolve(target)
         if spec is None:
             return writer.open_function_call(bare_name(target))
+        if tool_items(spec.kind) is not None:
+            return writer.open_tool_call(spec.kind, spec.name, spec.namespace)
         if spec.kind == "custom":
             return writer.open_custom_tool_call(spec.name, spec.namespace)
         return writer.open_function_call(spec.name, spec.namespace)
     if channel == "analysis":
         return writer.open_reasoning()
     return writer.open_message("commentary" if channel == "commentary" else "final_answer")
+
+
+def opens_call(recipient: str | None) -> bool:
+    """Whether a message with this recipient is a tool call (of any kind)."""
+    return bool(_call_target(recipient))
+
+
+def _call_target(recipient: str | None) -> str:
+    target = (recipient or "").strip()
+    if target.startswith("<|"):
+        # `<|channel|>final <|constrain|>json<|message|>`: harmony's parser reports the
+        # content type as the recipient. A recipient is a name (`to=NAME`), never a token.
+        return ""
+    return "" if target in ROLE_RECIPIENTS else target
+
+
+class CallLimit:
+    """``max_tool_calls`` over a response's completions: the completion in which the last call
+    allowed was made is cut after it (its engine request stopped), and in a later completion
+    (the tool loop's, after the server ran calls) the first call beyond it is refused: not
+    opened, the rest of that completion dropped (OpenAI: "any further attempts to call a tool
+    by the model will be ignored")."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self._calls_at_start = 0
+        self.refused = False
+
+    def begin(self, calls: int) -> None:
+        """A completion starts, ``calls`` calls made before it."""
+        self._calls_at_start = calls
+        self.refused = False
+
+    def reached(self, calls: int) -> bool:
+        return self.limit is not None and calls >= self.limit
+
+    def refuses(self, calls: int, recipient: str | None) -> bool:
+        """Whether a message to ``recipient`` is a call beyond the limit (then refused)."""
+        if self.reached(calls) and opens_call(recipient):
+            self.refused = True
+        return self.refused
+
+    def exhausted(self, calls: int) -> bool:
+        """Whether the rest of this completion is dropped."""
+        return self.refused or (self.reached(calls) and calls > self._calls_at_start)
 
 
 def message_text(message: Message) -> str:

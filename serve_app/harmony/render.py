@@ -224,7 +224,7 @@ def _namespace_description(request: ResponsesRequest, namespace: str) -> str | N
 
 
 def _tool_text(spec: ToolSpec) -> ToolText:
-    if spec.kind != "custom":
+    if spec.parameters is not None:  # a function, or a server-run tool with a JSON schema
         return ToolText(spec.name, spec.description, json_schema.resolve(spec.parameters))
     # Harmony has no freeform tool type: a tool without parameters whose message body is the
     # raw input, and a description saying so.

@@ -2,15 +2,14 @@
 
 The prompt ends with ``<|start|>assistant``, so the completion starts inside a message header
 (``<|channel|>analysis<|message|>...``). Each harmony message becomes one output item (which
-one: ``items.py``).
-
-The events themselves (their order, sequence numbers, output indices, the Response) are
-written by `ResponseEventWriter` (``protocol/stream_events.py``); this module decodes
+one: ``items.py``). The events (their order, sequence numbers, output indices, the Response)
+are written by `ResponseEventWriter` (``protocol/stream_events.py``); this module decodes
 harmony and tells it what each message opens, streams and closes.
 
 ``max_tool_calls``: once that many tool calls are done, the rest of the completion is not
-translated (``tool_calls_exhausted`` tells the caller to stop the engine) and the response ends
-with the calls made so far.
+translated (``tool_calls_exhausted`` tells the caller to stop the engine; `items.CallLimit`).
+Calls of tools the server runs stay open at ``<|call|>`` (pending) for the tool loop
+(serving/tools/loop.py), which runs them and feeds the next completion here (`begin_completion`).
 
 A harmony ``StreamableParser`` decodes each message; this module drives it one message at a time
 and recovers from malformed harmony (``recovery.py`` lists the cases). Logprobs: ``token_text.py``.
@@ -27,7 +26,7 @@ from openai.types.responses.response_output_text import Logprob as TextLogprob
 from openai_harmony import HarmonyEncoding, Role, StreamableParser
 
 from serve_app.harmony.encoding import CALL_TOKEN, FIRST_SPECIAL_TOKEN, get_encoding
-from serve_app.harmony.items import current_text, final_text, open_item
+from serve_app.harmony.items import CallLimit, current_text, final_text, open_item
 from serve_app.harmony.recovery import LooseHeader, parse_loose_header
 from serve_app.harmony.token_text import structural_tokens, text_logprob, valid_token
 from serve_app.harmony.tools import ToolRegistry
@@ -77,7 +76,7 @@ class ResponseStreamTranslator:
             response, seal_reasoning=seal_reasoning, summarize_reasoning=summarize_reasoning
         )
         self._tools = tools
-        self._max_tool_calls = max_tool_calls
+        self.call_limit = CallLimit(max_tool_calls)
         self._state = _State.EXPECT_START
         self._parser: StreamableParser | None = None
         # The current header's tokens (ours: the parser's copy is only reachable as JSON).
@@ -106,8 +105,7 @@ class ResponseStreamTranslator:
 
     @property
     def writer(self) -> ResponseEventWriter:
-        """The response's event writer (a turn answered without generating uses it alone, a
-        compaction's item too)."""
+        """The response's event writer (a prewarm's, a compaction's item, the tool loop's)."""
         return self._writer
 
     @property
@@ -118,7 +116,7 @@ class ResponseStreamTranslator:
     @property
     def tool_calls_exhausted(self) -> bool:
         """Whether ``max_tool_calls`` calls are done: what the engine writes next is dropped."""
-        return self._max_tool_calls is not None and self._writer.tool_calls >= self._max_tool_calls
+        return self.call_limit.exhausted(self._writer.tool_calls)
 
     def start(self) -> list[ResponseStreamEvent]:
         """``response.created`` then ``response.in_progress`` (nothing once started)."""
@@ -134,10 +132,16 @@ class ResponseStreamTranslator:
     def at_safe_boundary(self) -> bool:
         """Between two messages, the last one not a tool call (whose output the client owes):
         where a response can end without cutting an item (steering's boundary)."""
-        if self._state is not _State.EXPECT_START:
+        if self._state is not _State.EXPECT_START or self._writer.pending_calls:
             return False
         items = self._writer.output_items
         return not items or items[-1].type not in ("function_call", "custom_tool_call")
+
+    def begin_completion(self) -> None:
+        """The tool loop's next completion (again after ``<|start|>assistant``): numbered on."""
+        if self._state is not _State.DONE:
+            self._close_all("completed", ending=False)
+            self.call_limit.begin(self._writer.tool_calls)
 
     def take_sequence(self) -> int:
         """The stream's next sequence number, for an event that joins it (steering's)."""
@@ -170,7 +174,7 @@ class ResponseStreamTranslator:
             return [], 0
         writer = self._writer
         writer.start()
-        limit = self._max_tool_calls
+        limit = self.call_limit if self.call_limit.limit is not None else None
         read = 0
         for index, token in enumerate(token_ids):
             if to_boundary and self.at_safe_boundary:
@@ -179,7 +183,7 @@ class ResponseStreamTranslator:
             if logprobs is not None:
                 self._token_logprob = logprobs[index] if index < len(logprobs) else None
             self._completion_tokens += 1
-            if limit is not None and writer.tool_calls >= limit:
+            if limit is not None and limit.exhausted(writer.tool_calls):
                 continue  # generated (and counted), but past the last call allowed
             try:
                 self._step(int(token))
@@ -413,24 +417,28 @@ class ResponseStreamTranslator:
         self._dirty = False
         self._state = _State.EXPECT_START
 
-    def _close_all(self, status: ItemStatus) -> None:
+    def _close_all(self, status: ItemStatus, *, ending: bool = True) -> None:
         try:
             if self._state is _State.HEADER:
                 self._salvage_header(status)
             elif self._state is _State.CONTENT:
                 self._close_message(status)
+            if ending:
+                self._writer.close_pending_calls("incomplete")
         except Exception:
             logger.exception("response %s: open item not closed cleanly", self._response_id)
             self._abandon_message()
         self._reset_message()
-        self._state = _State.DONE
+        if ending:
+            self._state = _State.DONE
 
     # --- items -----------------------------------------------------------------------------
 
     def _open_item(self, channel: str | None, recipient: str | None) -> None:
         # Open only once announced, so recovery never closes an item the client never saw.
-        self._item = open_item(self._writer, self._tools, channel, recipient)
         self._pending = []
+        refused = self.call_limit.refuses(self._writer.tool_calls, recipient)
+        self._item = None if refused else open_item(self._writer, self._tools, channel, recipient)
 
     def _flush(self) -> None:
         """Send the open item's new content, measured as growth of the decoded text.

@@ -17,9 +17,8 @@ part, before ``output_item.done``.
 
 Logprobs of a message's ``output_text`` ride on the ``output_text.delta`` they are given with
 (`text`); what no delta carried is given to `close`. The part, ``output_text.done``, the done
-item and the final Response hold them all.
-
-Every model is built fresh: an event keeps its own copy of an item, never mutated later.
+item and the final Response hold them all. Every model is built fresh: an event keeps its own
+copy of an item, never mutated later. Calls of tools the server runs: `ToolCallEvents`.
 """
 
 from __future__ import annotations
@@ -83,11 +82,12 @@ from serve_app.protocol.stream_items import (
     response_error,
     terminal_event,
 )
+from serve_app.protocol.tool_events import ToolCallEvents
 
 logger = logging.getLogger(__name__)
 
 
-class ResponseEventWriter:
+class ResponseEventWriter(ToolCallEvents):
     """Writes one response's stream events: `start`, items opened, grown and closed, then
     exactly one of `finish` or `fail`. Each call keeps its events until `take_events`."""
 
@@ -106,6 +106,9 @@ class ResponseEventWriter:
         self._sequence = 0
         self._started = False
         self._items: list[ResponseOutputItem] = []
+        # Each finished item's output index (``_items`` stays in the model's order).
+        self._item_indices: list[int] = []
+        self._pending_calls: list[OpenItem] = []
         self._next_output_index = 0
         self._tool_calls = 0
 
@@ -119,11 +122,6 @@ class ResponseEventWriter:
         """The items finished so far (``output_item.done`` sent), in output order."""
         return list(self._items)
 
-    @property
-    def tool_calls(self) -> int:
-        """How many function and custom tool calls are done."""
-        return self._tool_calls
-
     @classmethod
     def resumed(
         cls, response: Response, items: Sequence[ResponseOutputItem], next_sequence: int
@@ -135,6 +133,7 @@ class ResponseEventWriter:
         writer = cls(response)
         writer._started = True
         writer._items = list(items)
+        writer._item_indices = list(range(len(items)))
         writer._next_output_index = len(items)
         writer._sequence = next_sequence
         return writer
@@ -214,6 +213,9 @@ class ResponseEventWriter:
         item.text += delta
         if item.kind is ItemKind.MESSAGE:
             item.logprobs.extend(logprobs)
+        elif item.kind is ItemKind.SERVER_TOOL_CALL:
+            self._tool_delta(item, delta)
+            return
         # The hot path (one delta per engine chunk and open item): `_seq` inlined.
         sequence = self._sequence
         self._events.append(delta_event(item, delta, sequence, logprobs))
@@ -236,6 +238,9 @@ class ResponseEventWriter:
     ) -> None:
         """The item is done with the content sent so far: its ``*.done`` events and
         ``output_item.done``. ``logprobs``: a message's entries no delta carried."""
+        if item.kind is ItemKind.SERVER_TOOL_CALL:
+            self._tool_arguments_done(item, status)
+            return
         events = self._events
         text = item.text
         common: dict[str, Any] = {"item_id": item.item_id, "output_index": item.output_index}
@@ -314,7 +319,7 @@ class ResponseEventWriter:
             final = done_item(item, text, status)
         if item.kind in (ItemKind.FUNCTION_CALL, ItemKind.CUSTOM_TOOL_CALL):
             self._tool_calls += 1
-        self._items.append(final)
+        self._finished(item.output_index, final)
         events.append(
             ResponseOutputItemDoneEvent(
                 type="response.output_item.done",
@@ -355,7 +360,7 @@ class ResponseEventWriter:
     def close_compaction(self, item: OpenItem, encrypted_content: str) -> None:
         """``output_item.done`` with the sealed summary; the item is in ``output`` from now."""
         final = compaction_item(item, encrypted_content)
-        self._items.append(final)
+        self._finished(item.output_index, final)
         self._events.append(
             ResponseOutputItemDoneEvent(
                 type="response.output_item.done",
@@ -461,11 +466,6 @@ class ResponseEventWriter:
             )
         return item
 
-    def _output_index(self) -> int:
-        index = self._next_output_index
-        self._next_output_index += 1
-        return index
-
     def _summarized(self, item: OpenItem) -> bool:
         return self._summarize and item.kind is ItemKind.REASONING
 
@@ -486,8 +486,3 @@ class ResponseEventWriter:
         except Exception:
             logger.exception("response %s: reasoning not sealed", self._template.id)
             return None
-
-    def _seq(self) -> int:
-        number = self._sequence
-        self._sequence += 1
-        return number

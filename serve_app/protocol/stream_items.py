@@ -54,6 +54,9 @@ class ItemKind(enum.Enum):
     FUNCTION_CALL = "function_call"
     CUSTOM_TOOL_CALL = "custom_tool_call"
     COMPACTION = "compaction"
+    # A call of a tool the server runs: its item and events are its kind's
+    # (`OpenItem.tool_kind`, built by that kind's `tool_items.ToolItemBuilder`).
+    SERVER_TOOL_CALL = "server_tool_call"
 
 
 @dataclass
@@ -71,6 +74,10 @@ class OpenItem:
     text: str = ""
     # Logprobs of the output_text sent so far (messages only).
     logprobs: list[TextLogprob] = field(default_factory=list)
+    # A server-run call's tool kind (``ToolSpec.kind``), and what its builder keeps between
+    # events (the kind's own, e.g. a parsed action).
+    tool_kind: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 # --- single events and items -----------------------------------------------------------------

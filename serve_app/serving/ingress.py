@@ -45,6 +45,7 @@ from serve_app.serving.http.pagination import page as _page
 from serve_app.serving.readiness import Readiness, not_ready_body
 from serve_app.serving.reasoning_keys import shared_vault
 from serve_app.serving.retention import RetentionSweep
+from serve_app.serving.tools.contract import ToolRunners
 from serve_app.serving.turn.references import as_stored_input
 from serve_app.serving.turn.service import ResponsesService
 from serve_app.serving.turn.state import Ask
@@ -74,9 +75,11 @@ def create_api(
     replica_id: str = "local",
     api_keys: ApiKeys | None = None,
     access: ApiAccess | None = None,
+    tools: ToolRunners | None = None,
 ) -> FastAPI:
     """The HTTP API, usable with any `EngineClient` (the Serve ingress passes a handle).
-    ``access``: what `/health` says of the API (by default, closed when there are keys)."""
+    ``access``: what `/health` says of the API (by default, closed when there are keys).
+    ``tools``: the runners of the tools the server runs (serving/tools/contract.py)."""
     api = FastAPI(title="serve_app", description="OpenAI Responses API for gpt-oss")
     api_keys = api_keys or ApiKeys([])
     access = access or ("closed" if api_keys.enabled else "open")
@@ -90,7 +93,7 @@ def create_api(
     # Added after RequireKey, so it runs first and names the replica on its refusals too.
     api.add_middleware(NameTheReplica, replica_id=replica_id)
 
-    service = ResponsesService(args, engine, vault, store)
+    service = ResponsesService(args, engine, vault, store, tools)
     background = BackgroundRunner(service, store, replica_id, args.background)
     api.state.background = background  # the Serve ingress starts its lease sweep
     api.state.service = service  # its render workers stop with the replica (`close`)

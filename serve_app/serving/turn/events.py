@@ -7,24 +7,48 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from openai.types.responses import Response, ResponseStreamEvent
 
 from serve_app.engines.base import SERVER_ERROR, GenerateChunk
 from serve_app.protocol.errors import RATE_LIMITED, APIError, RateLimited
+from serve_app.protocol.tool_items import tool_items
 from serve_app.routing import metrics as routing_metrics
 from serve_app.serving import metrics
 from serve_app.serving.engine.client import EngineClient
+from serve_app.serving.tools.contract import CancelScope
+from serve_app.serving.tools.loop import Round, ToolLoop, client_calls
 from serve_app.serving.turn.persistence import NOT_STORED_MESSAGE, NotStored, Persistence
 from serve_app.serving.turn.state import Turn
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class _Completion:
+    """One completion of the model, as it went (`EventLoop._completion`)."""
+
+    replica: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    # Its token ids (kept only when the service runs tools: a continuation's prompt).
+    token_ids: list[int] = field(default_factory=list)
+    # Calls of tools the client runs among the response's items before it.
+    client_calls: int = 0
+    # How it ended: the response's terminal events, or calls of server-run tools pending.
+    terminal: list[ResponseStreamEvent] = field(default_factory=list)
+    tools_pending: bool = False
+
+
 class EventLoop:
-    def __init__(self, engine: EngineClient, persistence: Persistence) -> None:
+    def __init__(
+        self, engine: EngineClient, persistence: Persistence, tools: ToolLoop | None = None
+    ) -> None:
         self._engine = engine
         self._persistence = persistence
+        # The tool loop, when the service runs tools (else a pending call ends the response).
+        self._tools = tools
 
     async def events(self, turn: Turn) -> AsyncIterator[ResponseStreamEvent]:
         """The turn's events, from ``response.created`` to exactly one terminal event."""
@@ -45,58 +69,49 @@ class EventLoop:
 
         The first batch (``response.created``) comes once an engine has taken the request, as
         OpenAI's: the engines at capacity before that raise `RateLimited` (the client's 429,
-        nothing stored), unless the response was announced already (``turn.announced``)."""
+        nothing stored), unless the response was announced already (``turn.announced``).
+        A completion that leaves calls of tools the server runs pending goes on through the
+        tool loop (serve_app/serving/tools/loop.py): the calls run, the next completion
+        streams on, until the response ends."""
         translator = turn.translator
         opening = translator.start()  # sent when the engine has taken the request
         terminal: list[ResponseStreamEvent] = []
-        prompt_tokens = cached_tokens = 0
-        first_token_seen = False
-        replica = None
+        completion = _Completion()
         try:
             if turn.before_answer is not None:
                 async with contextlib.aclosing(turn.before_answer(turn)) as before:
                     async for batch in before:
                         yield [*opening, *batch]
                         opening = []
-            # Closed on leaving (a steered end breaks out early): that aborts the engine request.
-            async with contextlib.aclosing(self._engine_chunks(turn)) as chunks:
-                async for chunk in chunks:
-                    if opening:
-                        yield opening
+            while True:
+                completion = _Completion(replica=completion.replica)
+                async with contextlib.aclosing(self._completion(turn, completion)) as batches:
+                    async for batch in batches:
+                        yield [*opening, *batch] if opening else batch
                         opening = []
-                    replica = replica or chunk.replica
-                    prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
-                    cached_tokens = max(cached_tokens, chunk.num_cached_tokens)
-                    if chunk.token_ids and not first_token_seen:
-                        first_token_seen = True
-                        turn.first_token_at = time.monotonic()
-                        metrics.TIME_TO_FIRST_TOKEN.observe(turn.first_token_at - turn.arrived_at)
-                    if turn.end_at_boundary is not None and turn.end_at_boundary():
-                        fed, read = translator.feed_to_boundary(chunk.token_ids, chunk.logprobs)
-                        if fed:
-                            yield fed
-                        # At a boundary with the completion not over: end here. (Its last token
-                        # read and the engine done: it ended on its own, as below.)
-                        over = read == len(chunk.token_ids) and chunk.finish_reason is not None
-                        if translator.at_safe_boundary and not over:
-                            terminal = translator.finish(
-                                "steered", prompt_tokens=prompt_tokens, cached_tokens=cached_tokens
-                            )
-                            break
-                    elif fed := translator.feed(chunk.token_ids, chunk.logprobs):
-                        yield fed
-                    if chunk.finish_reason == "error":
-                        # The engine's code says whose fault it was (invalid_prompt: the client's).
-                        code = chunk.error_code or SERVER_ERROR
-                        terminal = translator.fail(chunk.error or "The engine failed.", code)
-                    elif chunk.finish_reason is not None:
-                        terminal = translator.finish(
-                            chunk.finish_reason,
-                            prompt_tokens=prompt_tokens,
-                            cached_tokens=cached_tokens,
-                        )
-                    if terminal:
-                        break
+                terminal = completion.terminal
+                if terminal or not completion.tools_pending or self._tools is None:
+                    break
+                # The completion's pending calls run; the response goes on, or ends here.
+                done = Round(client_called=client_calls(turn) > completion.client_calls)
+                calls = translator.writer.take_pending_calls()
+                scope = CancelScope()
+                async with contextlib.aclosing(
+                    self._tools.run_calls(turn, calls, scope, done)
+                ) as batches:
+                    async for batch in batches:
+                        yield batch
+                following = self._tools.next_completion(turn, completion.token_ids, done)
+                steered = turn.end_at_boundary is not None and turn.end_at_boundary()
+                if following is None or steered:
+                    terminal = translator.finish(
+                        "steered" if steered else "stop",
+                        prompt_tokens=turn.prompt_tokens,
+                        cached_tokens=turn.cached_tokens,
+                    )
+                    break
+                turn.generate = following
+                translator.begin_completion()
             if not terminal:
                 terminal = translator.fail("The engine stream ended early.", "server_error")
         except RateLimited as busy:
@@ -123,10 +138,84 @@ class EventLoop:
                 raise  # its runner ends the run failed, in the store (BackgroundRunner)
             terminal[-1:] = [failed]
         finally:
-            routing_metrics.record_prompt(replica, prompt_tokens, cached_tokens)
             _record(turn)
         if terminal:
             yield [*opening, *terminal]
+
+    async def _completion(
+        self, turn: Turn, completion: _Completion
+    ) -> AsyncIterator[list[ResponseStreamEvent]]:
+        """One completion of the model through the translator: its event batches, one per
+        engine chunk; ``completion`` says how it ended (a terminal event, or calls pending)."""
+        translator = turn.translator
+        turn.completions += 1
+        completion.client_calls = client_calls(turn)
+        # A continuation's prompt holds the completion's tokens: kept when tools may run.
+        keep_tokens = self._tools is not None and any(
+            tool_items(spec.kind) is not None for spec in turn.tools.tools
+        )
+        try:
+            # Closed on leaving (a steered end breaks out early): that aborts the engine request.
+            async with contextlib.aclosing(self._engine_chunks(turn)) as chunks:
+                async for chunk in chunks:
+                    completion.replica = completion.replica or chunk.replica
+                    completion.prompt_tokens = chunk.num_prompt_tokens or completion.prompt_tokens
+                    completion.cached_tokens = max(
+                        completion.cached_tokens, chunk.num_cached_tokens
+                    )
+                    turn.output_tokens += len(chunk.token_ids)
+                    if keep_tokens:
+                        completion.token_ids.extend(chunk.token_ids)
+                    if chunk.token_ids and turn.first_token_at is None:
+                        turn.first_token_at = time.monotonic()
+                        metrics.TIME_TO_FIRST_TOKEN.observe(turn.first_token_at - turn.arrived_at)
+                    if turn.end_at_boundary is not None and turn.end_at_boundary():
+                        fed, read = translator.feed_to_boundary(chunk.token_ids, chunk.logprobs)
+                        if fed:
+                            yield fed
+                        # At a boundary with the completion not over: end here. (Its last token
+                        # read and the engine done: it ended on its own, as below.)
+                        over = read == len(chunk.token_ids) and chunk.finish_reason is not None
+                        if translator.at_safe_boundary and not over:
+                            completion.terminal = self._finish(turn, completion, "steered")
+                            return
+                    elif fed := translator.feed(chunk.token_ids, chunk.logprobs):
+                        yield fed
+                    if chunk.finish_reason == "error":
+                        # The engine's code says whose fault it was (invalid_prompt: the client's).
+                        code = chunk.error_code or SERVER_ERROR
+                        completion.terminal = translator.fail(
+                            chunk.error or "The engine failed.", code
+                        )
+                        return
+                    if chunk.finish_reason is not None:
+                        if chunk.finish_reason == "stop" and self._runs_pending(turn):
+                            completion.tools_pending = True
+                        else:
+                            completion.terminal = self._finish(
+                                turn, completion, chunk.finish_reason
+                            )
+                        return
+        finally:
+            turn.prompt_tokens += completion.prompt_tokens
+            turn.cached_tokens += completion.cached_tokens
+            routing_metrics.record_prompt(
+                completion.replica, completion.prompt_tokens, completion.cached_tokens
+            )
+
+    def _runs_pending(self, turn: Turn) -> bool:
+        """Calls of server-run tools are pending and this service runs tools (without the
+        loop, the response ends and they close unrun)."""
+        return self._tools is not None and bool(turn.translator.writer.pending_calls)
+
+    @staticmethod
+    def _finish(turn: Turn, completion: _Completion, reason: str) -> list[ResponseStreamEvent]:
+        """The terminal event for ``reason``, usage summed over the response's completions."""
+        return turn.translator.finish(
+            reason,
+            prompt_tokens=turn.prompt_tokens + completion.prompt_tokens,
+            cached_tokens=turn.cached_tokens + completion.cached_tokens,
+        )
 
     async def _engine_chunks(self, turn: Turn) -> AsyncIterator[GenerateChunk]:
         """The engine's chunks, until the translator has made the ``max_tool_calls`` calls

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from openai.types.responses import Response, ResponseStreamEvent
 
@@ -19,12 +20,15 @@ from serve_app.engines.base import SERVER_ERROR
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import RenderedPrompt
 from serve_app.harmony.stream import ResponseStreamTranslator
+from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import InputItem, ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id
 from serve_app.routing.keys import cache_salt, key_digest, routing_key
 from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
+from serve_app.serving.tools.contract import ToolRunners
+from serve_app.serving.tools.loop import ToolLoop
 from serve_app.serving.turn import context_management, history
 from serve_app.serving.turn.admit import Door
 from serve_app.serving.turn.engine_request import engine_request
@@ -41,14 +45,25 @@ ENCRYPTED_REASONING = "reasoning.encrypted_content"
 
 class ResponsesService:
     def __init__(
-        self, args: AppArgs, engine: EngineClient, vault: ReasoningVault, store: ResponseStore
+        self,
+        args: AppArgs,
+        engine: EngineClient,
+        vault: ReasoningVault,
+        store: ResponseStore,
+        tools: ToolRunners | None = None,
     ) -> None:
         self._args = args
         self._vault = vault
         self._door = Door(args, store, vault)
         self._renderer = Renderer(args, vault)
         self._persistence = Persistence(store)
-        self._loop = EventLoop(engine, self._persistence)
+        # The runners of the tools the server runs, by kind (serving/tools/contract.py).
+        self._tools = tools if tools is not None else ToolRunners()
+        self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools))
+
+    @property
+    def tools(self) -> ToolRunners:
+        return self._tools
 
     @property
     def vault(self) -> ReasoningVault:
@@ -65,7 +80,9 @@ class ResponsesService:
     async def prepare(self, ask: Ask) -> Turn:
         """The request through the door, rendered, and the engine request built: everything
         that can reject it happens before any event is sent."""
-        context = await self._door.admit(ask, generating=True)
+        context = await self._with_provided_tools(
+            await self._door.admit(ask, generating=True), ask.owner
+        )
         request, owner = context.request, ask.owner
         prompt = await self._renderer.render(context, owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
@@ -109,6 +126,7 @@ class ResponsesService:
             translator=translator,
             owner=owner,
             history=context.history,
+            tools=prompt.tools,
             before_answer=(
                 functools.partial(context_management.compact_first, self)
                 if context_management.due(self._args, request, len(prompt.token_ids))
@@ -119,7 +137,7 @@ class ResponsesService:
     async def retarget(self, turn: Turn, request: ResponsesRequest) -> None:
         """Point ``turn``'s engine request at ``request`` rendered after ``turn.history`` (a
         compacted context: serve_app.serving.turn.context_management)."""
-        context = Context(request, turn.history)
+        context = Context(request, turn.history, tools=turn.tools)
         prompt = await self._renderer.render(context, turn.owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=turn.owner)
@@ -135,8 +153,23 @@ class ResponsesService:
     async def render(self, ask: Ask) -> RenderedPrompt:
         """The prompt for a request (``/v1/responses/input_tokens``): its stored history (if it
         continues one) and its input, as is (no truncation)."""
-        context = await self._door.admit(ask)
+        context = await self._with_provided_tools(await self._door.admit(ask), ask.owner)
         return await self._renderer.render(context, ask.owner, truncate=False)
+
+    async def _with_provided_tools(self, context: Context, owner: str | None) -> Context:
+        """``context`` with its tools built, the specs the tool providers add included (an
+        MCP server's listed tools: `ToolProvider`); as it was when none adds any."""
+        if not self._tools.providers or context.request.tool_choice == "none":
+            return context
+        tools = context.tools or ToolRegistry.from_request(context.request)
+        provided = [
+            spec
+            for provider in self._tools.providers
+            for spec in await provider.specs(context.request, owner)
+        ]
+        if not provided:
+            return context
+        return replace(context, tools=replace(tools, tools=(*tools.tools, *provided)))
 
     async def context(self, ask: Ask) -> Context:
         """The door's first half (the request alone, its history loaded and references

@@ -65,6 +65,15 @@ class Turn:
     # answer): the engines at capacity then end it ``failed`` (``rate_limit_exceeded``) in its
     # events, rather than refusing the request (serve_app.serving.turn.events).
     announced: bool = False
+    # The tools as harmony sees them (what the tool loop resolves a pending call's spec in).
+    tools: ToolRegistry = field(default_factory=ToolRegistry)
+    # The model's completions so far (the tool loop continues the response with another).
+    completions: int = 0
+    # Prompt and cached tokens of the completions before the current one (usage sums them),
+    # and the output tokens of them all.
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
 
     @property
     def response(self) -> Response:

@@ -1,0 +1,145 @@
+"""The writer's part for the calls of tools the server runs (`ResponseEventWriter` mixes it
+in): each call's item opens, streams its arguments, waits at the model's ``<|call|>``
+(pending), runs and closes, its events built by its kind's `ToolItemBuilder`
+(tool_items.py) and numbered here. No harmony, no Ray."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from openai.types.responses import (
+    ResponseOutputItem,
+    ResponseOutputItemAddedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseStreamEvent,
+)
+
+from serve_app.protocol import responses as builders
+from serve_app.protocol.stream_items import ItemKind, ItemStatus, OpenItem
+from serve_app.protocol.tool_items import ToolItemBuilder, ToolResult, tool_items
+
+
+class ToolCallEvents:
+    """Server-run calls' events; the state it reads is `ResponseEventWriter`'s."""
+
+    _events: list[ResponseStreamEvent]
+    _items: list[ResponseOutputItem]
+    _item_indices: list[int]
+    _pending_calls: list[OpenItem]
+    _tool_calls: int
+    _sequence: int
+    _next_output_index: int
+
+    @property
+    def tool_calls(self) -> int:
+        """How many tool calls the model made (function and custom calls done, server-run
+        calls whose arguments are whole)."""
+        return self._tool_calls
+
+    def open_tool_call(self, kind: str, name: str, namespace: str | None = None) -> OpenItem:
+        """A call of a tool the server runs (``kind`` has registered items):
+        ``output_item.added`` with the kind's in-progress item."""
+        item = OpenItem(
+            ItemKind.SERVER_TOOL_CALL,
+            builders.new_item_id(_id_prefix(kind)),
+            self._output_index(),
+            name=name,
+            call_id=builders.new_call_id(),
+            namespace=namespace,
+            tool_kind=kind,
+        )
+        self._events.append(
+            ResponseOutputItemAddedEvent(
+                type="response.output_item.added",
+                output_index=item.output_index,
+                item=_builder(item).added(item),
+                sequence_number=self._seq(),
+            )
+        )
+        return item
+
+    @property
+    def pending_calls(self) -> list[OpenItem]:
+        """Server-run calls whose arguments are whole, not run yet, in the model's order."""
+        return list(self._pending_calls)
+
+    def take_pending_calls(self) -> list[OpenItem]:
+        """The pending calls, now the caller's to run and close (`tool_running`,
+        `close_tool_call`)."""
+        calls, self._pending_calls = self._pending_calls, []
+        return calls
+
+    def tool_running(self, item: OpenItem) -> None:
+        """The call starts running: its kind's running events."""
+        self._stamp(_builder(item).running(item))
+
+    def close_tool_call(
+        self, item: OpenItem, result: ToolResult | None, status: ItemStatus = "completed"
+    ) -> None:
+        """The call's last events and ``output_item.done`` with its finished item (``result``
+        None: it never ran)."""
+        events, final = _builder(item).done(item, result, status)
+        self._stamp(events)
+        self._finished(item.output_index, final)
+        self._events.append(
+            ResponseOutputItemDoneEvent(
+                type="response.output_item.done",
+                output_index=item.output_index,
+                item=final,
+                sequence_number=self._seq(),
+            )
+        )
+
+    def close_pending_calls(self, status: ItemStatus = "incomplete") -> None:
+        """The response ends before its pending calls ran: each closed, never run."""
+        for item in self.take_pending_calls():
+            self.close_tool_call(item, None, status)
+
+    # --- the writer's hooks (`text`, `close`) ----------------------------------------------
+
+    def _tool_delta(self, item: OpenItem, delta: str) -> None:
+        self._stamp(_builder(item).argument_delta(item, delta))
+
+    def _tool_arguments_done(self, item: OpenItem, status: ItemStatus) -> None:
+        """The model ended the call's message: whole (pending, counted as a call), or cut
+        short (closed, never run)."""
+        if status != "completed":
+            self.close_tool_call(item, None, status)
+            return
+        self._stamp(_builder(item).arguments_done(item))
+        self._pending_calls.append(item)
+        self._tool_calls += 1
+
+    def _finished(self, output_index: int, item: ResponseOutputItem) -> None:
+        """``item`` joins ``output`` at its place in the model's order (a call that ran
+        finishes after items the model wrote after it)."""
+        place = bisect.bisect(self._item_indices, output_index)
+        self._item_indices.insert(place, output_index)
+        self._items.insert(place, item)
+
+    def _stamp(self, events: Sequence[ResponseStreamEvent]) -> None:
+        for event in events:
+            self._events.append(event.model_copy(update={"sequence_number": self._seq()}))
+
+    def _output_index(self) -> int:
+        index = self._next_output_index
+        self._next_output_index += 1
+        return index
+
+    def _seq(self) -> int:
+        number = self._sequence
+        self._sequence += 1
+        return number
+
+
+def _builder(item: OpenItem) -> ToolItemBuilder:
+    builder = tool_items(item.tool_kind or "")
+    if builder is None:
+        raise ValueError(f"no items registered for tool kind {item.tool_kind!r}")
+    return builder
+
+
+def _id_prefix(kind: str) -> str:
+    """The item id's prefix: its builder's ``id_prefix`` (``mcp``, ``ws``...), else ``item``."""
+    return getattr(tool_items(kind), "id_prefix", None) or "item"

@@ -1,0 +1,1 @@
+"""Tools the server runs: the tool loop and its runners."""

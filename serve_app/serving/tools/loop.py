@@ -1,0 +1,234 @@
+"""The tool loop: a completion's pending server-run calls run, their outputs go back to the
+model as the tools' harmony messages, and the model's next completion continues the response.
+
+`EventLoop` (serving/turn/events.py) streams each completion; when one ends with calls of tools
+the server runs pending, it hands them to `ToolLoop.run_calls`, then asks
+`ToolLoop.next_completion` for the engine request that continues (or None: the response ends).
+
+A round, as the client sees it: each call's running events (in the model's order, at once), its
+runner working concurrently with the others, each call's done events and ``output_item.done``
+in the model's order as soon as it and every call before it finished. The continuation's prompt
+is the last prompt, the completion up to its last ``<|call|>``, the tools' messages and
+``<|start|>assistant``: exactly the tokens the engine replica holds in its prefix cache, sent
+with the same session id and cache salt (so the same replica), nothing re-rendered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from openai.types.responses import Response, ResponseStreamEvent
+from openai_harmony import Author, Message, Role
+
+from serve_app.config import AppArgs
+from serve_app.constraints import build as constraint_build
+from serve_app.constraints.spec import CompletionConstraint
+from serve_app.engines.base import GenerateRequest
+from serve_app.harmony.encoding import CALL_TOKEN, START_TOKEN, get_encoding
+from serve_app.harmony.stream import ResponseStreamTranslator
+from serve_app.harmony.tools import ToolRegistry, ToolSpec, recipient
+from serve_app.protocol.requests import ResponsesRequest
+from serve_app.protocol.stream_items import OpenItem
+from serve_app.serving.tools.contract import (
+    CancelScope,
+    ToolCall,
+    ToolResult,
+    ToolRunners,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class Turn(Protocol):
+    """What the loop reads and sets of a turn (`serving.turn.state.Turn`, which imports this
+    package: named here by its shape, not imported)."""
+
+    request: ResponsesRequest
+    generate: GenerateRequest
+    translator: ResponseStreamTranslator
+    owner: str | None
+    tools: ToolRegistry
+    completions: int
+    output_tokens: int
+
+    @property
+    def response(self) -> Response: ...
+
+
+@dataclasses.dataclass
+class Round:
+    """One round's calls and what running them gave (None: not run, or cancelled)."""
+
+    calls: list[OpenItem] = dataclasses.field(default_factory=list)
+    results: list[ToolResult | None] = dataclasses.field(default_factory=list)
+    # The same completion also called a tool the client runs.
+    client_called: bool = False
+
+    @property
+    def awaits_client(self) -> bool:
+        return any(result is not None and result.awaits_client for result in self.results)
+
+
+class ToolLoop:
+    """Runs the calls of tools the server runs, with the runners it was built with."""
+
+    def __init__(self, args: AppArgs, runners: ToolRunners) -> None:
+        self._args = args
+        self._runners = runners
+
+    @property
+    def runners(self) -> ToolRunners:
+        return self._runners
+
+    async def run_calls(
+        self, turn: Turn, calls: list[OpenItem], scope: CancelScope, done: Round
+    ) -> AsyncIterator[list[ResponseStreamEvent]]:
+        """Run ``calls`` concurrently in ``scope``; their events as they happen, each call
+        closed in the model's order (its result in ``done``). Leaving early (the client went
+        away, the response was cancelled) cancels the calls still running."""
+        writer = turn.translator.writer
+        for item in calls:
+            writer.tool_running(item)
+        yield writer.take_events()
+        tasks = [scope.spawn(self._run(turn, item, scope)) for item in calls]
+        try:
+            for item, task in zip(calls, tasks, strict=True):
+                result = await task
+                done.calls.append(item)
+                done.results.append(result)
+                writer.close_tool_call(item, result, "completed")
+                yield writer.take_events()
+        finally:
+            if any(not task.done() for task in tasks):
+                scope.cancel("the response ended")
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self, turn: Turn, item: OpenItem, scope: CancelScope) -> ToolResult:
+        """One call through its kind's runner; any failure a result the model reads."""
+        spec = _spec(turn, item)
+        runner = self._runners.runner(spec.kind)
+        if runner is None:
+            logger.error("response %s: no runner for tool kind %r", turn.response.id, spec.kind)
+            return ToolResult(error=f"The server cannot run {spec.recipient} now.")
+        call = ToolCall(
+            spec=spec,
+            arguments=item.text,
+            owner=turn.owner,
+            request=turn.request,
+            item_id=item.item_id,
+            call_id=item.call_id,
+            scope=scope,
+            response_id=turn.response.id,
+        )
+        try:
+            return await runner.run(call)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception(
+                "response %s: tool %s failed",
+                turn.response.id,
+                spec.recipient,
+                extra={"response_id": turn.response.id},
+            )
+            return ToolResult(error=f"The tool failed ({type(exc).__name__}).")
+
+    def next_completion(
+        self, turn: Turn, completion: Sequence[int], done: Round
+    ) -> GenerateRequest | None:
+        """The engine request that continues the response after ``done``, or None when the
+        response ends here: the model answered or called a tool the client runs in the same
+        completion, a result awaits the client, the model tried a call past ``max_tool_calls``,
+        or no rounds or output tokens are left (`output_left`)."""
+        translator = turn.translator
+        if done.awaits_client or translator.call_limit.refused or not done.calls:
+            return None
+        cut = _after_last_call(completion)
+        if cut is None or done.client_called:
+            return None
+        if turn.completions >= self._runners.max_rounds:
+            logger.warning("response %s: tool rounds at their bound", turn.response.id)
+            return None
+        prompt = [
+            *turn.generate.prompt_token_ids,
+            *completion[:cut],
+            *_tool_messages(done),
+            *_ASSISTANT_START,
+        ]
+        max_tokens = self.output_left(turn, len(prompt))
+        if max_tokens <= 0:
+            return None
+        last_round = turn.completions + 1 >= self._runners.max_rounds
+        return dataclasses.replace(
+            turn.generate,
+            request_id=f"{turn.response.id}-{turn.completions}",
+            prompt_token_ids=prompt,
+            sampling=dataclasses.replace(turn.generate.sampling, max_tokens=max_tokens),
+            constraint=self._constraint(turn, no_calls=last_round),
+        )
+
+    def output_left(self, turn: Turn, prompt_tokens: int) -> int:
+        """Output tokens the next completion may write: ``max_output_tokens`` (or the default)
+        less what the response wrote, within the room the prompt leaves in the context."""
+        request = turn.request
+        wanted = request.max_output_tokens or self._args.default_max_output_tokens
+        written = turn.output_tokens
+        return min(wanted - written, self._args.max_context_tokens - prompt_tokens)
+
+    def _constraint(self, turn: Turn, *, no_calls: bool) -> CompletionConstraint | None:
+        """The continuation's constraint: ``tool_choice`` required (or a named tool) asked for
+        a first call, not one every completion; past ``max_tool_calls`` or in the last round
+        allowed, no call at all (further calls are ignored, as OpenAI ignores them)."""
+        limit = turn.request.max_tool_calls
+        reached = limit is not None and turn.translator.writer.tool_calls >= limit
+        tools = dataclasses.replace(
+            turn.tools,
+            required=False,
+            allowed=frozenset() if (reached or no_calls) else turn.tools.allowed,
+        )
+        return constraint_build.from_request(turn.request, tools)
+
+
+_ASSISTANT_START = [START_TOKEN, *get_encoding().encode("assistant", allowed_special=set())]
+
+
+def _spec(turn: Turn, item: OpenItem) -> ToolSpec:
+    spec = turn.tools.by_name(item.name, item.namespace)
+    return spec or ToolSpec(name=item.name, kind=item.tool_kind or "", namespace=item.namespace)
+
+
+def _after_last_call(completion: Sequence[int]) -> int | None:
+    """Where the completion is cut for the continuation: after its last ``<|call|>`` (None:
+    it has none; its calls were cut short, not made)."""
+    for index in range(len(completion) - 1, -1, -1):
+        if completion[index] == CALL_TOKEN:
+            return index + 1
+    return None
+
+
+def _tool_messages(done: Round) -> list[int]:
+    """The tools' harmony messages (author: the recipient; channel commentary), in order."""
+    encoding = get_encoding()
+    tokens: list[int] = []
+    for item, result in zip(done.calls, done.results, strict=True):
+        if result is None:
+            continue
+        author = Author.new(Role.TOOL, recipient(item.name, item.namespace))
+        message = (
+            Message.from_author_and_content(author, result.model_text)
+            .with_channel("commentary")
+            .with_recipient("assistant")
+        )
+        tokens.extend(encoding.render(message))
+    return tokens
+
+
+def client_calls(turn: Turn) -> int:
+    """The calls of tools the client runs among the response's finished items."""
+    return sum(
+        item.type in ("function_call", "custom_tool_call") for item in turn.translator.output_items
+    )
