@@ -388,8 +388,20 @@ def _search_call_message(item: ToolSearchCallItem) -> Message:
 
 def _search_output_message(item: ToolSearchOutputItem) -> Message:
     """The tools a search loaded, shown where the search answered (the prompt before it, and
-    its cached prefix, stay as they were): their definitions as the developer message writes
-    tools."""
+    its cached prefix, stay as they were)."""
+    return (
+        Message.from_author_and_content(
+            Author.new(Role.TOOL, recipient(TOOL_SEARCH_NAME)), search_output_text(item)
+        )
+        .with_channel("commentary")
+        .with_recipient("assistant")
+    )
+
+
+def search_output_text(item: ToolSearchOutputItem) -> str:
+    """What the model reads of a ``tool_search_output``: the tools' definitions as the
+    developer message writes tools (the server's search answers the model with this same text
+    inside the response, so a later turn renders the same tokens)."""
     grouped: dict[str | None, list[ToolSpec]] = {}
     for spec in output_specs(item):
         grouped.setdefault(spec.namespace, []).append(spec)
@@ -402,9 +414,4 @@ def _search_output_message(item: ToolSearchOutputItem) -> Message:
         )
         for namespace, specs in grouped.items()
     ]
-    body = tools_section(texts) if texts else "No tools found."
-    return (
-        Message.from_author_and_content(Author.new(Role.TOOL, recipient(TOOL_SEARCH_NAME)), body)
-        .with_channel("commentary")
-        .with_recipient("assistant")
-    )
+    return tools_section(texts) if texts else "No tools found."

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from serve_app.protocol import strict_schema, tool_search
+from serve_app.protocol import strict_schema, tool_search, tool_search_items
 from serve_app.protocol.request_tools import (
     CustomTool,
     FunctionTool,
@@ -36,7 +36,7 @@ def recipient(name: str, namespace: str | None = None) -> str:
 
 
 # What a tool is; each kind the server runs has a runner in the tool loop (serving/tools/).
-ToolKind = Literal["function", "custom", "tool_search"]
+ToolKind = Literal["function", "custom", "tool_search", "tool_search_client"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class ToolRegistry:
         specs, deferred = _specs(request, items or request.input_items)
         if isinstance(choice, NamedToolChoice):
             named = tuple(spec for spec in specs if spec.name == choice.name)
-            return cls(named, required=True, deferred=deferred)
+            return cls(named, required=True)
         allowed = allowed_tools(choice)
         if allowed is not None:
             return cls(specs, allowed.required, allowed.names, deferred)
@@ -118,10 +118,14 @@ class ToolRegistry:
                 return spec
         bare = cleaned.rsplit(".", 1)[-1]
         matches = [spec for spec in self.tools if spec.name == bare]
-        return matches[0] if len(matches) == 1 else None
+        if len(matches) == 1:
+            return matches[0]
+        # A deferred tool a search of this response loaded (the server's search runs inside
+        # the response: its registry was built before), named in full.
+        return next((spec for spec in self.deferred if cleaned == spec.recipient), None)
 
     def by_name(self, name: str, namespace: str | None = None) -> ToolSpec | None:
-        for spec in self.tools:
+        for spec in (*self.tools, *self.deferred):
             if spec.name == name and spec.namespace == namespace:
                 return spec
         return None
@@ -202,7 +206,13 @@ def _search_spec(tool: ToolSearchTool, request: ResponsesRequest) -> ToolSpec:
         description += "\nYou can load:\n" + "\n".join(lines)
     return ToolSpec(
         name=tool_search.TOOL_SEARCH_NAME,
-        kind="tool_search",
+        # Both are run in the tool loop: the server's search, or the client's (its call ends
+        # the response, awaiting the client's `tool_search_output`).
+        kind=(
+            tool_search_items.SERVER_KIND
+            if execution == "server"
+            else tool_search_items.CLIENT_KIND
+        ),
         description=description,
         parameters=parameters,
         execution=execution,

@@ -27,6 +27,7 @@ from serve_app.routing.keys import cache_salt, key_digest, routing_key
 from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
+from serve_app.serving.tools import tool_search
 from serve_app.serving.tools.contract import ToolRunners
 from serve_app.serving.tools.loop import ToolLoop
 from serve_app.serving.turn import context_management, history
@@ -59,6 +60,7 @@ class ResponsesService:
         self._persistence = Persistence(store)
         # The runners of the tools the server runs, by kind (serving/tools/contract.py).
         self._tools = tools if tools is not None else ToolRunners()
+        tool_search.register(self._tools)  # needs no configuration: always run
         self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools))
 
     @property
