@@ -87,11 +87,14 @@ def test_unknown_route_is_404_in_openai_shape(app_url: str) -> None:
     assert_openai_error(httpx.get(f"{app_url}/v1/nothing-here", headers=AUTH, timeout=30), 404)
 
 
-def test_hosted_tools_are_accepted_not_rejected(app_url: str) -> None:
-    body = {"model": MODEL, "input": "SDK-TEXT", "tools": [{"type": "web_search"}]}
+def test_a_tool_neither_shown_nor_run_is_refused_not_dropped(app_url: str) -> None:
+    # Nothing silently dropped (serve_app/protocol/tool_types.py): OpenAI's 400 for a model
+    # lacking the tool, naming it; the table's every row: tests/unit/protocol/test_tool_types.py.
+    body = {"model": MODEL, "input": "SDK-TEXT", "tools": [{"type": "image_generation"}]}
     response = post(app_url, body)
-    assert response.status_code == 200, response.text
-    assert response.json()["status"] == "completed"
+    assert_openai_error(response, 400)
+    assert response.json()["error"]["param"] == "tools[0].type"
+    assert "Tool 'image_generation' is not supported" in response.json()["error"]["message"]
 
 
 def test_metrics_count_requests(app_url: str) -> None:
