@@ -73,6 +73,11 @@ async def _post(api: FastAPI, body: dict[str, Any]) -> httpx.Response:
 REFUSED = [name for name in SDK_TYPES if not accepted(name, AppArgs())]
 
 
+def test_what_no_branch_handles_is_refused() -> None:
+    assert {"file_search", "image_generation", "programmatic_tool_calling"} <= set(REFUSED)
+    assert not {"function", "custom", "namespace", "tool_search"} & set(REFUSED)
+
+
 @pytest.mark.parametrize("tool_type", REFUSED)
 async def test_a_type_neither_shown_nor_run_is_refused(api: FastAPI, tool_type: str) -> None:
     tool = BODIES.get(tool_type, {"type": tool_type})

@@ -80,7 +80,7 @@ def _prompt(api: FastAPI) -> str:
 
 
 async def test_the_server_search_finds_the_tool_and_the_model_calls_it_in_the_response(
-    client: AsyncOpenAI,
+    api: FastAPI, client: AsyncOpenAI
 ) -> None:
     response = await client.responses.create(
         model=MODEL,
@@ -113,6 +113,35 @@ async def test_the_server_search_finds_the_tool_and_the_model_calls_it_in_the_re
         tools=[{"type": "tool_search"}, DEFERRED_FORECAST, OTHER],  # type: ignore[list-item]
     )
     assert answer.output_text == "Sunny in Paris tomorrow."
+    assert "FORECAST-CITY-PARAM" in _prompt(api)  # the stored search output shows it
+
+
+async def test_a_conversation_keeps_the_tools_found_shown(
+    api: FastAPI, client: AsyncOpenAI
+) -> None:
+    conversation = await client.conversations.create()
+    tools: list[Any] = [{"type": "tool_search"}, DEFERRED_FORECAST]
+    first = await client.responses.create(
+        model=MODEL, conversation=conversation.id, input="TSEARCH-QUERY: weather?", tools=tools
+    )
+    call = first.output[-1]
+    assert call.type == "function_call" and call.name == "get_forecast"
+    items = await client.conversations.items.list(conversation.id)
+    stored = {item.type for item in items.data}
+    assert {"tool_search_call", "tool_search_output"} <= stored
+    answer = await client.responses.create(
+        model=MODEL,
+        conversation=conversation.id,
+        input=[
+            {"type": "function_call_output", "call_id": call.call_id, "output": "FORECAST-RESULT"}
+        ],
+        tools=tools,
+    )
+    assert answer.output_text == "Sunny in Paris tomorrow."
+    prompt = _prompt(api)
+    # Shown once, where the search answered; its parameters never in the developer message.
+    assert prompt.count("FORECAST-CITY-PARAM") == 1
+    assert prompt.index("FORECAST-CITY-PARAM") > prompt.index("TSEARCH-QUERY")
 
 
 async def test_the_server_search_streams_its_items(client: AsyncOpenAI) -> None:
