@@ -283,9 +283,9 @@ def _call_recipients(items: list[InputItem], tools: ToolRegistry) -> dict[str, s
     for item in items:
         if isinstance(item, FunctionCallItem | CustomToolCallItem):
             spec = tools.by_name(item.name, item.namespace)
-            recipients[item.call_id] = (
-                spec.recipient if spec else recipient(item.name, item.namespace)
-            )
+            # `namespace` = the name: a deferred top-level tool's call (OpenAI's wire shape).
+            namespace = None if item.namespace == item.name else item.namespace
+            recipients[item.call_id] = spec.recipient if spec else recipient(item.name, namespace)
     return recipients
 
 

@@ -57,6 +57,14 @@ class ToolSpec:
     execution: str | None = None
     # Loaded by a `tool_search_output` of the conversation: shown there, not up front.
     loaded: bool = False
+    # A top-level tool marked `defer_loading`: its calls carry ``namespace`` = its name, the
+    # wire shape OpenAI gives them (the Agents SDK finds deferred tools' calls by it).
+    deferred_top_level: bool = False
+
+    @property
+    def item_namespace(self) -> str | None:
+        """The ``namespace`` its call items carry."""
+        return self.name if self.deferred_top_level else self.namespace
 
     @property
     def recipient(self) -> str:
@@ -125,6 +133,10 @@ class ToolRegistry:
         return next((spec for spec in self.deferred if cleaned == spec.recipient), None)
 
     def by_name(self, name: str, namespace: str | None = None) -> ToolSpec | None:
+        """The tool a call item names (``namespace`` as its items carry it)."""
+        for spec in (*self.tools, *self.deferred):
+            if spec.name == name and spec.item_namespace == namespace:
+                return spec
         for spec in (*self.tools, *self.deferred):
             if spec.name == name and spec.namespace == namespace:
                 return spec
@@ -148,7 +160,10 @@ def _specs(
                 spec = _spec(inner, namespace=tool.name)
                 (deferred if tool.deferred(inner) else shown).append(spec)
         elif isinstance(tool, FunctionTool | CustomTool):
-            (deferred if tool.defer_loading else shown).append(_spec(tool))
+            if tool.defer_loading:
+                deferred.append(replace(_spec(tool), deferred_top_level=True))
+            else:
+                shown.append(_spec(tool))
         elif isinstance(tool, ToolSearchTool):
             shown.append(_search_spec(tool, request))
     recipients = {spec.recipient for spec in shown}
@@ -173,7 +188,10 @@ def loaded_specs(items: Sequence[object]) -> list[ToolSpec]:
     specs: list[ToolSpec] = []
     for item in items:
         if isinstance(item, ToolSearchOutputItem):
-            specs += [replace(spec, loaded=True) for spec in output_specs(item)]
+            specs += [
+                replace(spec, loaded=True, deferred_top_level=spec.namespace is None)
+                for spec in output_specs(item)
+            ]
     return specs
 
 

@@ -97,6 +97,8 @@ async def test_the_server_search_finds_the_tool_and_the_model_calls_it_in_the_re
     # The query found the forecast tool, not the invoice one.
     assert [tool.name for tool in found.tools] == ["get_forecast"]  # type: ignore[union-attr]
     assert forecast.type == "function_call" and forecast.name == "get_forecast"
+    # A deferred top-level tool's call carries its name as namespace (OpenAI's wire shape).
+    assert forecast.namespace == "get_forecast"
     assert response.status == "completed"
     # The function call went back to the client; its output continues the stored chain, where
     # the tool found stays shown (the model answers from its output).
@@ -208,6 +210,7 @@ async def test_the_client_search_round_trip(api: FastAPI, client: AsyncOpenAI) -
     )
     assert [item.type for item in followed.output] == ["function_call"]
     assert followed.output[0].name == "get_forecast"  # type: ignore[union-attr]
+    assert followed.output[0].namespace == "get_forecast"  # type: ignore[union-attr]
     assert "FORECAST-CITY-PARAM" in _prompt(api)
 
 
