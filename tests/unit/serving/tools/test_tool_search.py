@@ -13,11 +13,16 @@ import openai
 import pytest
 from fastapi import FastAPI
 from openai import AsyncOpenAI
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from serve_app.engines.base import GenerateChunk, GenerateRequest
 from serve_app.engines.simulated import SimulatedEngineConfig
 from tests.support import ENGINE_SCRIPT, MODEL
 from tests.support.helpers import decode, in_process_api, sdk_client
+from tests.support.open_responses import check_spec
+
+EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
 FORECAST = {
     "type": "function",
@@ -167,6 +172,11 @@ async def test_the_server_search_streams_its_items(client: AsyncOpenAI) -> None:
     final = events[-1]
     assert final.type == "response.completed"
     assert [item.type for item in final.response.output] == added
+    # Every event is the SDK's type, whole (validated, not constructed), and the spec's.
+    dumped = [event.model_dump(mode="json", exclude_unset=True) for event in events]
+    for event in dumped:
+        EVENT.validate_python(event)
+    check_spec(dumped[-1]["response"], dumped)
 
 
 async def test_deferred_tools_are_hidden_until_found(api: FastAPI, client: AsyncOpenAI) -> None:
