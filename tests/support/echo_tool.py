@@ -151,8 +151,11 @@ class EchoRunner:
             return ToolResult(output="", awaits_client=True)
         return ToolResult(output=f"echo: {text}")
 
-    async def wait_started(self) -> None:
-        await self._started_event.wait()
+    async def wait_started(self, count: int = 1) -> None:
+        """Return once ``count`` calls started."""
+        while len(self.started) < count:
+            await self._started_event.wait()
+            self._started_event.clear()
 
 
 class EchoProvider:

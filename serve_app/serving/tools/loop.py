@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 from openai.types.responses import Response, ResponseStreamEvent
 from openai_harmony import Author, Message, Role
@@ -139,20 +139,21 @@ class ToolLoop:
 
     def next_completion(
         self, turn: Turn, completion: Sequence[int], done: Round
-    ) -> GenerateRequest | None:
-        """The engine request that continues the response after ``done``, or None when the
-        response ends here: the model answered or called a tool the client runs in the same
-        completion, a result awaits the client, the model tried a call past ``max_tool_calls``,
-        or no rounds or output tokens are left (`output_left`)."""
+    ) -> GenerateRequest | Literal["stop", "length"]:
+        """The engine request that continues the response after ``done``, or how the response
+        ends here: ``stop`` (completed) when the model answered or called a tool the client
+        runs in the same completion, a result awaits the client, the model tried a call past
+        ``max_tool_calls`` or the rounds are at their bound; ``length`` (incomplete,
+        ``max_output_tokens``) when no output tokens are left (`output_left`)."""
         translator = turn.translator
         if done.awaits_client or translator.call_limit.refused or not done.calls:
-            return None
+            return "stop"
         cut = _after_last_call(completion)
         if cut is None or done.client_called:
-            return None
+            return "stop"
         if turn.completions >= self._runners.max_rounds:
             logger.warning("response %s: tool rounds at their bound", turn.response.id)
-            return None
+            return "stop"
         prompt = [
             *turn.generate.prompt_token_ids,
             *completion[:cut],
@@ -161,14 +162,13 @@ class ToolLoop:
         ]
         max_tokens = self.output_left(turn, len(prompt))
         if max_tokens <= 0:
-            return None
-        last_round = turn.completions + 1 >= self._runners.max_rounds
+            return "length"
         return dataclasses.replace(
             turn.generate,
             request_id=f"{turn.response.id}-{turn.completions}",
             prompt_token_ids=prompt,
             sampling=dataclasses.replace(turn.generate.sampling, max_tokens=max_tokens),
-            constraint=self._constraint(turn, no_calls=last_round),
+            constraint=self._constraint(turn),
         )
 
     def output_left(self, turn: Turn, prompt_tokens: int) -> int:
@@ -179,16 +179,16 @@ class ToolLoop:
         written = turn.output_tokens
         return min(wanted - written, self._args.max_context_tokens - prompt_tokens)
 
-    def _constraint(self, turn: Turn, *, no_calls: bool) -> CompletionConstraint | None:
+    def _constraint(self, turn: Turn) -> CompletionConstraint | None:
         """The continuation's constraint: ``tool_choice`` required (or a named tool) asked for
-        a first call, not one every completion; past ``max_tool_calls`` or in the last round
-        allowed, no call at all (further calls are ignored, as OpenAI ignores them)."""
+        a first call, not one every completion; past ``max_tool_calls``, no call at all
+        (further calls are ignored, as OpenAI ignores them)."""
         limit = turn.request.max_tool_calls
         reached = limit is not None and turn.translator.writer.tool_calls >= limit
         tools = dataclasses.replace(
             turn.tools,
             required=False,
-            allowed=frozenset() if (reached or no_calls) else turn.tools.allowed,
+            allowed=frozenset() if reached else turn.tools.allowed,
         )
         return constraint_build.from_request(turn.request, tools)
 

@@ -87,8 +87,9 @@ class EventLoop:
                 completion = _Completion(replica=completion.replica)
                 async with contextlib.aclosing(self._completion(turn, completion)) as batches:
                     async for batch in batches:
-                        yield [*opening, *batch] if opening else batch
-                        opening = []
+                        if opening or batch:  # the engine took the request: say so at once
+                            yield [*opening, *batch]
+                            opening = []
                 terminal = completion.terminal
                 if terminal or not completion.tools_pending or self._tools is None:
                     break
@@ -102,10 +103,12 @@ class EventLoop:
                     async for batch in batches:
                         yield batch
                 following = self._tools.next_completion(turn, completion.token_ids, done)
-                steered = turn.end_at_boundary is not None and turn.end_at_boundary()
-                if following is None or steered:
+                steer = turn.end_at_boundary
+                if not isinstance(following, str) and steer is not None and steer():
+                    following = "steered"  # between two completions: a safe boundary
+                if isinstance(following, str):
                     terminal = translator.finish(
-                        "steered" if steered else "stop",
+                        following,
                         prompt_tokens=turn.prompt_tokens,
                         cached_tokens=turn.cached_tokens,
                     )
@@ -146,7 +149,8 @@ class EventLoop:
         self, turn: Turn, completion: _Completion
     ) -> AsyncIterator[list[ResponseStreamEvent]]:
         """One completion of the model through the translator: its event batches, one per
-        engine chunk; ``completion`` says how it ended (a terminal event, or calls pending)."""
+        engine chunk (empty when the chunk made none); ``completion`` says how it ended (a
+        terminal event, or calls pending)."""
         translator = turn.translator
         turn.completions += 1
         completion.client_calls = client_calls(turn)
@@ -171,16 +175,15 @@ class EventLoop:
                         metrics.TIME_TO_FIRST_TOKEN.observe(turn.first_token_at - turn.arrived_at)
                     if turn.end_at_boundary is not None and turn.end_at_boundary():
                         fed, read = translator.feed_to_boundary(chunk.token_ids, chunk.logprobs)
-                        if fed:
-                            yield fed
+                        yield fed
                         # At a boundary with the completion not over: end here. (Its last token
                         # read and the engine done: it ended on its own, as below.)
                         over = read == len(chunk.token_ids) and chunk.finish_reason is not None
                         if translator.at_safe_boundary and not over:
                             completion.terminal = self._finish(turn, completion, "steered")
                             return
-                    elif fed := translator.feed(chunk.token_ids, chunk.logprobs):
-                        yield fed
+                    else:
+                        yield translator.feed(chunk.token_ids, chunk.logprobs)
                     if chunk.finish_reason == "error":
                         # The engine's code says whose fault it was (invalid_prompt: the client's).
                         code = chunk.error_code or SERVER_ERROR
