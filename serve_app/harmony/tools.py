@@ -79,7 +79,8 @@ class ToolRegistry:
     # tool_choice allowed_tools: the names the model may call. Every tool is still rendered
     # (the prompt, and so its cached prefix, stays the same as the allowed set changes).
     allowed: frozenset[str] | None = None
-    # Deferred tools no search loaded yet: neither shown nor callable.
+    # Deferred tools no search of the prompt loaded: not shown; resolved (and constrained)
+    # for the calls that follow a server search inside this response.
     deferred: tuple[ToolSpec, ...] = ()
 
     @classmethod
