@@ -16,6 +16,7 @@ request lists them.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -161,10 +162,14 @@ def _by_paths(candidates: list[_Candidate], paths: object) -> list[_Candidate]:
 _WORD = re.compile(r"[a-z0-9]+")
 
 
-def _words(text: str) -> set[str]:
+_CAMEL = re.compile(r"([a-z])([A-Z])")
+
+
+@functools.lru_cache(maxsize=8192)
+def _words(text: str) -> frozenset[str]:
+    """The words of ``text``, cached: clients send the same tools turn after turn."""
     # `get_weather` and `getWeather` both read as "get weather".
-    spaced = re.sub(r"([a-z])([A-Z])", r"\1 \2", text)
-    return set(_WORD.findall(spaced.lower()))
+    return frozenset(_WORD.findall(_CAMEL.sub(r"\1 \2", text).lower()))
 
 
 def _ranked(candidates: list[_Candidate], query: str) -> list[_Candidate]:
