@@ -189,7 +189,7 @@ def _choice_name(choice: object) -> str:
 
 def check_tool_parameters(tools: ToolRegistry) -> None:
     for spec in (*tools.tools, *tools.deferred):
-        if spec.kind == "function":
+        if spec.parameters is not None:  # a function's, or a client's tool_search's
             depth = json_schema.nesting_depth(spec.parameters, MAX_PARAMETERS_NESTING)
             if depth > MAX_PARAMETERS_NESTING:
                 raise InvalidRequest(

@@ -224,6 +224,26 @@ async def test_the_client_search_round_trip(api: FastAPI, client: AsyncOpenAI) -
     assert "FORECAST-CITY-PARAM" in _prompt(api)
 
 
+async def test_a_client_search_is_shown_as_the_client_describes_it(
+    api: FastAPI, client: AsyncOpenAI
+) -> None:
+    search = {
+        "type": "tool_search",
+        "execution": "client",
+        "description": "FIND-TOOLS-DESC",
+        "parameters": {
+            "type": "object",
+            "properties": {"goal": {"type": "string", "description": "GOAL-PARAM"}},
+        },
+    }
+    await client.responses.create(
+        model=MODEL, input="TSEARCH-QUERY", tools=[search, DEFERRED_FORECAST], store=False
+    )
+    prompt = _prompt(api)
+    assert "FIND-TOOLS-DESC" in prompt and "GOAL-PARAM" in prompt
+    assert "type tool_search" in prompt and "get_forecast: Weather forecast" in prompt
+
+
 async def test_input_tokens_count_what_the_model_is_shown(client: AsyncOpenAI) -> None:
     async def count(tools: list[Any], input_items: Any = "hello") -> int:
         counted = await client.responses.input_tokens.count(
