@@ -15,7 +15,9 @@ def from_request(
     (``tool_choice`` auto, no strict format, no strict or grammar tool). ``allowed_tools``
     leaves the other tools out of the calls the completion may end in."""
     tools = tools or ToolRegistry.from_request(request)
-    calls = tuple(call_rule(spec) for spec in tools.tools if tools.callable(spec))
+    # Deferred tools too: a server-run search loads them within the response.
+    specs = (*tools.tools, *tools.deferred)
+    calls = tuple(call_rule(spec) for spec in specs if tools.callable(spec))
     final = None if tools.required and calls else final_body(request)
     constraint = CompletionConstraint(final=final, tool_calls=calls)
     # allowed_tools restricts which tools may be called even when none is strict.

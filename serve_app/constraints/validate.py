@@ -41,7 +41,7 @@ def first_unenforceable(request: ResponsesRequest, tools: ToolRegistry) -> Unenf
     if not body.free:
         checks.append((body, "text.format.schema", "invalid_json_schema"))
     params = _tool_params(request)
-    for spec in tools.tools:
+    for spec in (*tools.tools, *tools.deferred):
         if not tools.callable(spec):
             continue
         rule_body = call_rule(spec).body

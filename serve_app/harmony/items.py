@@ -41,14 +41,14 @@ def open_item(
         if spec is None:
             return writer.open_function_call(bare_name(target))
         if tool_items(spec.kind) is not None:
-            item = writer.open_tool_call(spec.kind, spec.name, spec.namespace)
+            item = writer.open_tool_call(spec.kind, spec.name, spec.item_namespace)
             item.data[CALL_CHANNEL] = channel  # its output is the tool's message on it
             return item
         if spec.kind == "custom":
-            return writer.open_custom_tool_call(spec.name, spec.namespace)
+            return writer.open_custom_tool_call(spec.name, spec.item_namespace)
         if spec.kind in CLIENT_KINDS:
             return writer.open_client_call(spec.kind)
-        return writer.open_function_call(spec.name, spec.namespace)
+        return writer.open_function_call(spec.name, spec.item_namespace)
     if channel == "analysis":
         return writer.open_reasoning()
     return writer.open_message("commentary" if channel == "commentary" else "final_answer")

@@ -39,7 +39,13 @@ from serve_app.harmony import builtin, client_tools, compaction
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.mcp_tools import McpHistory
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.harmony.tools import DEFAULT_NAMESPACE, ToolRegistry, ToolSpec, recipient
+from serve_app.harmony.tools import (
+    DEFAULT_NAMESPACE,
+    ToolRegistry,
+    ToolSpec,
+    output_specs,
+    recipient,
+)
 from serve_app.harmony.typescript import NamespaceText, ToolText, tools_section
 from serve_app.protocol import json_schema
 from serve_app.protocol.builtin_tools import CodeInterpreterCallItem, WebSearchCallItem
@@ -56,6 +62,11 @@ from serve_app.protocol.requests import (
     ResponsesRequest,
     ToolCallItem,
     ToolOutputItem,
+)
+from serve_app.protocol.tool_search import (
+    TOOL_SEARCH_NAME,
+    ToolSearchCallItem,
+    ToolSearchOutputItem,
 )
 
 logger = logging.getLogger(__name__)
@@ -94,7 +105,7 @@ def render_request(
     when the caller built them already (the turn's door, `Door.admit`, does); else built here."""
     items = [*history, *request.input_items]
     if tools is None:
-        tools = ToolRegistry.from_request(request)
+        tools = ToolRegistry.from_request(request, items=items)
     leading, rest = split_leading_instructions(items)
     # A server-side compaction item stands in for what came before it (instructions stay).
     rest = rest[compaction.context_start(rest, vault, owner) :]
@@ -152,16 +163,9 @@ def _developer_message(
     (harmony's own renders Pydantic and zod schemas as ``any``), ``# Response Formats``."""
     instructions = _instructions(request, leading, tools)
     sections = ["# Instructions", instructions] if instructions else []
-    namespaces = [
-        NamespaceText(
-            name=namespace or DEFAULT_NAMESPACE,
-            description=_namespace_description(request, namespace) if namespace else None,
-            tools=[_tool_text(spec) for spec in specs],
-        )
-        for namespace, specs in tools.namespaces().items()
-    ]
-    if namespaces:
-        sections.append(tools_section(namespaces))
+    shown = tools.namespaces()
+    if shown:
+        sections.append(tools_section(_namespace_texts(request, shown)))
     response_format = _response_format(request)
     if response_format:
         sections.append(response_format)
@@ -202,6 +206,19 @@ def _response_format(request: ResponsesRequest) -> str | None:
     lines += [f"// {line}" for line in (text_format.description or "").splitlines()]
     lines.append(json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
     return "\n".join(lines)
+
+
+def _namespace_texts(
+    request: ResponsesRequest, grouped: dict[str | None, list[ToolSpec]]
+) -> list[NamespaceText]:
+    return [
+        NamespaceText(
+            name=namespace or DEFAULT_NAMESPACE,
+            description=_namespace_description(request, namespace) if namespace else None,
+            tools=[_tool_text(spec) for spec in specs],
+        )
+        for namespace, specs in grouped.items()
+    ]
 
 
 def _namespace_description(request: ResponsesRequest, namespace: str) -> str | None:
@@ -255,6 +272,10 @@ def _history_messages(
             messages.append(_tool_output_message(item, recipients[item.call_id]))
         elif isinstance(item, CompactionItem):
             messages.append(_compaction_message(item, vault, owner))
+        elif isinstance(item, ToolSearchCallItem):
+            messages.append(_search_call_message(item))
+        elif isinstance(item, ToolSearchOutputItem):
+            messages.append(_search_output_message(item))
         elif isinstance(item, ItemReference):
             raise UnrenderableRequest(f"Item with id '{item.id}' was not resolved.")
         else:
@@ -278,9 +299,9 @@ def _call_recipients(items: list[InputItem], tools: ToolRegistry) -> dict[str, s
             recipients[item.call_id] = recipient(CALL_TOOL[item.type])
         elif isinstance(item, FunctionCallItem | CustomToolCallItem):
             spec = tools.by_name(item.name, item.namespace)
-            recipients[item.call_id] = (
-                spec.recipient if spec else recipient(item.name, item.namespace)
-            )
+            # `namespace` = the name: a deferred top-level tool's call (OpenAI's wire shape).
+            namespace = None if item.namespace == item.name else item.namespace
+            recipients[item.call_id] = spec.recipient if spec else recipient(item.name, namespace)
     return recipients
 
 
@@ -366,3 +387,49 @@ def _tool_output_message(item: ToolOutputItem, recipient: str) -> Message:
         .with_channel("commentary")
         .with_recipient("assistant")
     )
+
+
+# --- tool search ---------------------------------------------------------------------------
+
+
+def _search_call_message(item: ToolSearchCallItem) -> Message:
+    """The model's search, as it wrote it: a call to ``functions.tool_search``."""
+    arguments = item.arguments
+    body = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+    return (
+        Message.from_role_and_content(Role.ASSISTANT, body)
+        .with_channel("commentary")
+        .with_recipient(recipient(TOOL_SEARCH_NAME))
+        .with_content_type(_JSON_CONTENT_TYPE)
+    )
+
+
+def _search_output_message(item: ToolSearchOutputItem) -> Message:
+    """The tools a search loaded, shown where the search answered (the prompt before it, and
+    its cached prefix, stay as they were)."""
+    return (
+        Message.from_author_and_content(
+            Author.new(Role.TOOL, recipient(TOOL_SEARCH_NAME)), search_output_text(item)
+        )
+        .with_channel("commentary")
+        .with_recipient("assistant")
+    )
+
+
+def search_output_text(item: ToolSearchOutputItem) -> str:
+    """What the model reads of a ``tool_search_output``: the tools' definitions as the
+    developer message writes tools (the server's search answers the model with this same text
+    inside the response, so a later turn renders the same tokens)."""
+    grouped: dict[str | None, list[ToolSpec]] = {}
+    for spec in output_specs(item):
+        grouped.setdefault(spec.namespace, []).append(spec)
+    descriptions = {tool.name: tool.description for tool in item.tools if tool.type == "namespace"}
+    texts = [
+        NamespaceText(
+            name=namespace or DEFAULT_NAMESPACE,
+            description=descriptions.get(namespace) if namespace else None,
+            tools=[_tool_text(spec) for spec in specs],
+        )
+        for namespace, specs in grouped.items()
+    ]
+    return tools_section(texts) if texts else "No tools found."

@@ -1,35 +1,34 @@
 """The tools a request offers the model, as harmony sees them.
 
-Built once per request from ``tools`` and ``tool_choice``; the renderer describes these tools
-to the model and the stream translator maps a harmony recipient (``functions.exec_command``,
-``multi_agent_v1.close_agent``) back to the tool the client defined.
+Built once per request from ``tools``, ``tool_choice`` and the tools earlier ``tool_search``
+outputs of the conversation loaded; the renderer describes these tools to the model and the
+stream translator maps a harmony recipient (``functions.exec_command``,
+``multi_agent_v1.close_agent``) back to the tool the client defined. Deferred tools
+(``defer_loading``) are kept apart until a search loads them.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from serve_app.harmony import client_tools
-from serve_app.protocol import strict_schema
+from serve_app.protocol import strict_schema, tool_search, tool_search_items
 from serve_app.protocol.builtin_tools import BuiltinTool, CodeInterpreterTool, WebSearchTool
 from serve_app.protocol.client_tools import ClientTool
 from serve_app.protocol.request_tools import (
     CustomTool,
     FunctionTool,
-    HostedTool,
-    McpTool,
     NamedToolChoice,
     NamespaceTool,
+    ToolSearchTool,
     allowed_tools,
     client_tool_choice,
 )
-from serve_app.protocol.requests import ResponsesRequest
-
-logger = logging.getLogger(__name__)
+from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.protocol.tool_search import ToolSearchOutputItem
 
 DEFAULT_NAMESPACE = "functions"
 # The tools the client runs, shown as functions whose calls become their own items
@@ -49,20 +48,26 @@ def recipient(name: str, namespace: str | None = None) -> str:
     return f"{namespace or DEFAULT_NAMESPACE}.{name}"
 
 
+# What a tool is; each kind the server runs has a runner in the tool loop (serving/tools/).
+ToolKind = Literal[
+    "function",
+    "custom",
+    "mcp",
+    "mcp_approval",
+    "shell",
+    "local_shell",
+    "apply_patch",
+    "browser",
+    "python",
+    "tool_search",
+    "tool_search_client",
+]
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
-    kind: Literal[
-        "function",
-        "custom",
-        "mcp",
-        "mcp_approval",
-        "shell",
-        "local_shell",
-        "apply_patch",
-        "browser",
-        "python",
-    ]
+    kind: ToolKind
     description: str = ""
     parameters: dict[str, Any] | None = None
     # The client's namespace tool this belongs to; None for top-level tools.
@@ -73,6 +78,18 @@ class ToolSpec:
     grammar_syntax: str | None = None
     # For function tools: the client asked for ``strict: true`` (arguments must validate).
     strict: bool = False
+    # For tool_search: who answers the search, "server" or "client".
+    execution: str | None = None
+    # Loaded by a `tool_search_output` of the conversation: shown there, not up front.
+    loaded: bool = False
+    # A top-level tool marked `defer_loading`: its calls carry ``namespace`` = its name, the
+    # wire shape OpenAI gives them (the Agents SDK finds deferred tools' calls by it).
+    deferred_top_level: bool = False
+
+    @property
+    def item_namespace(self) -> str | None:
+        """The ``namespace`` its call items carry."""
+        return self.name if self.deferred_top_level else self.namespace
 
     @property
     def recipient(self) -> str:
@@ -94,20 +111,26 @@ class ToolRegistry:
     # tool_choice allowed_tools: the names the model may call. Every tool is still rendered
     # (the prompt, and so its cached prefix, stays the same as the allowed set changes).
     allowed: frozenset[str] | None = None
+    # Deferred tools no search of the prompt loaded: not shown; resolved (and constrained)
+    # for the calls that follow a server search inside this response.
+    deferred: tuple[ToolSpec, ...] = ()
 
     @classmethod
     def from_request(
-        cls, request: ResponsesRequest, server_tools: Sequence[ToolSpec] = ()
+        cls,
+        request: ResponsesRequest,
+        server_tools: Sequence[ToolSpec] = (),
+        items: Sequence[InputItem] = (),
     ) -> ToolRegistry:
         """``server_tools``: the tools the server runs, listed before rendering (an MCP
-        server's, serve_app.harmony.mcp_tools), shown after the request's own."""
-        hosted = request.hosted_tool_types()
-        if hosted:
-            logger.info("Leaving out hosted tools this server cannot run: %s", hosted)
+        server's, serve_app.harmony.mcp_tools), shown after the request's own. ``items``: the
+        prompt's history and input, whose ``tool_search_output`` items load tools (the
+        request's own input is read when not given)."""
         choice = request.tool_choice
         if choice == "none":
             return cls()
-        specs = (*_specs(request), *server_tools)
+        shown, deferred = _specs(request, items or request.input_items)
+        specs = (*shown, *server_tools)
         forced = choice.name if isinstance(choice, NamedToolChoice) else None
         forced = forced or client_tool_choice(choice)
         if forced is not None:
@@ -115,21 +138,21 @@ class ToolRegistry:
             return cls(named, required=True)
         allowed = allowed_tools(choice)
         if allowed is not None:
-            return cls(specs, required=allowed.required, allowed=allowed.names)
-        return cls(specs, required=choice == "required")
+            return cls(specs, allowed.required, allowed.names, deferred)
+        return cls(specs, required=choice == "required", deferred=deferred)
 
     def callable(self, spec: ToolSpec) -> bool:
         """Whether the model may call ``spec`` (all rendered tools, unless allowed_tools)."""
         return self.allowed is None or spec.name in self.allowed
 
     def namespaces(self) -> dict[str | None, list[ToolSpec]]:
-        """The tools the developer message shows, by namespace (gpt-oss's own, `builtin`,
-        are in the system message instead)."""
+        """The tools the developer message shows up front, by namespace (gpt-oss's own,
+        `builtin`, are in the system message instead; tools a search loaded, where its output
+        is)."""
         grouped: dict[str | None, list[ToolSpec]] = {}
         for spec in self.tools:
-            if spec.builtin:
-                continue
-            grouped.setdefault(spec.namespace, []).append(spec)
+            if not (spec.builtin or spec.loaded):
+                grouped.setdefault(spec.namespace, []).append(spec)
         return grouped
 
     def resolve(self, recipient: str | None) -> ToolSpec | None:
@@ -147,14 +170,22 @@ class ToolRegistry:
         bare = cleaned.rsplit(".", 1)[-1]
         # A bare `search` is not the browser's: gpt-oss's own tools answer their names only.
         matches = [spec for spec in self.tools if spec.name == bare and not spec.builtin]
-        return matches[0] if len(matches) == 1 else None
+        if len(matches) == 1:
+            return matches[0]
+        # A deferred tool a search of this response loaded (the server's search runs inside
+        # the response: its registry was built before), named in full.
+        return next((spec for spec in self.deferred if cleaned == spec.recipient), None)
 
     def builtin_kinds(self) -> set[str]:
         """Which of gpt-oss's own tools (``browser``, ``python``) the request offers."""
         return {spec.kind for spec in self.tools if spec.builtin}
 
     def by_name(self, name: str, namespace: str | None = None) -> ToolSpec | None:
-        for spec in self.tools:
+        """The tool a call item names (``namespace`` as its items carry it)."""
+        for spec in (*self.tools, *self.deferred):
+            if spec.name == name and spec.item_namespace == namespace:
+                return spec
+        for spec in (*self.tools, *self.deferred):
             if spec.name == name and spec.namespace == namespace:
                 return spec
         return None
@@ -163,20 +194,99 @@ class ToolRegistry:
 _RECIPIENT_TAIL = re.compile(r"[\s<]")
 
 
-def _specs(request: ResponsesRequest) -> list[ToolSpec]:
-    specs: list[ToolSpec] = []
+def _specs(
+    request: ResponsesRequest, items: Sequence[InputItem]
+) -> tuple[tuple[ToolSpec, ...], tuple[ToolSpec, ...]]:
+    """The shown tools (the request's, then those loaded by searches), and the deferred ones
+    still hidden. A loaded tool the request also defines is shown as loaded (where its
+    search output is), never twice."""
+    shown: list[ToolSpec] = []
+    deferred: list[ToolSpec] = []
     for tool in request.tools:
-        if isinstance(tool, HostedTool | McpTool):
-            continue  # an MCP server's tools are known once listed: `server_tools`
         if isinstance(tool, WebSearchTool | CodeInterpreterTool):
-            specs.extend(spec for spec in builtin_specs(tool) if spec not in specs)
-        elif isinstance(tool, NamespaceTool):
-            specs.extend(_spec(inner, namespace=tool.name) for inner in tool.tools)
+            shown.extend(spec for spec in builtin_specs(tool) if spec not in shown)
         elif isinstance(tool, ClientTool):
-            specs.append(_client_spec(tool))
+            shown.append(_client_spec(tool))
+        elif isinstance(tool, NamespaceTool):
+            for inner in tool.tools:
+                spec = _spec(inner, namespace=tool.name)
+                (deferred if tool.deferred(inner) else shown).append(spec)
+        elif isinstance(tool, FunctionTool | CustomTool):
+            if tool.defer_loading:
+                deferred.append(replace(_spec(tool), deferred_top_level=True))
+            else:
+                shown.append(_spec(tool))
+        elif isinstance(tool, ToolSearchTool):
+            shown.append(_search_spec(tool, request))
+    recipients = {spec.recipient for spec in shown}
+    loaded = [spec for spec in loaded_specs(items) if spec.recipient not in recipients]
+    loaded_recipients = {spec.recipient for spec in loaded}
+    hidden = tuple(spec for spec in deferred if spec.recipient not in loaded_recipients)
+    return (*shown, *_unique(loaded)), hidden
+
+
+def _unique(specs: list[ToolSpec]) -> list[ToolSpec]:
+    seen: set[str] = set()
+    kept = []
+    for spec in specs:
+        if spec.recipient not in seen:
+            seen.add(spec.recipient)
+            kept.append(spec)
+    return kept
+
+
+def loaded_specs(items: Sequence[object]) -> list[ToolSpec]:
+    """The tools the ``tool_search_output`` items among ``items`` loaded, in their order."""
+    specs: list[ToolSpec] = []
+    for item in items:
+        if isinstance(item, ToolSearchOutputItem):
+            specs += [
+                replace(spec, loaded=True, deferred_top_level=spec.namespace is None)
+                for spec in output_specs(item)
+            ]
+    return specs
+
+
+def output_specs(item: ToolSearchOutputItem) -> list[ToolSpec]:
+    """The tools one ``tool_search_output`` holds, as specs (the renderer shows them there)."""
+    specs: list[ToolSpec] = []
+    for tool in item.tools:
+        if isinstance(tool, NamespaceTool):
+            specs += [_spec(inner, namespace=tool.name) for inner in tool.tools]
         else:
             specs.append(_spec(tool))
     return specs
+
+
+def _search_spec(tool: ToolSearchTool, request: ResponsesRequest) -> ToolSpec:
+    """The ``tool_search`` tool as the model sees it: a function in ``functions`` listing what
+    it can load (names and descriptions, as OpenAI shows deferred tools, never parameters)."""
+    execution = tool.execution or "server"
+    client_own = execution == "client" and tool.parameters is not None
+    parameters = (
+        tool.parameters
+        if client_own
+        else tool_search.SERVER_PARAMETERS
+        if execution == "server"
+        else tool_search.CLIENT_PARAMETERS
+    )
+    lines = tool_search.searchable_lines(request.tools)
+    description = tool.description or tool_search.DEFAULT_DESCRIPTION
+    if lines:
+        description += "\nYou can load:\n" + "\n".join(lines)
+    return ToolSpec(
+        name=tool_search.TOOL_SEARCH_NAME,
+        # Both are run in the tool loop: the server's search, or the client's (its call ends
+        # the response, awaiting the client's `tool_search_output`).
+        kind=(
+            tool_search_items.SERVER_KIND
+            if execution == "server"
+            else tool_search_items.CLIENT_KIND
+        ),
+        description=description,
+        parameters=parameters,
+        execution=execution,
+    )
 
 
 def enforces_strict(tool: FunctionTool) -> bool:

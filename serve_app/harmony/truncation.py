@@ -26,6 +26,7 @@ from serve_app.protocol.requests import (
     ToolCallItem,
     ToolOutputItem,
 )
+from serve_app.protocol.tool_search import ToolSearchCallItem, ToolSearchOutputItem
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ def truncate_to_fit(
     units = _droppable_units(items)
     bare = request.model_copy(update={"input": []})
     if tools is None:
-        tools = ToolRegistry.from_request(request)
+        tools = ToolRegistry.from_request(request, items=items)
 
     def render(dropped_units: int) -> RenderedPrompt:
         dropped = {index for unit in units[:dropped_units] for index in unit}
@@ -70,12 +71,14 @@ def truncate_to_fit(
 
 def _droppable_units(items: Sequence[InputItem]) -> list[list[int]]:
     """Indexes of the items to drop together, oldest first: each item alone, except that a tool
-    call takes its outputs along."""
+    call (a tool search too) takes its outputs along."""
     first = len(split_leading_instructions(items)[0])
     last = len(items) - 1
     outputs: dict[str, list[int]] = {}
     for index, item in enumerate(items):
-        if isinstance(item, ToolOutputItem):
+        if isinstance(item, ToolOutputItem) or (
+            isinstance(item, ToolSearchOutputItem) and item.call_id
+        ):
             outputs.setdefault(item.call_id, []).append(index)
     units: list[list[int]] = []
     taken: set[int] = set()
@@ -84,8 +87,8 @@ def _droppable_units(items: Sequence[InputItem]) -> list[list[int]]:
             continue
         unit = [index]
         item = items[index]
-        if isinstance(item, ToolCallItem):
-            unit += [out for out in outputs.get(item.call_id, []) if out not in taken]
+        if isinstance(item, ToolCallItem | ToolSearchCallItem):
+            unit += [out for out in outputs.get(item.call_id or "", []) if out not in taken]
         if last in unit:
             break  # the newest item stays, and with it the call it answers
         taken.update(unit)

@@ -3,7 +3,9 @@ the marker of fields the model never reads as text."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
 
 # Pydantic's strict mode: no coercion between JSON types (a boolean is not a number, a number
 # not a string), as OpenAI answers; an integer still passes where a number is expected. Every
@@ -29,3 +31,9 @@ class Opaque:
 
 
 OPAQUE = Opaque()
+
+
+# The longest item id a client may choose. The store keeps any id up to it (and indexes it:
+# 256 characters fit a PostgreSQL index entry); longer is a 400 naming the item's `id`.
+MAX_ITEM_ID_LENGTH = 256
+ItemId = Annotated[str, Field(max_length=MAX_ITEM_ID_LENGTH)]

@@ -1,6 +1,8 @@
 """The tools of a ``POST /v1/responses`` request and its ``tool_choice``: function tools flat
-(Responses) or nested (Chat Completions), custom (freeform) tools, namespaces, hosted tools
-accepted and not run, and the ``allowed_tools`` choice."""
+(Responses) or nested (Chat Completions), custom (freeform) tools, namespaces, ``tool_search``
+(tools marked ``defer_loading`` stay hidden until the model searches), any other type parsed only
+to be refused at the door (tool_types.py, the table of every type), and the ``allowed_tools``
+choice."""
 
 from __future__ import annotations
 
@@ -65,6 +67,8 @@ class FunctionTool(Lenient):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    # Hidden from the model until a `tool_search` finds it.
+    defer_loading: bool | None = None
     # Sent in the Chat-Completions form: errors about its fields name `tools[i].function.X`.
     _chat_form: bool = PrivateAttr(default=False)
 
@@ -94,6 +98,7 @@ class CustomTool(Lenient):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-.]+$")
     description: str | None = None
     format: CustomToolFormat | None = None
+    defer_loading: bool | None = None
 
 
 class NamespaceTool(Lenient):
@@ -103,33 +108,46 @@ class NamespaceTool(Lenient):
     tools: list[Annotated[FunctionTool | CustomTool, Field(discriminator="type")]] = Field(
         default_factory=list
     )
+    # Not in the SDK's NamespaceTool (its inner tools carry it), but OpenAI's tool search guide
+    # defers whole namespaces: every inner tool is deferred.
+    defer_loading: bool | None = None
+
+    def deferred(self, inner: FunctionTool | CustomTool) -> bool:
+        return bool(self.defer_loading or inner.defer_loading)
+
+
+class ToolSearchTool(Lenient):
+    """``tool_search``: the model searches the request's deferred tools. ``execution`` server
+    (OpenAI's default): the server answers; client: the call goes back to the client, which
+    answers with a ``tool_search_output`` item (``description``/``parameters``: what the model
+    is shown for it then)."""
+
+    type: Literal["tool_search"]
+    execution: Literal["server", "client"] | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
 
 
 class HostedTool(BaseModel):
-    """A tool OpenAI runs server-side (web_search, file_search...): accepted, not rendered, so
-    its settings are opaque (an ``image_generation`` tool's mask is a base64 data URL)."""
+    """A tool of a type no model here types (file_search, image_generation, an unknown type...):
+    parsed only to be refused at the door (tool_types.py), so its settings stay opaque (an
+    ``image_generation`` tool's mask is a base64 data URL)."""
 
     model_config = ConfigDict(**STRICT_TYPES, extra="allow")
     type: str
 
 
-TOOL_TAGS = (
-    "function",
-    "custom",
-    "namespace",
-    "web_search",
-    "code_interpreter",
-    "hosted",
-    "mcp",
-    *CLIENT_TOOL_TYPES,
-)
+# The typed tool types (each a model above, gpt-oss's browser and python tagged by
+# `_tool_tag`); any other type is a `HostedTool`.
+TYPED_TOOLS = ("function", "custom", "namespace", "tool_search", "mcp", *CLIENT_TOOL_TYPES)
+TOOL_TAGS = (*TYPED_TOOLS, "web_search", "code_interpreter", "hosted")
 
 
 def _tool_tag(value: Any) -> str:
     tool_type = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     if tool_type in BUILTIN_TOOL_TYPES:  # gpt-oss's browser and python (builtin_tools.py)
         return tool_type if tool_type == CODE_INTERPRETER_TYPE else "web_search"
-    return tool_type if tool_type in TOOL_TAGS else "hosted"
+    return tool_type if tool_type in TYPED_TOOLS else "hosted"
 
 
 Tool = Annotated[
@@ -142,6 +160,7 @@ Tool = Annotated[
     | Annotated[ApplyPatchTool, Tag("apply_patch")]
     | Annotated[WebSearchTool, Tag("web_search")]
     | Annotated[CodeInterpreterTool, Tag("code_interpreter")]
+    | Annotated[ToolSearchTool, Tag("tool_search")]
     | Annotated[HostedTool, Tag("hosted")],
     PydanticDiscriminator(_tool_tag),
 ]

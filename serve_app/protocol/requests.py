@@ -2,7 +2,8 @@
 
 Lenient where real clients differ (Codex 0.169 and 0.63, the openai SDK, the Agents SDK):
 ``input`` as a string or items, message content as a string or parts, tools flat or nested
-Chat-Completions style, hosted tools this server cannot run. Strict where a mistake would
+Chat-Completions style, tools of any type (the door refuses those not shown or run here:
+tool_types.py). Strict where a mistake would
 silently change the conversation: unknown item types, missing call ids, calls without outputs.
 Unknown top-level fields are ignored, as OpenAI ignores them. Types are as strict as OpenAI's:
 ``temperature: true``, ``stream: 0`` or ``max_output_tokens: "5"`` is a 400 naming the field,
@@ -34,8 +35,9 @@ from serve_app.protocol.client_tools import (
     ShellCallItem,
     ShellCallOutputItem,
 )
-from serve_app.protocol.request_base import OPAQUE, Lenient
-from serve_app.protocol.request_tools import HostedTool, Tool, ToolChoice
+from serve_app.protocol.request_base import MAX_ITEM_ID_LENGTH, OPAQUE, ItemId, Lenient
+from serve_app.protocol.request_tools import Tool, ToolChoice
+from serve_app.protocol.tool_search import ToolSearchCallItem, ToolSearchOutputItem
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +79,7 @@ def join_parts(content: str | list[ContentPart]) -> str:
 
 # --- input items ---------------------------------------------------------------------------
 
-# The longest item id a client may choose. The store keeps any id up to it (and indexes it:
-# 256 characters fit a PostgreSQL index entry); longer is a 400 naming the item's `id`.
-MAX_ITEM_ID_LENGTH = 256
-ItemId = Annotated[str, Field(max_length=MAX_ITEM_ID_LENGTH)]
+# `MAX_ITEM_ID_LENGTH`, `ItemId`: request_base.py (item modules beside this one share them).
 
 
 class MessageItem(Lenient):
@@ -186,6 +185,8 @@ INPUT_ITEM_TYPES = (
     *("apply_patch_call", "apply_patch_call_output"),
     "web_search_call",
     "code_interpreter_call",
+    "tool_search_call",
+    "tool_search_output",
 )
 
 
@@ -223,7 +224,9 @@ InputItem = Annotated[
     | Annotated[ApplyPatchCallItem, Tag("apply_patch_call")]
     | Annotated[ApplyPatchCallOutputItem, Tag("apply_patch_call_output")]
     | Annotated[WebSearchCallItem, Tag("web_search_call")]
-    | Annotated[CodeInterpreterCallItem, Tag("code_interpreter_call")],
+    | Annotated[CodeInterpreterCallItem, Tag("code_interpreter_call")]
+    | Annotated[ToolSearchCallItem, Tag("tool_search_call")]
+    | Annotated[ToolSearchOutputItem, Tag("tool_search_output")],
     PydanticDiscriminator(
         _item_tag,
         custom_error_type="invalid_item_type",
@@ -338,6 +341,3 @@ class ResponsesRequest(Lenient):
         if isinstance(self.conversation, ConversationRef):
             return self.conversation.id
         return self.conversation or None
-
-    def hosted_tool_types(self) -> list[str]:
-        return [tool.type for tool in self.tools if isinstance(tool, HostedTool)]

@@ -25,9 +25,6 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from openai.types.shared import Reasoning
 from pydantic import TypeAdapter, ValidationError
 
-from serve_app.protocol.builtin_tools import CodeInterpreterTool, WebSearchTool
-from serve_app.protocol.client_tools import ClientTool
-from serve_app.protocol.mcp_items import McpTool
 from serve_app.protocol.request_tools import (
     CustomTool,
     FunctionTool,
@@ -84,6 +81,8 @@ ITEM_ID_PREFIXES = {
         "local_shell_call_output": "lsho",
         "apply_patch_call_output": "apco",
     },
+    "tool_search_call": "tsc",
+    "tool_search_output": "tso",
 }
 
 
@@ -173,12 +172,11 @@ def _or(value: Any, default: Any) -> Any:
 
 
 def _tools(request: ResponsesRequest) -> list[Tool]:
-    """The request's function, custom, namespace and client-run tools as openai types.
-
-    Hosted tools (web_search...) are left out: this server does not run them. A tool that
-    does not validate as the SDK's type (e.g. a grammar syntax it does not know) is left out
-    of the echo only; it was still offered to the model.
-    """
+    """The request's tools as openai types, as sent (every type that reaches a Response is one
+    shown or run here: serve_app.protocol.tool_types). A tool model with an ``echo()`` says
+    what of it may be echoed (an mcp tool's secrets may not). A tool that does not validate as
+    the SDK's type (e.g. a grammar syntax it does not know) is left out of the echo only; it
+    was still offered to the model."""
     tools: list[Tool] = []
     for tool in request.tools:
         if isinstance(tool, FunctionTool | CustomTool):
@@ -191,14 +189,11 @@ def _tools(request: ResponsesRequest) -> list[Tool]:
                 "description": tool.description or "",
                 "tools": [_tool_dict(inner) for inner in tool.tools],
             }
-        elif isinstance(tool, McpTool):
-            raw = tool.echo()  # without its credentials (mcp_items.py)
-        elif isinstance(tool, ClientTool):
-            raw = tool.model_dump(exclude_none=True)
-        elif isinstance(tool, WebSearchTool | CodeInterpreterTool):
-            raw = tool.model_dump(exclude_none=True)  # gpt-oss's browser and python
+            if tool.defer_loading is not None:
+                raw["defer_loading"] = tool.defer_loading
         else:
-            continue
+            echo = getattr(tool, "echo", None)
+            raw = echo() if callable(echo) else tool.model_dump(exclude_none=True, by_alias=True)
         try:
             tools.append(_TOOL.validate_python(raw))
         except ValidationError:

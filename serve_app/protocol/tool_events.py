@@ -80,13 +80,41 @@ class ToolCallEvents:
         """The call's last events and ``output_item.done`` with its finished item (``result``
         None: it never ran); no longer pending."""
         self._pending_calls = [call for call in self._pending_calls if call is not item]
-        events, final = _builder(item).done(item, result, status)
+        builder = _builder(item)
+        events, final = builder.done(item, result, status)
         self._stamp(events)
         self._finished(item.output_index, final)
         self._events.append(
             ResponseOutputItemDoneEvent(
                 type="response.output_item.done",
                 output_index=item.output_index,
+                item=final,
+                sequence_number=self._seq(),
+            )
+        )
+        # A kind whose result is an item of its own (the server's `tool_search_output`).
+        follow_up = getattr(builder, "follow_up", None)
+        if result is not None and follow_up is not None:
+            answer = follow_up(item, result)
+            if answer is not None:
+                self._whole_item(answer)
+
+    def _whole_item(self, final: ResponseOutputItem) -> None:
+        """An item made whole at once: ``output_item.added`` and ``output_item.done``."""
+        index = self._output_index()
+        self._finished(index, final)
+        self._events.append(
+            ResponseOutputItemAddedEvent(
+                type="response.output_item.added",
+                output_index=index,
+                item=final,
+                sequence_number=self._seq(),
+            )
+        )
+        self._events.append(
+            ResponseOutputItemDoneEvent(
+                type="response.output_item.done",
+                output_index=index,
                 item=final,
                 sequence_number=self._seq(),
             )

@@ -94,6 +94,16 @@ def test_web_search_without_a_browser_tool_server_is_a_400(app_url: str) -> None
     assert error["param"] == "tools[0].type"
 
 
+def test_a_tool_neither_shown_nor_run_is_refused_not_dropped(app_url: str) -> None:
+    # Nothing silently dropped (serve_app/protocol/tool_types.py): OpenAI's 400 for a model
+    # lacking the tool, naming it; the table's every row: tests/unit/protocol/test_tool_types.py.
+    body = {"model": MODEL, "input": "SDK-TEXT", "tools": [{"type": "image_generation"}]}
+    response = post(app_url, body)
+    assert_openai_error(response, 400)
+    assert response.json()["error"]["param"] == "tools[0].type"
+    assert "Tool 'image_generation' is not supported" in response.json()["error"]["message"]
+
+
 def test_metrics_count_requests(app_url: str) -> None:
     served_by = post(app_url, {"model": MODEL, "input": "SDK-TEXT"}).headers["x-serve-app-replica"]
     text = scrape_metrics(app_url)[served_by]

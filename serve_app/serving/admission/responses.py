@@ -44,11 +44,13 @@ from serve_app.serving.admission import tools as tool_rules
 def check_request(args: AppArgs, request: ResponsesRequest, *, check_limits: bool = True) -> None:
     """What the request alone decides: a model we serve, within the limits (``check_limits``
     false: the server built the request, so its item count is not the client's to keep), and
-    at most one of the two ways to continue."""
+    at most one of the two ways to continue, tools of types shown or run here."""
     if request.model not in args.served_names():
         raise model_not_found(request.model)
     if check_limits:
         _check_limits(args, request)
+    tool_rules.check_tool_types(args, request)
+    tool_rules.check_hosted_tool_choice(request)
     check_text(request)
     check_context_management(request)
     builtin.check_builtin_tools(
@@ -220,7 +222,7 @@ def check_items(
     tool_rules.check_tool_call_pairs(items, first_input=len(history))
     tool_rules.check_client_tools(request)
     tool_rules.check_tool_choice(request)
-    tools = ToolRegistry.from_request(request)
+    tools = ToolRegistry.from_request(request, items=items)
     tool_rules.check_tool_parameters(tools)
     _check_compaction_items(items, vault, owner, len(history), history_param(request))
     return tools

@@ -1,4 +1,6 @@
-"""The rules on a request's tools, tool calls and schemas: every tool call paired with its
+"""The rules on a request's tools, tool calls and schemas: every tool of a type this server
+shows or runs (serve_app.protocol.tool_types, the table; any other is a 400 naming
+``tools[i].type``), every tool call paired with its
 output, a ``tool_choice`` that names tools the request defines, tool parameters harmony can
 take, strict schemas inside OpenAI's subset (serve_app.protocol.strict_schema finds what breaks
 it), and schemas and grammars constrained decoding can enforce (serve_app.constraints.validate
@@ -9,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from serve_app.config import AppArgs
 from serve_app.constraints.validate import first_unenforceable
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol import json_schema
@@ -20,6 +23,7 @@ from serve_app.protocol.request_tools import (
     NamedToolChoice,
     NamespaceTool,
     OtherToolChoice,
+    ToolSearchTool,
     allowed_tools,
     client_tool_choice,
 )
@@ -30,10 +34,78 @@ from serve_app.protocol.requests import (
     ToolOutputItem,
 )
 from serve_app.protocol.strict_schema import StrictSchemaError, check_schema
+from serve_app.protocol.tool_types import TOOL_TYPES, accepted
 
 # Tool parameters nested deeper than this were a 400 when harmony parsed them (its JSON parser's
 # recursion limit); they stay one: the response could not echo much deeper ones back anyway.
 MAX_PARAMETERS_NESTING = 120
+
+
+def check_tool_types(args: AppArgs, request: ResponsesRequest) -> None:
+    """Every tool is of a type shown or run here: OpenAI's 400 for a model lacking the tool
+    (its words: "Tool 'image_generation' is not supported with gpt-5.3-codex-spark."), or for
+    a type OpenAI does not define, naming ``tools[i].type``. Deferred tools need a
+    ``tool_search`` tool to be found by; a ``tool_search`` tool, at most one."""
+    searches = 0
+    for index, tool in enumerate(request.tools):
+        param = f"tools[{index}].type"
+        if tool.type not in TOOL_TYPES:
+            supported = ", ".join(f"'{name}'" for name in TOOL_TYPES)
+            raise InvalidRequest(
+                f"Invalid value: '{tool.type}'. Supported values are: {supported}.",
+                param=param,
+                code="invalid_value",
+            )
+        if not accepted(tool.type, args):
+            raise InvalidRequest(
+                f"Tool '{tool.type}' is not supported with {request.model}.", param=param
+            )
+        searches += isinstance(tool, ToolSearchTool)
+    if searches > 1:
+        raise InvalidRequest("At most one 'tool_search' tool is allowed.", param="tools")
+    deferred = _first_deferred(request)
+    if deferred is not None and not searches:
+        raise InvalidRequest(
+            "Deferred tools (`defer_loading: true`) can only be found with a 'tool_search' "
+            "tool in 'tools'.",
+            param=deferred,
+        )
+
+
+def _first_deferred(request: ResponsesRequest) -> str | None:
+    """The param of the request's first deferred tool, if any."""
+    for index, tool in enumerate(request.tools):
+        if isinstance(tool, FunctionTool | CustomTool) and tool.defer_loading:
+            return f"tools[{index}].defer_loading"
+        if isinstance(tool, NamespaceTool):
+            if tool.defer_loading:
+                return f"tools[{index}].defer_loading"
+            for inner_index, inner in enumerate(tool.tools):
+                if inner.defer_loading:
+                    return f"tools[{index}].tools[{inner_index}].defer_loading"
+    return None
+
+
+# A hosted `tool_choice` type and the tool types it picks (OpenAI's ToolChoiceTypes names the
+# preview and computer-use types loosely).
+_CHOICE_TYPES = {
+    "web_search_preview": ("web_search_preview", "web_search_preview_2025_03_11"),
+    "computer_use": ("computer_use_preview", "computer"),
+    "computer": ("computer", "computer_use_preview"),
+}
+
+
+def check_hosted_tool_choice(request: ResponsesRequest) -> None:
+    """A ``tool_choice`` naming a hosted type (``{"type": "file_search"}``, ``mcp``,
+    ``shell``...) needs a tool of that type in ``tools``, as a named function choice does."""
+    choice = request.tool_choice
+    if not isinstance(choice, OtherToolChoice) or choice.type == "allowed_tools":
+        return
+    wanted = _CHOICE_TYPES.get(choice.type, (choice.type,))
+    if not any(tool.type in wanted for tool in request.tools):
+        raise InvalidRequest(
+            f"Tool choice '{choice.type}' not found in 'tools' parameter.", param="tool_choice"
+        )
 
 
 def check_tool_call_pairs(items: Sequence[InputItem], first_input: int = 0) -> None:
@@ -164,10 +236,8 @@ def _choice_name(choice: object) -> str:
 
 
 def check_tool_parameters(tools: ToolRegistry) -> None:
-    for specs in tools.namespaces().values():
-        for spec in specs:
-            if spec.kind != "function":
-                continue
+    for spec in (*tools.tools, *tools.deferred):
+        if spec.parameters is not None:  # a function's, or a client's tool_search's
             depth = json_schema.nesting_depth(spec.parameters, MAX_PARAMETERS_NESTING)
             if depth > MAX_PARAMETERS_NESTING:
                 raise InvalidRequest(

@@ -34,7 +34,10 @@ class Renderer:
         # Built here once, so the prompt's tools are these wherever it renders.
         tools = context.tools
         if tools is None:
-            tools = ToolRegistry.from_request(context.request)
+            request = context.request
+            tools = ToolRegistry.from_request(
+                request, items=[*context.history, *request.input_items]
+            )
             context = replace(context, tools=tools)
         with rules.unrenderable_is_a_400():
             token_ids = await self.pool.token_ids(context, owner, truncate)

@@ -27,6 +27,7 @@ from serve_app.routing.keys import cache_salt, key_digest, routing_key
 from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
+from serve_app.serving.tools import tool_search
 from serve_app.serving.tools.builtin import register_builtin_runners
 from serve_app.serving.tools.contract import ToolRunners
 from serve_app.serving.tools.loop import ToolLoop
@@ -66,6 +67,7 @@ class ResponsesService:
         self._mcp = McpTurns(McpClient(args.tools))
         self._mcp.register(self._tools)
         register_builtin_runners(self._tools, args.tools)  # gpt-oss's browser and python
+        tool_search.register(self._tools)  # needs no configuration: always run
         self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools))
 
     @property

@@ -166,7 +166,8 @@ async def test_a_stored_blob_reached_by_previous_response_id_or_reference(
 
 async def test_data_the_model_never_reads_is_not_judged_as_text(api: FastAPI) -> None:
     # A megabyte of base64 without a break (zeros: "AAAA..."), as an image, a file, and a
-    # hosted tool's mask: images and files become a note, hosted tools are not rendered.
+    # hosted tool's mask: images and files become a note; the image_generation tool is refused
+    # for what it is (no image model here), never judged as text.
     data = "data:image/png;base64," + "A" * MiB
     parts = [
         {"type": "input_text", "text": "what is this?"},
@@ -182,6 +183,10 @@ async def test_data_the_model_never_reads_is_not_judged_as_text(api: FastAPI) ->
     }
     transport = httpx.ASGITransport(app=api)
     async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+        refused = await http.post("/v1/responses", json=body, timeout=60)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "tools[0].type"
+        body["tools"] = []
         served = await http.post("/v1/responses", json=body, timeout=60)
         assert served.status_code == 200, served.text
         assert served.json()["status"] in ("completed", "incomplete")

@@ -40,7 +40,8 @@ def test_every_codex_capture_parses_and_renders(path) -> None:
     # The base prompt (input[0] developer message or `instructions`) is the developer message.
     assert "<|start|>developer<|message|># Instructions\n\nYou are a coding agent" in text
     assert "Do the task" in text
-    # Hosted tools are left out; function tools are described.
+    # Hosted tools never reach rendering (the door refuses those neither shown nor run:
+    # tool_types.py); function tools are described.
     assert "web_search" not in text.split("<|start|>user")[0]
 
 

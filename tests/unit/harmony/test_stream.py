@@ -54,7 +54,7 @@ REQUEST_BODY: dict[str, Any] = {
             "name": "apply_patch",
             "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
         },
-        {"type": "web_search"},
+        {"type": "tool_search", "execution": "client"},
         {
             "type": "namespace",
             "name": "multi_agent_v1",
@@ -823,9 +823,17 @@ def test_initial_response_echoes_the_request() -> None:
     response = initial_response(request, response_id="resp_" + "a" * 32, model=MODEL)
     Response.model_validate(response.model_dump(by_alias=True))
     assert response.status == "in_progress" and response.output == []
-    # Every tool is echoed, web_search (gpt-oss's browser) too.
-    types = [tool.type for tool in response.tools]
-    assert types == ["function", "custom", "web_search", "namespace"]
+    # Every tool is echoed as sent, in its order.
+    assert [tool.type for tool in response.tools] == [
+        "function",
+        "custom",
+        "tool_search",
+        "namespace",
+    ]
+    assert response.tools[2].model_dump(exclude_none=True) == {
+        "type": "tool_search",
+        "execution": "client",
+    }
     assert response.tool_choice == "auto" and response.parallel_tool_calls is True
     assert response.metadata == {"k": "v"} and response.prompt_cache_key == "thread-1"
     assert response.reasoning is not None and response.reasoning.effort == "high"

@@ -102,6 +102,25 @@ MAIN_REQUEST: dict[str, Any] = {
             "outputs": [{"type": "logs", "logs": "1"}, {"type": "image", "url": "u"}],
             "status": "completed",
         },
+        {
+            "type": "tool_search_call",
+            "call_id": "call_3",
+            "execution": "client",
+            "arguments": {"paths": ["later"]},
+        },
+        {
+            "type": "tool_search_output",
+            "call_id": "call_3",
+            "execution": "client",
+            "tools": [
+                {"type": "function", "name": "later", "parameters": PARAMETERS},
+                {
+                    "type": "namespace",
+                    "name": "more",
+                    "tools": [{"type": "custom", "name": "x", "format": {"type": "text"}}],
+                },
+            ],
+        },
     ],
     "tools": [
         {
@@ -144,6 +163,8 @@ MAIN_REQUEST: dict[str, Any] = {
             "allowed_callers": ["direct"],
         },
         {"type": "file_search", "vector_store_ids": ["vs_1"]},  # a hosted tool
+        {"type": "function", "name": "later", "parameters": PARAMETERS, "defer_loading": True},
+        {"type": "tool_search", "execution": "client", "description": "Find.", "parameters": {}},
     ],
     "tool_choice": {"type": "function", "name": "lookup"},
     "parallel_tool_calls": False,
@@ -191,6 +212,8 @@ HOSTED_CHOICE: dict[str, Any] = {
     "model": MODEL,
     "input": "Hi.",
     "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []},
+    # A type no model here types (refused at the door, but its `type` is a string first).
+    "tools": [{"type": "file_search", "vector_store_ids": []}],
 }
 
 # MCP: the tool with its filter forms, and every MCP input item.

@@ -22,6 +22,7 @@ from serve_app.config import AppArgs
 from serve_app.engines.base import GenerateChunk, GenerateRequest
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.harmony.tools import ToolRegistry
 from serve_app.harmony.truncation import truncate_to_fit
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.engine.client import InProcessEngineClient
@@ -182,21 +183,24 @@ async def test_truncation_auto_leaves_a_fitting_prompt_alone(tmp_path: Path) -> 
 
 
 async def test_a_requests_tools_are_built_once(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The door builds the request's tools once and rendering, truncation's every try included,
-    uses them: the hosted tool left out is logged once per request, not once per build."""
+    uses them."""
     args = AppArgs(max_context_tokens=900, default_max_output_tokens=64)
-    tools = [EXEC_TOOL, {"type": "file_search", "vector_store_ids": ["vs_1"]}]
-    body: dict[str, Any] = {"model": MODEL, "input": long_conversation(8), "tools": tools}
+    builds: list[object] = []
+    build = ToolRegistry.from_request.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[ToolRegistry], *given: Any, **named: Any) -> ToolRegistry:
+        builds.append(given[0])
+        return build(cls, *given, **named)
+
+    monkeypatch.setattr(ToolRegistry, "from_request", classmethod(counted))
+    body: dict[str, Any] = {"model": MODEL, "input": long_conversation(8), "tools": [EXEC_TOOL]}
     async with in_process_api(tmp_path / "t.db", args) as api:
-        with caplog.at_level("INFO", logger="serve_app.harmony.tools"):
-            response = await sdk_client(api).responses.create(**body, truncation="auto")
+        response = await sdk_client(api).responses.create(**body, truncation="auto")
     assert response.status == "completed"
-    left_out = [r for r in caplog.records if r.getMessage().startswith("Leaving out hosted")]
-    assert [r.getMessage() for r in left_out] == [
-        "Leaving out hosted tools this server cannot run: ['file_search']"
-    ]
+    assert len(builds) == 1
 
 
 async def test_one_tenants_prompt_is_no_cache_hit_for_another(two_keys_api) -> None:

@@ -1,0 +1,75 @@
+"""Every tool type the openai SDK's ``Tool`` union defines, and what this server does with it.
+
+Nothing a client sends in ``tools`` is silently dropped: each type is shown to the model (its
+calls go back to the client), run by the server (the tool loop, serve_app/serving/tools/), or
+refused with the 400 OpenAI answers for a model that lacks the tool. A branch that makes a type
+work changes that type's one row here (and types it in request_tools.py); docs/protocol.md's
+tool table says the same, row for row, and tests/unit/protocol/test_tool_types.py holds this
+table to the SDK's union, so a type the SDK adds fails until a row names it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from serve_app.config import AppArgs
+
+
+class Handling(enum.Enum):
+    SHOWN = "shown"  # rendered for the model; its calls go back to the client
+    RUN = "run"  # run by the server inside the response (the tool loop)
+    REFUSED = "refused"  # a 400 naming `tools[i].type`
+
+
+def _always(_: AppArgs) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class ToolRow:
+    handling: Handling
+    # Whether the operator configured what the type needs (a tool server...): a type whose row
+    # says shown or run is refused as well when this says no.
+    configured: Callable[[AppArgs], bool] = _always
+
+
+SHOWN = ToolRow(Handling.SHOWN)
+RUN = ToolRow(Handling.RUN)
+REFUSED = ToolRow(Handling.REFUSED)
+BROWSER = ToolRow(Handling.RUN, configured=lambda args: bool(args.tools.browser_server_url))
+PYTHON = ToolRow(Handling.RUN, configured=lambda args: bool(args.tools.python_server_url))
+
+# One row per `type` value of the SDK's `Tool` union (openai/types/responses/tool.py), dated
+# aliases included.
+TOOL_TYPES: dict[str, ToolRow] = {
+    "function": SHOWN,
+    "custom": SHOWN,
+    "namespace": SHOWN,
+    # execution "server" (the default): run here; "client": shown, the client searches.
+    "tool_search": RUN,
+    "mcp": RUN,
+    # gpt-oss's browser and python: run by the operator's tool servers, refused without one.
+    "web_search": BROWSER,
+    "web_search_2025_08_26": BROWSER,
+    "web_search_preview": BROWSER,
+    "web_search_preview_2025_03_11": BROWSER,
+    "code_interpreter": PYTHON,
+    "shell": SHOWN,
+    "local_shell": SHOWN,
+    "apply_patch": SHOWN,
+    # Its outputs are screenshots: gpt-oss reads text only (docs/protocol.md).
+    "computer_use_preview": REFUSED,
+    "computer": REFUSED,
+    # No vector stores, no image model, no programmatic caller here.
+    "file_search": REFUSED,
+    "image_generation": REFUSED,
+    "programmatic_tool_calling": REFUSED,
+}
+
+
+def accepted(tool_type: str, args: AppArgs) -> bool:
+    """Whether a tool of ``tool_type`` is shown or run here (False: refused, or unknown)."""
+    row = TOOL_TYPES.get(tool_type)
+    return row is not None and row.handling is not Handling.REFUSED and row.configured(args)
