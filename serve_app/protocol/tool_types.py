@@ -33,13 +33,23 @@ class ToolRow:
     # Whether the operator configured what the type needs (a tool server...): a type whose row
     # says shown or run is refused as well when this says no.
     configured: Callable[[AppArgs], bool] = _always
+    # What the operator sets to configure it (said in the 400 when it is not).
+    needs: str = ""
 
 
 SHOWN = ToolRow(Handling.SHOWN)
 RUN = ToolRow(Handling.RUN)
 REFUSED = ToolRow(Handling.REFUSED)
-BROWSER = ToolRow(Handling.RUN, configured=lambda args: bool(args.tools.browser_server_url))
-PYTHON = ToolRow(Handling.RUN, configured=lambda args: bool(args.tools.python_server_url))
+BROWSER = ToolRow(
+    Handling.RUN,
+    configured=lambda args: bool(args.tools.browser_server_url),
+    needs="browser tool server (the operator sets tools.browser_server_url)",
+)
+PYTHON = ToolRow(
+    Handling.RUN,
+    configured=lambda args: bool(args.tools.python_server_url),
+    needs="python tool server (the operator sets tools.python_server_url)",
+)
 
 # One row per `type` value of the SDK's `Tool` union (openai/types/responses/tool.py), dated
 # aliases included.
@@ -67,6 +77,14 @@ TOOL_TYPES: dict[str, ToolRow] = {
     "image_generation": REFUSED,
     "programmatic_tool_calling": REFUSED,
 }
+
+
+def missing(tool_type: str, args: AppArgs) -> str:
+    """What the operator has not configured for a type that needs it ("" when nothing)."""
+    row = TOOL_TYPES.get(tool_type)
+    if row is None or row.handling is Handling.REFUSED or row.configured(args):
+        return ""
+    return row.needs
 
 
 def accepted(tool_type: str, args: AppArgs) -> bool:

@@ -53,11 +53,7 @@ def check_request(args: AppArgs, request: ResponsesRequest, *, check_limits: boo
     tool_rules.check_hosted_tool_choice(request)
     check_text(request)
     check_context_management(request)
-    builtin.check_builtin_tools(
-        request,
-        browser_server=args.tools.browser_server_url,
-        python_server=args.tools.python_server_url,
-    )
+    builtin.check_builtin_tools(request)
     if request.conversation_id is not None and request.previous_response_id is not None:
         raise InvalidRequest(
             "Use `conversation` or `previous_response_id`, not both.", param="conversation"

@@ -34,7 +34,7 @@ from serve_app.protocol.requests import (
     ToolOutputItem,
 )
 from serve_app.protocol.strict_schema import StrictSchemaError, check_schema
-from serve_app.protocol.tool_types import TOOL_TYPES, accepted
+from serve_app.protocol.tool_types import TOOL_TYPES, accepted, missing
 
 # Tool parameters nested deeper than this were a 400 when harmony parsed them (its JSON parser's
 # recursion limit); they stay one: the response could not echo much deeper ones back anyway.
@@ -57,8 +57,11 @@ def check_tool_types(args: AppArgs, request: ResponsesRequest) -> None:
                 code="invalid_value",
             )
         if not accepted(tool.type, args):
+            needs = missing(tool.type, args)
             raise InvalidRequest(
-                f"Tool '{tool.type}' is not supported with {request.model}.", param=param
+                f"Tool '{tool.type}' is not supported with {request.model}"
+                + (f": this server has no {needs}." if needs else "."),
+                param=param,
             )
         searches += isinstance(tool, ToolSearchTool)
     if searches > 1:

@@ -162,7 +162,6 @@ MAIN_REQUEST: dict[str, Any] = {
             "container": {"type": "auto", "file_ids": ["f"], "memory_limit": "1g"},
             "allowed_callers": ["direct"],
         },
-        {"type": "file_search", "vector_store_ids": ["vs_1"]},  # a hosted tool
         {"type": "function", "name": "later", "parameters": PARAMETERS, "defer_loading": True},
         {"type": "tool_search", "execution": "client", "description": "Find.", "parameters": {}},
     ],

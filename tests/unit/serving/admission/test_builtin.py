@@ -55,8 +55,9 @@ async def test_a_tool_without_its_server_is_a_400(
     body = {"model": MODEL, "input": "hi", "tools": tools}
     for call in (bare.responses.create(**body), bare.responses.input_tokens.count(**body)):
         error = await error_of(call)
-        assert error["param"] == param and error["code"] == "invalid_value"
-        assert error["message"].startswith(f"Tool type '{tool_type}' is not supported")
+        assert error["param"] == param and error["code"] is None
+        assert error["message"].startswith(f"Tool '{tool_type}' is not supported with {MODEL}")
+        assert "tool server (the operator sets tools." in error["message"]
 
 
 async def test_a_container_other_than_auto_is_a_400(served: openai.AsyncOpenAI) -> None:
