@@ -46,7 +46,12 @@ from openai.types.responses.response_function_web_search import (
 
 from serve_app.protocol.builtin_tools import AUTO_CONTAINER
 from serve_app.protocol.stream_items import OpenItem
-from serve_app.protocol.tool_items import ItemStatus, ToolResult, register_tool_items
+from serve_app.protocol.tool_items import (
+    ItemStatus,
+    QuietEvents,
+    ToolResult,
+    register_tool_items,
+)
 
 BROWSER_KIND = "browser"
 PYTHON_KIND = "python"
@@ -111,7 +116,7 @@ def web_search_action(
     )
 
 
-class WebSearchCallItems:
+class WebSearchCallItems(QuietEvents):
     """Kind ``browser``: ``web_search_call`` items and events."""
 
     id_prefix = "ws"
@@ -123,9 +128,6 @@ class WebSearchCallItems:
             status="in_progress",
             action=web_search_action(item.name, {}),
         )
-
-    def argument_delta(self, item: OpenItem, delta: str) -> list[ResponseStreamEvent]:
-        return []
 
     def arguments_done(self, item: OpenItem) -> list[ResponseStreamEvent]:
         return [

@@ -41,7 +41,12 @@ from openai.types.responses.response_output_item import (
 )
 
 from serve_app.protocol.stream_items import OpenItem, call_arguments
-from serve_app.protocol.tool_items import ItemStatus, ToolResult, register_tool_items
+from serve_app.protocol.tool_items import (
+    ItemStatus,
+    QuietEvents,
+    ToolResult,
+    register_tool_items,
+)
 
 # OpenAI's item id prefixes.
 LIST_PREFIX, CALL_PREFIX, APPROVAL_PREFIX = "mcpl", "mcp", "mcpr"
@@ -200,7 +205,7 @@ class McpCallItems:
         return [ended], final
 
 
-class McpApprovalItems:
+class McpApprovalItems(QuietEvents):
     """``mcp_approval_request`` items, the kind ``mcp_approval``: no events of their own
     (``output_item.added`` and ``.done``); the response ends with it, awaiting the client."""
 
@@ -209,15 +214,6 @@ class McpApprovalItems:
     def added(self, item: OpenItem) -> ResponseOutputItem:
         return approval_request_item(item.item_id, _label(item), item.name, "")
 
-    def argument_delta(self, item: OpenItem, delta: str) -> list[ResponseStreamEvent]:
-        return []
-
-    def arguments_done(self, item: OpenItem) -> list[ResponseStreamEvent]:
-        return []
-
-    def running(self, item: OpenItem) -> list[ResponseStreamEvent]:
-        return []
-
     def done(
         self, item: OpenItem, result: ToolResult | None, status: ItemStatus
     ) -> tuple[list[ResponseStreamEvent], ResponseOutputItem]:
@@ -225,7 +221,7 @@ class McpApprovalItems:
         return [], approval_request_item(item.item_id, _label(item), item.name, arguments)
 
 
-class McpListItems:
+class McpListItems(QuietEvents):
     """``mcp_list_tools`` items, the kind ``mcp_list``: a server listed before the model runs
     (``item.namespace`` the server label; the result's ``data["tools"]`` the tools)."""
 
@@ -233,12 +229,6 @@ class McpListItems:
 
     def added(self, item: OpenItem) -> ResponseOutputItem:
         return list_tools_item(item.item_id, _label(item))
-
-    def argument_delta(self, item: OpenItem, delta: str) -> list[ResponseStreamEvent]:
-        return []
-
-    def arguments_done(self, item: OpenItem) -> list[ResponseStreamEvent]:
-        return []
 
     def running(self, item: OpenItem) -> list[ResponseStreamEvent]:
         return [

@@ -89,6 +89,21 @@ class ToolItemBuilder(Protocol):
         ...
 
 
+class QuietEvents:
+    """A base for builders whose items have few events of their own (the SDK defines none for
+    an approval request or a tool search): no argument or running events unless a subclass
+    says so."""
+
+    def argument_delta(self, item: OpenItem, delta: str) -> list[ResponseStreamEvent]:
+        return []
+
+    def arguments_done(self, item: OpenItem) -> list[ResponseStreamEvent]:
+        return []
+
+    def running(self, item: OpenItem) -> list[ResponseStreamEvent]:
+        return []
+
+
 _BUILDERS: dict[str, ToolItemBuilder] = {}
 
 

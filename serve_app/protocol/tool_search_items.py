@@ -23,13 +23,18 @@ from openai.types.responses import (
 
 from serve_app.protocol import responses as builders
 from serve_app.protocol.stream_items import OpenItem
-from serve_app.protocol.tool_items import ItemStatus, ToolResult, register_tool_items
+from serve_app.protocol.tool_items import (
+    ItemStatus,
+    QuietEvents,
+    ToolResult,
+    register_tool_items,
+)
 
 SERVER_KIND = "tool_search"
 CLIENT_KIND = "tool_search_client"
 
 
-class ToolSearchItems:
+class ToolSearchItems(QuietEvents):
     """One execution's ``tool_search_call`` items (and the server's ``tool_search_output``)."""
 
     id_prefix = builders.ITEM_ID_PREFIXES["tool_search_call"]
@@ -39,15 +44,6 @@ class ToolSearchItems:
 
     def added(self, item: OpenItem) -> ResponseOutputItem:
         return self._call(item, {}, "in_progress")
-
-    def argument_delta(self, item: OpenItem, delta: str) -> list[ResponseStreamEvent]:
-        return []
-
-    def arguments_done(self, item: OpenItem) -> list[ResponseStreamEvent]:
-        return []
-
-    def running(self, item: OpenItem) -> list[ResponseStreamEvent]:
-        return []
 
     def done(
         self, item: OpenItem, result: ToolResult | None, status: ItemStatus
