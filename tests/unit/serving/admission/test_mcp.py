@@ -10,7 +10,9 @@ from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.admission.mcp import check_mcp
 from tests.support import MODEL
 
-ALLOW = ToolArgs(mcp_allow=["http://127.0.0.1:9000/mcp"])
+# Built per test: an import-time `ToolArgs` would take the serve tier's allowlist from the
+# environment (tests/unit/conftest.py clears it for each test).
+ALLOWED_URLS = ["http://127.0.0.1:9000/mcp"]
 
 
 def mcp(**fields: object) -> dict:
@@ -26,7 +28,7 @@ def check(tools: list[dict], items: list[dict] | None = None, history: int = 0) 
     request = ResponsesRequest.model_validate(
         {"model": MODEL, "input": items or "hi", "tools": tools}
     )
-    check_mcp(ALLOW, request, request.input_items, history)
+    check_mcp(ToolArgs(mcp_allow=ALLOWED_URLS), request, request.input_items, history)
 
 
 @pytest.mark.parametrize(
