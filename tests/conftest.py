@@ -41,6 +41,10 @@ from tests.support import (
     MCP_TEST_BOUNDS,
     OTHER_API_KEY,
     REPO,
+    # Imported for its effect: it names the MCP test servers' ports in $SERVE_APP_MCP_ALLOW
+    # before the session app starts (the app inherits it), whichever tests this run collects
+    # (the PostgreSQL stage's Agents SDK test imports it only when it runs).
+    mcp_app,  # noqa: F401
     postgres,
     serve_run,
 )
