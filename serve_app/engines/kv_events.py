@@ -40,12 +40,16 @@ class BlockStored:
     # an engine with one group.
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
+    # Where the copy lives: vLLM's `medium` (MEDIUM_GPU, or an offloading tier's, e.g. "CPU");
+    # None from an engine with one tier, read as the GPU pool.
+    medium: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
     block_hashes: tuple[BlockHash, ...]
     group_idx: int | None = None
+    medium: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from serve_app.protocol.client_tools import (
     ShellCallItem,
     ShellCallOutputItem,
 )
+from serve_app.protocol.prompt_cache import PromptCacheOptions
 from serve_app.protocol.request_base import MAX_ITEM_ID_LENGTH, OPAQUE, ItemId, Lenient
 from serve_app.protocol.request_tools import Tool, ToolChoice
 from serve_app.protocol.tool_search import ToolSearchCallItem, ToolSearchOutputItem
@@ -308,6 +309,7 @@ class ResponsesRequest(Lenient):
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     safety_identifier: str | None = Field(default=None, max_length=128)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     context_management: list[ContextManagement] | None = None
 
     @field_validator("metadata")
