@@ -194,6 +194,12 @@ MAIN_REQUEST: dict[str, Any] = {
     "background": False,
     "user": "tester",
     "context_management": [{"type": "compaction", "compact_threshold": 2000}],
+    "prompt_cache_options": {
+        "mode": "implicit",
+        "ttl": "12h",
+        "prewarm": False,
+        "comparison_response_id": "resp_earlier",
+    },
 }
 STATE_ITEMS = [
     {"type": "item_reference", "id": "msg_stored"},
