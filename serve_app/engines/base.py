@@ -56,6 +56,12 @@ class GenerateRequest:
     # What the completion must obey (issue 20), engine-neutral: each engine compiles it its own
     # way. None for a request that constrains nothing (the common case pays nothing).
     constraint: CompletionConstraint | None = None
+    # The client's prompt-cache marks (issue 40): the token indexes where the prefixes it asked
+    # to keep end (ascending; the latest written only), and the least time in seconds it asked
+    # them kept. vLLM and the simulated engine cache every whole block of every prompt and
+    # evict by LRU, so they honour neither yet; a tiered cache may (docs/protocol.md).
+    cache_breakpoints: tuple[int, ...] = ()
+    cache_ttl_s: int | None = None
 
 
 @dataclass

@@ -88,6 +88,9 @@ class UnrenderableRequest(ValueError):
 class RenderedPrompt:
     token_ids: list[int]
     tools: ToolRegistry
+    # Where each ``prompt_cache_breakpoint`` of the prompt ends, ascending
+    # (`cache_breakpoints.breakpoint_positions`; set by the ingress's renderer).
+    breakpoints: tuple[int, ...] = ()
 
 
 def render_request(

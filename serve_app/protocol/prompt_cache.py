@@ -42,3 +42,32 @@ class PromptCacheBreakpoint(Lenient):
 
     mode: Literal["explicit"]
     ttl: PromptCacheTTL | None = None
+
+
+# Seconds each ttl asks a breakpoint to live at least (what the engine request carries).
+TTL_SECONDS: dict[str, int] = {"30m": 30 * 60, "12h": 12 * 3600}
+# Content parts a client may mark: what it wrote (the SDK's ``BetaResponseInputText``,
+# ``BetaResponseInputImage``, ``BetaResponseInputFile``). Output parts are the model's.
+BREAKPOINT_PART_TYPES = frozenset({"input_text", "input_image", "input_file"})
+
+
+def applied(options: PromptCacheOptions | None) -> PromptCacheOptions:
+    """The options as applied (the Response's ``prompt_cache_options``): mode and ttl with
+    their defaults, and the comparison asked for."""
+    options = options or PromptCacheOptions()
+    return PromptCacheOptions(
+        mode=options.mode or DEFAULT_MODE,
+        ttl=options.ttl or DEFAULT_TTL,
+        comparison_response_id=options.comparison_response_id,
+    )
+
+
+def is_prewarm(options: PromptCacheOptions | None) -> bool:
+    return options is not None and options.prewarm is True
+
+
+def written_breakpoints(mode: PromptCacheMode | None, positions: list[int]) -> tuple[int, ...]:
+    """The breakpoints a request writes, of the explicit ones at ``positions`` (prompt order):
+    the latest four with ``explicit``, the latest three beside the implicit one otherwise."""
+    keep = MAX_WRITTEN_BREAKPOINTS - (0 if mode == "explicit" else 1)
+    return tuple(positions[-keep:])

@@ -19,6 +19,7 @@ from pydantic import Discriminator as PydanticDiscriminator
 from pydantic import (
     Field,
     Tag,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -35,7 +36,11 @@ from serve_app.protocol.client_tools import (
     ShellCallItem,
     ShellCallOutputItem,
 )
-from serve_app.protocol.prompt_cache import PromptCacheOptions
+from serve_app.protocol.prompt_cache import (
+    BREAKPOINT_PART_TYPES,
+    PromptCacheBreakpoint,
+    PromptCacheOptions,
+)
 from serve_app.protocol.request_base import MAX_ITEM_ID_LENGTH, OPAQUE, ItemId, Lenient
 from serve_app.protocol.request_tools import Tool, ToolChoice
 from serve_app.protocol.tool_search import ToolSearchCallItem, ToolSearchOutputItem
@@ -54,6 +59,21 @@ class ContentPart(Lenient):
     type: str
     text: str | None = None
     refusal: str | None = None
+    # Where a reusable prefix ends (issue 40): on a part the client wrote, not the model's.
+    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None
+
+    @field_validator("prompt_cache_breakpoint")
+    @classmethod
+    def _on_an_input_part(
+        cls, value: PromptCacheBreakpoint | None, info: ValidationInfo
+    ) -> PromptCacheBreakpoint | None:
+        kind = info.data.get("type")
+        if value is not None and kind not in BREAKPOINT_PART_TYPES:
+            raise ValueError(
+                f"`{kind}` parts cannot carry a prompt cache breakpoint (only "
+                f"{', '.join(sorted(BREAKPOINT_PART_TYPES))} can)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _known_type(self) -> ContentPart:

@@ -25,6 +25,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from openai.types.shared import Reasoning
 from pydantic import TypeAdapter, ValidationError
 
+from serve_app.protocol import prompt_cache
 from serve_app.protocol.request_tools import (
     CustomTool,
     FunctionTool,
@@ -161,6 +162,10 @@ def initial_response(request: ResponsesRequest, *, response_id: str, model: str)
         "safety_identifier": request.safety_identifier,
         "user": request.user,
         "prompt_cache_retention": request.prompt_cache_retention,
+        # As applied: mode and ttl with their defaults (the SDK's `Response.prompt_cache_options`).
+        "prompt_cache_options": prompt_cache.applied(request.prompt_cache_options).model_dump(
+            exclude={"prewarm"}
+        ),
     }
     if request.conversation_id is not None:  # only then: OpenAI leaves it out otherwise
         fields["conversation"] = {"id": request.conversation_id}

@@ -25,6 +25,7 @@ from serve_app.protocol.errors import (
     APIError,
     error_body,
 )
+from serve_app.protocol.prompt_cache import is_prewarm
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import dump_response
 from serve_app.protocol.sse import encode_event
@@ -48,7 +49,7 @@ from serve_app.serving.retention import RetentionSweep
 from serve_app.serving.tools.contract import ToolRunners
 from serve_app.serving.turn.references import as_stored_input
 from serve_app.serving.turn.service import ResponsesService
-from serve_app.serving.turn.state import Ask
+from serve_app.serving.turn.state import Ask, Turn
 from serve_app.serving.websocket import websocket_router
 from serve_app.store.base import ResponseStore, StoredResponse
 from serve_app.store.shared import alive_nodes, printable, require_shared_store
@@ -105,6 +106,8 @@ def create_api(
     @api.post("/v1/responses", response_model=None)
     async def create_response(body: ResponsesRequest, owner: Owner) -> Response:
         turn = await service.prepare(Ask(body, owner))
+        if is_prewarm(body.prompt_cache_options):  # the WebSocket's prewarm too: one path
+            return await _prewarm(service, turn, stream=bool(body.stream))
         if body.background:
             await background.start(turn)
             if body.stream:
@@ -196,6 +199,24 @@ def create_api(
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     return api
+
+
+async def _prewarm(service: ResponsesService, turn: Turn, *, stream: bool) -> Response:
+    """A prewarm over HTTP (`ResponsesService.prewarm`): its two events as SSE, or the
+    completed response (a 500 in OpenAI's shape if it could not be stored)."""
+    events = await service.prewarm(turn)
+    if stream:
+        return _event_stream(_sse(_one_batch(events)))
+    response = events[-1].response  # type: ignore[union-attr]: created/completed/failed
+    if response.status == "failed" and response.error is not None:
+        raise failed_response_error(response.error.message, response.error.code)
+    return JSONResponse(dump_response(response))
+
+
+async def _one_batch(
+    events: list[ResponseStreamEvent],
+) -> AsyncGenerator[list[ResponseStreamEvent]]:
+    yield events
 
 
 async def _sse(batches: AsyncGenerator[list[ResponseStreamEvent]]) -> AsyncIterator[bytes]:

@@ -9,9 +9,10 @@ a state the server may not hold as the client thinks.
 
 A ``response.create`` with ``generate: false`` (Codex opens each session with one, a prewarm)
 is answered as OpenAI answers it: ``response.created`` and ``response.completed`` with no output
-and zero usage, without calling the engine. Its id is remembered like any response's, with the
-input it carried, so the next turn can continue it by ``previous_response_id`` with only its new
-items.
+and zero usage, its prompt prefilled in the engine first (one code path with HTTP's
+``prompt_cache_options.prewarm``: `ResponsesService.prewarm`). Its id is remembered like any
+response's, with the input it carried, so the next turn can continue it by
+``previous_response_id`` with only its new items.
 
 What one tenant can hold is bounded (`Limits` in config.py): open connections per ingress
 replica and per API key (each holds one of the replica's Ray Serve request slots for its whole
@@ -37,7 +38,6 @@ from openai.types.responses.responses_server_event import ResponseWsError, Respo
 from serve_app.config import Limits
 from serve_app.protocol.errors import APIError, RateLimited
 from serve_app.protocol.requests import InputItem
-from serve_app.protocol.responses import usage
 from serve_app.protocol.sse import event_json
 from serve_app.serving import metrics
 from serve_app.serving.admission import websocket as rules
@@ -339,16 +339,14 @@ async def _prewarm(
     recent: RecentResponses,
     desk: SteerDesk,
 ) -> None:
-    """A ``generate: false`` turn: validated and rendered like any (so its errors are the same),
-    answered at once with an empty completed response; the engine is not called."""
-    # No tokens: a completed response with no output and zero usage.
-    events = turn.translator.writer.answer_at_once(usage(0, 0, 0, 0))
+    """A prewarm turn (``generate: false`` or ``prompt_cache_options.prewarm``): validated and
+    rendered like any (so its errors are the same), prefilled and answered with an empty
+    completed response as over HTTP (`ResponsesService.prewarm`)."""
+    events = await service.prewarm(turn)
     # Stored (so HTTP and other sockets can continue it too) before it is answered completed.
-    if (failed := await service.keep(turn)) is None:
+    if events[-1].type == "response.completed":
         recent.remember(turn.response.id, service.continuation(turn))
         logger.info("websocket: prewarm %s answered without generating", turn.response.id)
-    else:
-        events[-1] = failed
     desk.ended_at_once(turn.response, sink.stream_id, sequences=len(events))
     await sink.send_batch([event_json(event) for event in events])
 

@@ -25,6 +25,7 @@ from serve_app.harmony.pieces import MAX_PIECE_CHARS, long_piece
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import UnrenderableRequest
 from serve_app.harmony.tools import ToolRegistry
+from serve_app.protocol import prompt_cache
 from serve_app.protocol.errors import (
     RATE_LIMITED,
     APIError,
@@ -41,6 +42,24 @@ from serve_app.serving.admission import builtin
 from serve_app.serving.admission import tools as tool_rules
 
 
+def check_prewarm(request: ResponsesRequest) -> None:
+    """A prewarm (``prompt_cache_options.prewarm``) generates nothing: there is no run to leave
+    in the background, and its input would join a conversation with no answer after it."""
+    if not prompt_cache.is_prewarm(request.prompt_cache_options):
+        return
+    if request.background:
+        raise InvalidRequest(
+            "`prompt_cache_options.prewarm` is not supported with `background`: a prewarm "
+            "generates nothing to run in the background.",
+            param="background",
+        )
+    if request.conversation_id is not None:
+        raise InvalidRequest(
+            "`prompt_cache_options.prewarm` is not supported with `conversation`.",
+            param="conversation",
+        )
+
+
 def check_request(args: AppArgs, request: ResponsesRequest, *, check_limits: bool = True) -> None:
     """What the request alone decides: a model we serve, within the limits (``check_limits``
     false: the server built the request, so its item count is not the client's to keep), and
@@ -52,6 +71,7 @@ def check_request(args: AppArgs, request: ResponsesRequest, *, check_limits: boo
     tool_rules.check_tool_types(args, request)
     tool_rules.check_hosted_tool_choice(request)
     check_text(request)
+    check_prewarm(request)
     check_context_management(request)
     builtin.check_builtin_tools(request)
     if request.conversation_id is not None and request.previous_response_id is not None:

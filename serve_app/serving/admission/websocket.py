@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from serve_app.protocol.body_errors import from_validation_errors
 from serve_app.protocol.errors import APIError, InvalidRequest
+from serve_app.protocol.prompt_cache import PromptCacheOptions, is_prewarm
 from serve_app.protocol.request_base import STRICT_TYPES
 from serve_app.protocol.requests import ResponsesRequest
 
@@ -117,29 +118,26 @@ def parse_create(text: str) -> Create:
         request = ResponsesRequest.model_validate({**body, "stream": True})
     except ValidationError as exc:
         raise from_validation_errors(list(exc.errors())) from exc
-    return Create(request, generate)
-
-
-class _PromptCacheOptions(BaseModel):
-    model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
-    prewarm: bool | None = None
+    if not generate:
+        # `generate: false` is the WebSocket's own way to ask for a prewarm: from here on the
+        # request is one (`prompt_cache_options.prewarm`), served as over HTTP.
+        options = request.prompt_cache_options or PromptCacheOptions()
+        request = request.model_copy(
+            update={"prompt_cache_options": options.model_copy(update={"prewarm": True})}
+        )
+    return Create(request, not is_prewarm(request.prompt_cache_options))
 
 
 class _Generation(BaseModel):
-    """The WebSocket-only fields of ``response.create`` that say whether to generate."""
+    """The WebSocket-only field of ``response.create`` that says whether to generate
+    (``prompt_cache_options.prewarm``, the shared one, overrides it)."""
 
     model_config = ConfigDict(**STRICT_TYPES, extra="ignore")
     generate: bool | None = None  # default true
-    prompt_cache_options: _PromptCacheOptions | None = None  # `prewarm: true` overrides
-
-    @property
-    def wanted(self) -> bool:
-        prewarm = self.prompt_cache_options.prewarm if self.prompt_cache_options else None
-        return self.generate is not False and prewarm is not True
 
 
 def _generate(body: dict) -> bool:
     try:
-        return _Generation.model_validate(body).wanted
+        return _Generation.model_validate(body).generate is not False
     except ValidationError as exc:
         raise from_validation_errors(list(exc.errors())) from exc

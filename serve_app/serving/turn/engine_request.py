@@ -14,9 +14,17 @@ from serve_app.engines.base import (
 from serve_app.harmony.encoding import STOP_TOKENS
 from serve_app.harmony.render import RenderedPrompt
 from serve_app.harmony.tools import ToolRegistry
+from serve_app.protocol.prompt_cache import (
+    DEFAULT_TTL,
+    TTL_SECONDS,
+    applied,
+    written_breakpoints,
+)
 from serve_app.protocol.requests import ResponsesRequest
 
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
+# The cache salt's prefix of a request that caches nothing (its response id follows).
+NO_CACHE_SALT = "no-cache:"
 
 
 def engine_request(
@@ -43,9 +51,26 @@ def engine_request(
             logprobs=_logprobs_wanted(request),
         ),
         session_id=session_id,
-        cache_salt=cache_salt,
+        cache_salt=_cache_salt(request, prompt, cache_salt, request_id),
         constraint=_constraint(request, prompt.tools),
+        cache_breakpoints=written_breakpoints(_mode(request), list(prompt.breakpoints)),
+        cache_ttl_s=TTL_SECONDS[applied(request.prompt_cache_options).ttl or DEFAULT_TTL],
     )
+
+
+def _mode(request: ResponsesRequest) -> str | None:
+    return request.prompt_cache_options.mode if request.prompt_cache_options else None
+
+
+def _cache_salt(
+    request: ResponsesRequest, prompt: RenderedPrompt, salt: str | None, request_id: str
+) -> str | None:
+    """The caller's prefix-cache namespace, unless the request asked for no caching at all
+    (``mode: explicit`` with no breakpoint): then a namespace of its own, which nothing was
+    cached under and no other request will name, so it neither reuses nor leaves a prefix."""
+    if _mode(request) == "explicit" and not prompt.breakpoints:
+        return f"{NO_CACHE_SALT}{request_id}:{salt or ''}"
+    return salt
 
 
 def _logprobs_wanted(request: ResponsesRequest) -> int | None:

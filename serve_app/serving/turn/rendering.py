@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from serve_app.config import AppArgs
+from serve_app.harmony.cache_breakpoints import breakpoint_positions
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import RenderedPrompt, render_request
 from serve_app.harmony.tools import ToolRegistry
@@ -41,7 +42,9 @@ class Renderer:
             context = replace(context, tools=tools)
         with rules.unrenderable_is_a_400():
             token_ids = await self.pool.token_ids(context, owner, truncate)
-        return RenderedPrompt(token_ids=token_ids, tools=tools)
+        items = [*context.history, *context.request.input_items]
+        marks = tuple(breakpoint_positions(token_ids, items))
+        return RenderedPrompt(token_ids=token_ids, tools=tools, breakpoints=marks)
 
 
 def render_token_ids(

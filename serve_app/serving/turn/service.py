@@ -8,6 +8,7 @@ runs in tests without a cluster. Its 4xx rules live in serve_app.serving.admissi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator
@@ -22,7 +23,7 @@ from serve_app.harmony.render import RenderedPrompt
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import InputItem, ResponsesRequest
-from serve_app.protocol.responses import initial_response, new_response_id
+from serve_app.protocol.responses import initial_response, new_response_id, usage
 from serve_app.routing.keys import cache_salt, key_digest, routing_key
 from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
@@ -68,6 +69,7 @@ class ResponsesService:
         self._mcp.register(self._tools)
         register_builtin_runners(self._tools, args.tools)  # gpt-oss's browser and python
         tool_search.register(self._tools)  # needs no configuration: always run
+        self._engine = engine
         self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools))
 
     @property
@@ -214,6 +216,32 @@ class ResponsesService:
         """Store the turn's response as it is now (a background one in progress); `NotStored`
         if it could not be."""
         await self._persistence.save(turn)
+
+    async def prewarm(self, turn: Turn) -> list[ResponseStreamEvent]:
+        """A prewarm (``prompt_cache_options.prewarm``, or a WebSocket's ``generate: false``),
+        over HTTP and WebSocket alike: the prompt prefilled into the engine's prefix cache, then
+        answered as OpenAI answers it, ``response.created`` and ``response.completed`` with no
+        output and zero usage, stored first like any response. Its events, in order."""
+        await self._prefill(turn)
+        events = turn.translator.writer.answer_at_once(usage(0, 0, 0, 0))
+        if (failed := await self.keep(turn)) is not None:
+            events[-1] = failed
+        return events
+
+    async def _prefill(self, turn: Turn) -> None:
+        """Prefill the turn's prompt where its routing key places it. An engine samples at
+        least one token per request (vLLM schedules no prefill-only request), so one is asked
+        for, unconstrained, and dropped. Best effort: an engine at capacity or failing leaves
+        the cache cold, and the prewarm is still answered (the next turn prefills it)."""
+        sampling = replace(turn.generate.sampling, max_tokens=1, logprobs=None)
+        asked = replace(turn.generate, sampling=sampling, constraint=None)
+        try:
+            async with contextlib.aclosing(self._engine.stream(asked)) as chunks:
+                async for chunk in chunks:
+                    if chunk.finish_reason is not None:
+                        break
+        except Exception as error:
+            logger.warning("prewarm %s: the prompt was not prefilled: %r", asked.request_id, error)
 
     async def keep(self, turn: Turn) -> ResponseStreamEvent | None:
         """`Persistence.keep`, for a caller that sends the terminal event itself (a WebSocket
