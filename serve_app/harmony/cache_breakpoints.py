@@ -5,8 +5,8 @@ each is turned into the token index where that part ends (exclusive: the prefix
 ``token_ids[:index]`` holds the part). Found after rendering, in the rendered token ids, so it
 holds whatever rendering did (instructions merged into the developer message, truncation,
 the render pool): a marked message's text is looked for from the prompt's end backwards, and
-within it the part's end is the length of the text up to it, tokenized alone (clipped to the
-message). A message no longer in the prompt (truncated away) marks nothing.
+within it the part ends after the last token wholly within the text up to it. A message no
+longer in the prompt (truncated away) marks nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def breakpoint_positions(token_ids: Sequence[int], items: Sequence[InputItem]) -
             continue
         end = start * _ITEMSIZE
         for prefix in reversed(prefixes):
-            positions.append(start + min(len(_encode(prefix)), len(content)))
+            positions.append(start + _tokens_within(content, len(prefix)))
     return sorted(set(positions))
 
 
@@ -50,6 +50,20 @@ def _marked_prefixes(item: InputItem) -> list[str]:
         if part.prompt_cache_breakpoint is not None:
             prefixes.append(text)
     return prefixes
+
+
+def _tokens_within(content: list[int], chars: int) -> int:
+    """How many of a message's tokens lie wholly within its first ``chars`` characters: a
+    token that spans the end of a part belongs to the text after it too (``" Question"``
+    after a part ending in a space), so the prefix stops before it."""
+    low, high = 0, len(content)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(get_encoding().decode(content[:middle])) <= chars:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _encode(text: str) -> list[int]:

@@ -84,7 +84,16 @@ MAIN_REQUEST: dict[str, Any] = {
             "phase": "final_answer",
             "content": [{"type": "output_text", "text": "It is done."}],
         },
-        {"role": "user", "content": [{"type": "input_text", "text": "Thanks."}]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "input_text",
+                    "text": "Thanks.",
+                    "prompt_cache_breakpoint": {"mode": "explicit", "ttl": "30m"},
+                }
+            ],
+        },
         # gpt-oss's browser and python calls, as the SDK writes them (each action's form).
         {
             "type": "web_search_call",
