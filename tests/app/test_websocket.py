@@ -165,9 +165,10 @@ def test_a_client_flooding_messages_is_closed(app_url: str, app_cluster: None) -
     assert wait_for(lambda: engine_ongoing(key) == 0)
 
 
-def test_a_prewarm_is_answered_at_once_without_the_engine(client) -> None:
-    # Codex opens each WebSocket session with `generate: false`. Were the engine called, this
-    # turn would stream reasoning and then pause for a minute (SDK-SLOW).
+def test_a_prewarm_is_answered_at_once_without_generating(client) -> None:
+    # Codex opens each WebSocket session with `generate: false`. The engine only prefills the
+    # prompt (one token, dropped): were the turn generated, it would stream reasoning and then
+    # pause for a minute (SDK-SLOW).
     with client.responses.connect() as connection:
         started = time.monotonic()
         connection.response.create(
