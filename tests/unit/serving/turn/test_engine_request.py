@@ -6,6 +6,7 @@ from __future__ import annotations
 from serve_app.harmony.render import RenderedPrompt
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import ResponsesRequest
+from serve_app.protocol.responses import new_response_id
 from serve_app.serving.turn.engine_request import engine_request
 from tests.support import MODEL
 
@@ -40,8 +41,11 @@ def test_explicit_with_marks_caches_under_the_tenants_salt_with_the_latest_four(
 
 
 def test_explicit_without_a_mark_caches_nothing_anyone_shares() -> None:
-    first = asked({"mode": "explicit"}, request_id="resp_1")
-    second = asked({"mode": "explicit"}, request_id="resp_2")
+    first = asked({"mode": "explicit"}, request_id=new_response_id())
+    second = asked({"mode": "explicit"}, request_id=new_response_id())
     # A salt per request: nothing cached before matches it, nothing after will name it.
     assert first.cache_salt not in ("tenant", None, second.cache_salt)
     assert first.cache_breakpoints == ()
+    # Within what vLLM's server accepts of a salt (docs/vllm.md "Cache salt").
+    salt = first.cache_salt.replace("tenant", "0" * 32)
+    assert 0 < len(salt) <= 128 and not any(bad in salt for bad in "@/\\\0")
