@@ -31,35 +31,34 @@ def param_of(body: dict) -> str | None:
     return from_validation_errors(list(caught.value.errors())).param
 
 
+def marked(kind: str, mark: object, role: str = "user") -> dict:
+    """A message whose second part (``kind``) carries ``mark`` as its breakpoint."""
+    part = {"type": kind, "text": "b", "prompt_cache_breakpoint": mark}
+    return {"input": [message({"type": "input_text", "text": "a"}, part, role=role)]}
+
+
+OPTIONS = "prompt_cache_options"
+ON_PART = "input[0].content[1].prompt_cache_breakpoint"
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"input": "x", "prompt_cache_options": {"mode": "auto"}}, "prompt_cache_options.mode"),
-        ({"input": "x", "prompt_cache_options": {"ttl": "24h"}}, "prompt_cache_options.ttl"),
-        ({"input": "x", "prompt_cache_options": {"prewarm": "yes"}}, "prompt_cache_options.prewarm"),
-        ({"input": "x", "prompt_cache_options": "explicit"}, "prompt_cache_options"),
+        ({"input": "x", OPTIONS: {"mode": "auto"}}, f"{OPTIONS}.mode"),
+        ({"input": "x", OPTIONS: {"ttl": "24h"}}, f"{OPTIONS}.ttl"),
+        ({"input": "x", OPTIONS: {"prewarm": "yes"}}, f"{OPTIONS}.prewarm"),
+        ({"input": "x", OPTIONS: "explicit"}, OPTIONS),
         (
-            {"input": "x", "prompt_cache_options": {"comparison_response_id": ""}},
-            "prompt_cache_options.comparison_response_id",
+            {"input": "x", OPTIONS: {"comparison_response_id": ""}},
+            f"{OPTIONS}.comparison_response_id",
         ),
-        (
-            {"input": [message({"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b", "prompt_cache_breakpoint": True})]},
-            "input[0].content[1].prompt_cache_breakpoint",
-        ),
-        (
-            {"input": [message({"type": "input_text", "text": "a", "prompt_cache_breakpoint": {"mode": "implicit"}})]},
-            "input[0].content[0].prompt_cache_breakpoint.mode",
-        ),
-        (
-            {"input": [message({"type": "input_text", "text": "a", "prompt_cache_breakpoint": {"mode": "explicit", "ttl": "1h"}})]},
-            "input[0].content[0].prompt_cache_breakpoint.ttl",
-        ),
-        (  # the model's own part: not the client's to mark
-            {"input": [message({"type": "output_text", "text": "a", "prompt_cache_breakpoint": MARK}, role="assistant")]},
-            "input[0].content[0].prompt_cache_breakpoint",
-        ),
+        (marked("input_text", True), ON_PART),
+        (marked("input_text", {"mode": "implicit"}), f"{ON_PART}.mode"),
+        (marked("input_text", {"mode": "explicit", "ttl": "1h"}), f"{ON_PART}.ttl"),
+        # The model's own part: not the client's to mark.
+        (marked("output_text", MARK, role="assistant"), ON_PART),
     ],
-)  # fmt: skip
+)
 def test_a_bad_value_is_a_400_naming_its_param(body: dict, param: str) -> None:
     assert param_of(body) == param
 
