@@ -127,6 +127,16 @@ def test_the_options_are_echoed_and_stored_alike(client: OpenAI) -> None:
     assert created.prompt_cache_retention == "24h"  # independent of the ttl (the SDK's doc)
     stored = client.responses.retrieve(created.id)
     assert stored.prompt_cache_options.model_dump() == echoed.model_dump()
+    # A background response carries them from its first form on, and stored.
+    background = client.responses.create(
+        model=MODEL,
+        input="SDK-TEXT echo",
+        background=True,
+        prompt_cache_options={"mode": "explicit", "ttl": "12h"},
+    )
+    assert background.prompt_cache_options.mode == "explicit"
+    again = client.responses.retrieve(background.id)
+    assert (again.prompt_cache_options.mode, again.prompt_cache_options.ttl) == ("explicit", "12h")
     default = client.responses.create(model=MODEL, input="SDK-TEXT default")
     assert (default.prompt_cache_options.mode, default.prompt_cache_options.ttl) == (
         "implicit",
