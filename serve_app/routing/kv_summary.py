@@ -55,7 +55,13 @@ from serve_app.engines.kv_events import (
 from serve_app.routing.directory import DEFAULT_MAX_REPORTED
 from serve_app.routing.ring import stable_hash
 
-HELD_KEY = "held_tokens"  # {conversation hash: prompt tokens cached}
+HELD_KEY = "held_tokens"  # {conversation hash: prompt tokens cached on the GPU}
+# {conversation hash: prompt tokens cached only in the replica's CPU tier (vLLM's offloading
+# connector, the simulated engine's CPU tier)}: same keys and bound as HELD_KEY.
+CPU_HELD_KEY = "cpu_held_tokens"
+# vLLM's `medium` strings (its MEDIUM_GPU, and the CPU offloading tier's); None reads as GPU.
+GPU_MEDIUM = "GPU"
+CPU_MEDIUM = "CPU"
 KV_EVENTS_KEY = "kv_events"  # {event name: events seen}
 # vLLM's KVCacheSpecKind values of groups whose blocks are a whole prefix.
 _FULL_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
@@ -95,6 +101,10 @@ class HeldPrefixes:
 
     def held_tokens(self, session_id: str) -> int:
         return len(self._held.get(stable_hash(session_id), ())) * self._block_size
+
+    def cpu_report(self) -> dict[int, int]:
+        """Tokens held only in the replica's CPU tier, per conversation (keys as `report`)."""
+        return {}
 
     def report(self) -> dict[int, int]:
         """Held tokens of the conversations held (the most recently stored ones, at most

@@ -6,7 +6,11 @@ and reports the same way, so both run this code:
 
 - the conversations served recently (``serve_app.routing.directory``);
 - the prefix cache per conversation, from the engine's KV-cache events
-  (``serve_app.routing.kv_summary``; `held` is the engine's event sink);
+  (``serve_app.routing.kv_summary``; `held` is the engine's event sink): ``held_tokens`` on the
+  GPU, ``cpu_held_tokens`` held only in the replica's CPU tier (a turn reloads those instead
+  of computing them), each per conversation, same keys and bound;
+- ``kv_load_tokens_per_s``: how fast the replica loads KV from its CPU tier to its GPU (the
+  engine's configured or measured rate; absent for an engine with no CPU tier);
 - the queued uncached prefill, the measured prefill rate and the decode load
   (``serve_app.routing.prefill``).
 """
@@ -18,13 +22,26 @@ from collections.abc import Callable
 from typing import Any
 
 from serve_app.routing.directory import ServedConversations
-from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY, HeldPrefixes
+from serve_app.routing.kv_summary import CPU_HELD_KEY, HELD_KEY, KV_EVENTS_KEY, HeldPrefixes
 from serve_app.routing.prefill import PrefillLedger
+
+# The routing-stats keys a router reads of the prefix cache (the others: directory, prefill).
+__all__ = ["CPU_HELD_KEY", "HELD_KEY", "KV_EVENTS_KEY", "KV_LOAD_RATE_KEY", "ReplicaReporter"]
+
+# CPU -> GPU KV load rate of the replica, tokens/s (absent: the replica has no CPU tier).
+KV_LOAD_RATE_KEY = "kv_load_tokens_per_s"
 
 
 class ReplicaReporter:
-    def __init__(self, replica: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        replica: str,
+        clock: Callable[[], float] = time.time,
+        kv_load_tokens_per_s: float | None = None,
+    ) -> None:
         self._clock = clock
+        # The engine's CPU -> GPU load rate (None: no CPU tier, or not known).
+        self.kv_load_tokens_per_s = kv_load_tokens_per_s
         self.served = ServedConversations(replica, clock=clock)
         self.held = HeldPrefixes()
         self.prefills = PrefillLedger()
@@ -53,9 +70,15 @@ class ReplicaReporter:
         return self._clock()
 
     def report(self) -> dict[str, Any]:
-        return {
+        report = {
             **self.served.report(),
             **self.prefills.report(self._clock()),
             HELD_KEY: self.held.report(),
             KV_EVENTS_KEY: dict(self.held.event_counts),
         }
+        cpu_held = self.held.cpu_report()
+        if cpu_held:
+            report[CPU_HELD_KEY] = cpu_held
+        if self.kv_load_tokens_per_s is not None:
+            report[KV_LOAD_RATE_KEY] = self.kv_load_tokens_per_s
+        return report

@@ -67,6 +67,8 @@ class _Sent:
 class TTFTPredictor:
     default_rate: float = DEFAULT_PREFILL_TOKENS_PER_S
     clock: Callable[[], float] = time.time
+    # The KV tier all replicas share, pulled at this many tokens/s (None: no shared tier).
+    shared_pull_tokens_per_s: float | None = None
     _backlogs: dict[str, _Backlog] = field(default_factory=dict)
     _rates: dict[str, float] = field(default_factory=dict)
     _held: dict[str, Mapping[int, int]] = field(default_factory=dict)
