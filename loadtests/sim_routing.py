@@ -53,15 +53,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_routing import Turn, add_placer_options, oracle, percentile, render_turns, row
 from sim_steps import SteppedPrefill
-from sim_tiers import KV_TIERS, BlockLRU, Served, TierConfig, TieredCache
+from sim_tiers import CPU_MEDIUM, KV_TIERS, BlockLRU, Served, TierConfig, TieredCache
 from traces import Session, generate
 
-from serve_app.engines.kv_events import KVEventSink
+from serve_app.engines.kv_events import BlockStored, KVEventSink
 from serve_app.engines.prefix_cache import PrefixKVCache
 from serve_app.engines.simulated import SimulatedEngineConfig
 from serve_app.routing.affinity import (
     ConversationPlacer,
 )
+from serve_app.routing.kv_summary import HeldPrefixes
 from serve_app.routing.replica_report import ReplicaReporter
 from serve_app.routing.ring import HashRing
 
@@ -122,7 +123,8 @@ class Ours:
         members: list[str],
         ingress_replicas: int = 1,
         report_period_s: float = 1.0,
-        **bounds: float,
+        kv_load_tokens_per_s: float | None = None,
+        **bounds: float | None,
     ) -> None:
         self.clock = SimClock()
         self.placers = [
@@ -132,7 +134,9 @@ class Ours:
             placer.set_members(members)
         # Each replica's reports, as the engine deployment makes them: its KV-cache summary is
         # fed by its cache model's events (`replay` wires them), its prefill ledger by `replay`.
-        self.reporters = {member: ReplicaReporter(member, clock=self.clock) for member in members}
+        self.reporters = {
+            member: ReplicaReporter(member, self.clock, kv_load_tokens_per_s) for member in members
+        }
         self.report_period_s = report_period_s
         self.next_report_s = 0.0
         self.rng = random.Random(0)
@@ -185,7 +189,7 @@ class Clairvoyant(Ours):
     """Today's placer, and each later turn moved where its true TTFT is lower by more than
     ``slack_s`` (analysis only: `TrueState` is what the replay shows it before each turn)."""
 
-    def __init__(self, members: list[str], slack_s: float, **kwargs: float) -> None:
+    def __init__(self, members: list[str], slack_s: float, **kwargs: float | None) -> None:
         super().__init__(members, ttft_slack_s=None, **kwargs)
         self.slack_s = slack_s
         self.state: TrueState | None = None
@@ -468,7 +472,11 @@ def _cpu_sink(reporter: ReplicaReporter | None) -> KVEventSink | None:
     """Where the replica's CPU tier reports its blocks: its KV summary, when the summary
     tells the media apart (it reports them as ``cpu_held_tokens``); else nowhere, since a
     summary that does not would count a CPU copy as held on the GPU."""
-    if reporter is None or not getattr(reporter, "counts_cpu_tier", False):
+    if reporter is None:
+        return None
+    probe = HeldPrefixes()
+    probe([BlockStored((1,), None, 16, "probe", medium=CPU_MEDIUM)])
+    if probe.held_tokens("probe") or not probe.cpu_report():
         return None
     return reporter.held
 
@@ -584,6 +592,14 @@ def main() -> None:
     if tiers.kind != "none" and (args.max_batched_tokens or args.by_uncached):
         sys.exit("--kv-tier cpu/shared models transfers with one prefill at a time only")
     members = [f"replica-{index}" for index in range(args.replicas)]
+    # What the placers are told of the tiers: the replicas report their load rate; the
+    # shared tier's pull rate is a router option (`shared_kv_pull_tokens_per_s`).
+    tier_options: dict[str, float | None] = {
+        "kv_load_tokens_per_s": tiers.load_tokens_per_s if tiers.kind != "none" else None,
+        "shared_kv_pull_tokens_per_s": (
+            tiers.pull_tokens_per_s if tiers.kind == "shared" else None
+        ),
+    }
     policies: dict[str, Callable[[], Policy]] = {
         "hash (Ray ConsistentHashRouter)": lambda: hash_owner(members),
         "pow2 (Ray default)": lambda: power_of_two(members),
@@ -602,6 +618,7 @@ def main() -> None:
                 min_bound=min_bound,
                 ttft_slack_s=None if slack < 0 else slack,
                 ingress_replicas=args.ingress_replicas,
+                **tier_options,
             )
     for slack in args.clairvoyant_slack_s:
         policies[f"clairvoyant moves (slack {slack} s)"] = lambda slack=slack: Clairvoyant(
@@ -613,6 +630,7 @@ def main() -> None:
             spill_factor=args.spill_factor,
             min_bound=args.min_bound[0],
             ingress_replicas=args.ingress_replicas,
+            **tier_options,
         )
     steps = (
         EngineSteps(args.max_batched_tokens, args.long_prefill_tokens, args.by_uncached)
