@@ -48,17 +48,29 @@ class ReplicaReporter:
 
     def arrived(self, request_id: str, session_id: str | None, prompt_tokens: int) -> None:
         """A request reached the replica: its uncached tokens are its prompt less what the
-        replica holds of its conversation (by the KV summary), or, if it holds none of it, less
-        the shared prefix such turns found cached (the ledger's `shared_prefix_tokens`)."""
-        held = 0
+        replica holds of its conversation (by the KV summary, on the GPU or, at its load cost,
+        in the CPU tier), or, if it holds none of it, less the shared prefix such turns found
+        cached (the ledger's `shared_prefix_tokens`)."""
+        held = on_cpu = 0
         if session_id:
             self.served.record(session_id)
             held = self.held.held_tokens(session_id)
-        if held:
-            self.prefills.arrived(request_id, prompt_tokens - held, self._clock())
+            on_cpu = self.held.cpu_held_tokens(session_id)
+        if held or on_cpu:
+            uncached = prompt_tokens - min(held + on_cpu, prompt_tokens - 1)
+            self.prefills.arrived(request_id, uncached + self._load_cost(on_cpu), self._clock())
             return
         shared = min(self.prefills.shared_prefix_tokens or 0, prompt_tokens - 1)
         self.prefills.arrived(request_id, prompt_tokens - shared, self._clock(), prompt_tokens)
+
+    def _load_cost(self, tokens: int) -> int:
+        """Loading ``tokens`` from the CPU tier, in prefill tokens of the same time: the
+        engine loads them in the request's turn of the prefill queue, so the requests behind
+        wait for the load as for a prefill. Free until the prefill rate is measured."""
+        rate, load_rate = self.prefills.tokens_per_s, self.kv_load_tokens_per_s
+        if not tokens or rate is None or not load_rate:
+            return 0
+        return round(tokens * rate / load_rate)
 
     def first_token(self, request_id: str, uncached_tokens: int | None, at: float) -> None:
         self.prefills.first_token(request_id, uncached_tokens, at)

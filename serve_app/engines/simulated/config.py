@@ -6,6 +6,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from serve_app.engines.prefix_cache import SharedKVTier
+
+# The shared tiers of this process, one per (size, block size): the engines of one process
+# (in-process tests, the replay) share one; engines in other Ray actors do not.
+_SHARED_TIERS: dict[tuple[int, int], SharedKVTier] = {}
+
 
 class SimulatedEngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -43,4 +49,18 @@ class SimulatedEngineConfig(BaseModel):
     def _cache_holds_a_block(self) -> SimulatedEngineConfig:
         if self.kv_cache_tokens < self.block_size:
             raise ValueError("kv_cache_tokens must be at least block_size")
+        for name in ("cpu_kv_cache_tokens", "shared_kv_cache_tokens"):
+            if 0 < getattr(self, name) < self.block_size:
+                raise ValueError(f"{name} must be 0 (no tier) or at least block_size")
         return self
+
+
+def shared_tier(config: SimulatedEngineConfig) -> SharedKVTier | None:
+    """The process's shared tier of ``config``'s size (None: it configures none)."""
+    if not config.shared_kv_cache_tokens:
+        return None
+    key = (config.shared_kv_cache_tokens, config.block_size)
+    tier = _SHARED_TIERS.get(key)
+    if tier is None:
+        tier = _SHARED_TIERS[key] = SharedKVTier(*key)
+    return tier
