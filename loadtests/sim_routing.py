@@ -53,16 +53,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_routing import Turn, add_placer_options, oracle, percentile, render_turns, row
 from sim_steps import SteppedPrefill
-from sim_tiers import CPU_MEDIUM, KV_TIERS, BlockLRU, Served, TierConfig, TieredCache
+from sim_tiers import KV_TIERS, Served, TierConfig, peek, serve, shared_tier, tiered_cache
 from traces import Session, generate
 
-from serve_app.engines.kv_events import BlockStored, KVEventSink
 from serve_app.engines.prefix_cache import PrefixKVCache
 from serve_app.engines.simulated import SimulatedEngineConfig
 from serve_app.routing.affinity import (
     ConversationPlacer,
 )
-from serve_app.routing.kv_summary import HeldPrefixes
 from serve_app.routing.replica_report import ReplicaReporter
 from serve_app.routing.ring import HashRing
 
@@ -179,7 +177,8 @@ class TrueState:
     """What the replay knows and no router does: each replica's prefix cache and when its
     prefill queue frees, and the arriving turn's tokens."""
 
-    caches: Mapping[str, TieredCache]
+    caches: Mapping[str, PrefixKVCache]
+    tiers: TierConfig
     prefill_free_at: Mapping[str, float]
     prefill_tokens_per_s: float
     token_ids: list[int]
@@ -201,10 +200,10 @@ class Clairvoyant(Ours):
         if key in self.homes and state is not None:
 
             def true_ttft(replica: str) -> float:
-                served = state.caches[replica].peek(state.token_ids)
+                served = peek(state.caches[replica], state.tiers, state.token_ids)
                 uncached = len(state.token_ids) - served.cached
-                start = max(now + served.transfer_s, state.prefill_free_at[replica])
-                return start + uncached / state.prefill_tokens_per_s
+                start = max(now, state.prefill_free_at[replica])
+                return start + uncached / state.prefill_tokens_per_s + served.transfer_s
 
             fastest = min(state.caches, key=true_ttft)
             if true_ttft(fastest) + self.slack_s < true_ttft(chosen):
@@ -253,23 +252,15 @@ class Replay:
         self.trace, self.steps = trace, steps
         self.warm_second_home = warm_second_home and steps is not None
         self.reporters: dict[str, ReplicaReporter] = getattr(policy, "reporters", {})
-        tiers = tiers or TierConfig.scaled("none", engine.kv_cache_tokens, 1.0)
-        # The shared tier: as large as the replicas' CPU tiers together.
-        shared = (
-            BlockLRU(len(members) * tiers.cpu_tokens // engine.block_size)
-            if tiers.kind == "shared"
-            else None
-        )
+        self.tiers = tiers or TierConfig.scaled("none", engine.kv_cache_tokens, 1.0)
+        shared = shared_tier(self.tiers, len(members), engine.block_size)
         self.caches = {
-            member: TieredCache(
-                PrefixKVCache(
-                    engine.block_size,
-                    engine.kv_cache_tokens,
-                    on_events=self.reporters[member].held if member in self.reporters else None,
-                ),
-                tiers,
+            member: tiered_cache(
+                engine.block_size,
+                engine.kv_cache_tokens,
+                self.tiers,
                 shared,
-                on_cpu_events=_cpu_sink(self.reporters.get(member)),
+                on_events=self.reporters[member].held if member in self.reporters else None,
             )
             for member in members
         }
@@ -339,7 +330,11 @@ class Replay:
         loads = {member: self.ongoing[member] for member in self.members}
         if isinstance(self.policy, Clairvoyant):
             self.policy.state = TrueState(
-                self.caches, self.prefill_free_at, self.engine.prefill_tokens_per_s, turn.token_ids
+                self.caches,
+                self.tiers,
+                self.prefill_free_at,
+                self.engine.prefill_tokens_per_s,
+                turn.token_ids,
             )
         replica = self.policy(turn.routing_key, loads, now, len(turn.token_ids))
         before = self.homes.get(index)
@@ -367,9 +362,11 @@ class Replay:
         self.cached += hit
         prefilling = _Prefilling(now, before, hit, decode_s)
         if self.steps is None:
-            # One prefill at a time, in arrival order; a tier's transfer runs meanwhile.
-            starts = max(now + served.transfer_s, self.prefill_free_at[replica])
-            self.prefill_free_at[replica] = starts + uncached / self.engine.prefill_tokens_per_s
+            # One prefill at a time, in arrival order; a load or pull from a tier holds the
+            # turn's place in the queue, as in the simulated engine.
+            starts = max(now, self.prefill_free_at[replica])
+            prefill_s = uncached / self.engine.prefill_tokens_per_s + served.transfer_s
+            self.prefill_free_at[replica] = starts + prefill_s
             self._first_token(request, replica, prefilling, self.prefill_free_at[replica])
             return
         queue = self.stepped[replica]
@@ -384,7 +381,7 @@ class Replay:
         """Looks ``turn`` up in the replica's cache (and the tiers behind it) and stores
         ``tokens``; how it was served, counting what the replica computes of it as prefill
         work (a tier's transfer is not)."""
-        served = self.caches[replica].serve(turn.token_ids, tokens, turn.routing_key)
+        served = serve(self.caches[replica], self.tiers, turn.token_ids, tokens, turn.routing_key)
         self.transferred += served.loaded + served.pulled
         prefill_s = (len(turn.token_ids) - served.cached) / self.engine.prefill_tokens_per_s
         self.prefilling += prefill_s
@@ -466,19 +463,6 @@ class Replay:
         self.stepped[second].add(warm, len(turn.token_ids) - hit, float("inf"))
         self.prefilling_now[warm] = _Prefilling(now, None, hit, 0.0)
         self._start_step(second, now)
-
-
-def _cpu_sink(reporter: ReplicaReporter | None) -> KVEventSink | None:
-    """Where the replica's CPU tier reports its blocks: its KV summary, when the summary
-    tells the media apart (it reports them as ``cpu_held_tokens``); else nowhere, since a
-    summary that does not would count a CPU copy as held on the GPU."""
-    if reporter is None:
-        return None
-    probe = HeldPrefixes()
-    probe([BlockStored((1,), None, 16, "probe", medium=CPU_MEDIUM)])
-    if probe.held_tokens("probe") or not probe.cpu_report():
-        return None
-    return reporter.held
 
 
 def _traced(

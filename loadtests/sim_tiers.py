@@ -1,34 +1,34 @@
 """KV tiers behind each replica's GPU prefix cache, for sim_routing.py (`--kv-tier`).
 
-- ``none``: the GPU prefix cache alone (`PrefixKVCache`), as before;
-- ``cpu``: each replica also keeps a CPU tier, as vLLM's native offloading
-  (``OffloadingConnector``) does: every block the GPU stores is copied to the replica's CPU
-  memory, an LRU of its own size; a prompt's blocks past the GPU hit that the CPU tier holds are
-  loaded to the GPU at ``load_tokens_per_s`` instead of computed;
-- ``shared``: the CPU tiers, and one store the replicas share (llm-d's peer-to-peer pull from a
-  peer's CPU tier, or LMCache with a shared backend), modelled as one LRU of every block any
-  replica computed, as large as the replicas' CPU tiers together: a block no local tier holds
-  is pulled from it at ``pull_tokens_per_s``.
+The tiers are the engine's own model (``serve_app.engines.prefix_cache``: `PrefixKVCache`'s
+CPU tier and `SharedKVTier`), so the replay, the simulated engine on Ray and the router's TTFT
+model agree; this module sizes and prices them from published measurements:
 
-A transfer does not hold the replica's prefill: vLLM's connector loads asynchronously and the
-scheduler runs other requests meanwhile, so a turn's prefill starts once both its transfer is
-done and the prefills ahead of it are. The loaded and pulled tokens count as hits (a tier hit),
-not as prefill work. Events: the GPU cache emits its own; the CPU tier emits ``BlockStored`` and
-``BlockRemoved`` with ``medium="CPU"`` to ``on_cpu_events`` (the replica's KV summary), as
-vLLM's offloading tier reports them.
+- ``none``: the GPU prefix cache alone, as before;
+- ``cpu``: each replica also keeps a CPU tier, as vLLM's native offloading
+  (``OffloadingConnector``) does: every block computed is written to the replica's CPU memory,
+  an LRU of its own; a prompt's blocks past the GPU hit that the CPU tier holds are loaded at
+  ``load_tokens_per_s`` instead of computed;
+- ``shared``: the CPU tiers, and one store the replicas share (llm-d's peer-to-peer pull from a
+  peer's CPU tier, or LMCache with a shared backend), as large as the replicas' CPU tiers
+  together: a block no local tier holds is pulled from it at ``pull_tokens_per_s``.
+
+As in the simulated engine (``serve_app.engines.simulated.timing``), a load or a pull holds the
+request's place in its replica's prefill queue: the safe side (vLLM's connector transfers
+asynchronously and may run other prefills meanwhile). Loaded and pulled tokens count as hits
+(any tier), not as prefill work. The CPU tier's events (``medium="CPU"``) reach the replica's KV
+summary, which reports them as ``cpu_held_tokens``.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from serve_app.engines.kv_events import BlockRemoved, BlockStored, KVEventSink
-from serve_app.engines.prefix_cache import PrefixKVCache
+from serve_app.engines.kv_events import KVEventSink
+from serve_app.engines.prefix_cache import CacheHit, PrefixKVCache, SharedKVTier
 
 KV_TIERS = ("none", "cpu", "shared")
-CPU_MEDIUM = "CPU"
 
 # Published measurements, as ratios to the prefill rate so that they scale with the replay's
 # engine (docs/routing.md, "KV tiers", cites them):
@@ -76,29 +76,6 @@ class TierConfig:
         )
 
 
-class BlockLRU:
-    """Block keys, least recently used first, at most ``capacity_blocks``."""
-
-    def __init__(self, capacity_blocks: int) -> None:
-        self.capacity_blocks = capacity_blocks
-        self.blocks: OrderedDict[int, None] = OrderedDict()
-
-    def __contains__(self, key: int) -> bool:
-        return key in self.blocks
-
-    def store(self, keys: Sequence[int]) -> tuple[list[int], list[int]]:
-        """Stores ``keys`` (one sequence's, head first: the head ends newest, so eviction eats
-        a prefix from its end); returns the keys new here and those evicted."""
-        new = [key for key in keys if key not in self.blocks]
-        for key in reversed(keys):
-            self.blocks[key] = None
-            self.blocks.move_to_end(key)
-        evicted = []
-        while len(self.blocks) > self.capacity_blocks:
-            evicted.append(self.blocks.popitem(last=False)[0])
-        return new, evicted
-
-
 @dataclass(frozen=True)
 class Served:
     """How a prompt was served: ``gpu`` tokens hit, ``loaded`` from the CPU tier, ``pulled``
@@ -114,78 +91,51 @@ class Served:
         return self.gpu + self.loaded + self.pulled
 
 
-class TieredCache:
+def shared_tier(tiers: TierConfig, replicas: int, block_size: int) -> SharedKVTier | None:
+    """The store the replicas share, as large as their CPU tiers together (None: no such)."""
+    if tiers.kind != "shared":
+        return None
+    return SharedKVTier(replicas * tiers.cpu_tokens, block_size)
+
+
+def tiered_cache(
+    block_size: int,
+    gpu_tokens: int,
+    tiers: TierConfig,
+    shared: SharedKVTier | None,
+    on_events: KVEventSink | None = None,
+) -> PrefixKVCache:
     """One replica's GPU prefix cache with the tiers behind it."""
+    return PrefixKVCache(
+        block_size,
+        gpu_tokens,
+        on_events=on_events,
+        cpu_capacity_tokens=tiers.cpu_tokens if tiers.kind != "none" else 0,
+        shared=shared,
+    )
 
-    def __init__(
-        self,
-        gpu: PrefixKVCache,
-        tiers: TierConfig,
-        shared: BlockLRU | None = None,
-        on_cpu_events: KVEventSink | None = None,
-    ) -> None:
-        self.gpu, self.tiers, self.shared = gpu, tiers, shared
-        self.block_size = gpu.block_size
-        size = tiers.cpu_tokens // gpu.block_size if tiers.kind != "none" else 0
-        self.cpu = BlockLRU(size) if size else None
-        self.on_cpu_events = on_cpu_events
 
-    def peek(self, token_ids: Sequence[int]) -> Served:
-        """What serving ``token_ids`` here would find, changing nothing."""
-        hit = self.gpu.peek(token_ids) // self.block_size
-        return self._beyond(self._prompt_keys(token_ids), hit)
+def served(hit: CacheHit, tiers: TierConfig) -> Served:
+    """``hit`` by tier, with the time its loads and pulls take."""
+    transfer_s = hit.loaded_tokens / tiers.load_tokens_per_s
+    transfer_s += hit.pulled_tokens / tiers.pull_tokens_per_s
+    return Served(hit.gpu_tokens, hit.loaded_tokens, hit.pulled_tokens, transfer_s)
 
-    def serve(self, token_ids: Sequence[int], stored: Sequence[int], session: str) -> Served:
-        """Looks ``token_ids`` up (GPU, then the tiers behind it) and stores ``stored`` (the
-        prompt and its output) in the GPU cache and the tiers."""
-        hit_keys = self.gpu.lookup_blocks(token_ids, session)
-        if self.cpu is None and self.shared is None:
-            self.gpu.insert(stored, hit_keys, session)
-            return Served(len(hit_keys) * self.block_size, 0, 0, 0.0)
-        prompt_keys = self._prompt_keys(token_ids)
-        served = self._beyond(prompt_keys, len(hit_keys))
-        known = prompt_keys[: served.cached // self.block_size]
-        keys = self.gpu.insert(stored, known, session)
-        self._offload(keys, session)
-        return served
 
-    def _prompt_keys(self, token_ids: Sequence[int]) -> list[int]:
-        # The last prompt token is always computed (`PrefixKVCache.lookup`).
-        return self.gpu.block_keys(token_ids[: max(len(token_ids) - 1, 0)])
+def serve(
+    cache: PrefixKVCache,
+    tiers: TierConfig,
+    token_ids: Sequence[int],
+    stored: Sequence[int],
+    session: str,
+) -> Served:
+    """Looks ``token_ids`` up in ``cache`` (GPU, then the tiers behind it) and stores
+    ``stored`` (the prompt and its output), as the simulated engine does."""
+    hit = cache.lookup_hit(token_ids, session)
+    cache.insert(stored, hit.keys, session)
+    return served(hit, tiers)
 
-    def _beyond(self, prompt_keys: list[int], gpu_blocks: int) -> Served:
-        """The blocks past the GPU hit found in the CPU tier, then the shared one, in order."""
-        loaded = pulled = 0
-        for key in prompt_keys[gpu_blocks:]:
-            if self.cpu is not None and key in self.cpu:
-                loaded += 1
-            elif self.shared is not None and key in self.shared:
-                pulled += 1
-            else:
-                break
-        size = self.block_size
-        transfer_s = (
-            loaded * size / self.tiers.load_tokens_per_s
-            + pulled * size / self.tiers.pull_tokens_per_s
-        )
-        return Served(gpu_blocks * size, loaded * size, pulled * size, transfer_s)
 
-    def _offload(self, keys: list[int], session: str) -> None:
-        """Copies the sequence's blocks to the CPU tier (and the shared store), as the
-        offloading connector stores each block the GPU computes."""
-        if self.shared is not None:
-            self.shared.store(keys)
-        if self.cpu is None:
-            return
-        new, evicted = self.cpu.store(keys)
-        if self.on_cpu_events is None:
-            return
-        events = []
-        if new:
-            events.append(
-                BlockStored(tuple(new), None, self.block_size, session, medium=CPU_MEDIUM)
-            )
-        if evicted:
-            events.append(BlockRemoved(tuple(evicted), medium=CPU_MEDIUM))
-        if events:
-            self.on_cpu_events(events)
+def peek(cache: PrefixKVCache, tiers: TierConfig, token_ids: Sequence[int]) -> Served:
+    """What serving ``token_ids`` from ``cache`` would find, changing nothing."""
+    return served(cache.peek_hit(token_ids), tiers)
