@@ -69,18 +69,8 @@ class SharedKVTier:
     def __init__(self, capacity_tokens: int, block_size: int = 16) -> None:
         if capacity_tokens < block_size:
             raise ValueError(f"capacity_tokens ({capacity_tokens}) must hold a block")
-        if cpu_capacity_tokens and cpu_capacity_tokens < block_size:
-            raise ValueError(f"cpu_capacity_tokens ({cpu_capacity_tokens}) must hold a block")
-        if shared is not None and shared.block_size != block_size:
-            raise ValueError("the shared tier's block_size must be the cache's")
         self.block_size = block_size
         self.capacity_blocks = capacity_tokens // block_size
-        self.cpu_capacity_blocks = cpu_capacity_tokens // block_size  # 0: no CPU tier
-        self.shared = shared
-        # The CPU tier's block keys, least recently used first.
-        self._cpu: OrderedDict[int, None] = OrderedDict()
-        self._loaded_tokens = 0
-        self._pulled_tokens = 0
         self._blocks: OrderedDict[int, None] = OrderedDict()
 
     def __contains__(self, key: int) -> bool:
