@@ -14,8 +14,8 @@ import pytest
 from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
-from serve_app.routing.replica_report import CPU_HELD_KEY, KV_LOAD_RATE_KEY
 from serve_app.routing.prefill import DECODING_KEY, QUEUED_KEY, RATE_KEY
+from serve_app.routing.replica_report import CPU_HELD_KEY, KV_LOAD_RATE_KEY
 from serve_app.routing.ring import stable_hash
 from serve_app.serving.engine.channel import Outbox
 from serve_app.serving.engine.client import InProcessEngineClient
