@@ -213,9 +213,7 @@ class TTFTPredictor:
             held.get(conversation, 0) + self._cpu_held.get(replica, {}).get(conversation, 0)
             for replica, held in self._held.items()
         ]
-        held.extend(
-            sent.prompt_tokens for sent in self._sent if sent.conversation == conversation
-        )
+        held.extend(sent.prompt_tokens for sent in self._sent if sent.conversation == conversation)
         return max(held, default=0)
 
     def _pull_rate(self, shared: int, upto: int) -> float:
