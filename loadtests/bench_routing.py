@@ -82,6 +82,7 @@ from serve_app.serving.turn.engine_request import engine_request
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import itertools
 
+from sim_tiers import TierConfig
 from traces import Session, generate
 
 MODEL = "gpt-oss-120b"
@@ -501,6 +502,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prefill-tokens-per-s", type=float, default=20_000)
     parser.add_argument("--decode-tokens-per-s", type=float, default=200)
     parser.add_argument("--kv-cache-tokens", type=int, default=262_144)
+    parser.add_argument(
+        "--kv-tier",
+        choices=["none", "cpu", "shared"],
+        default="none",
+        help="the simulated engines' tiers behind their GPU cache, sized and priced as "
+        "sim_routing.py's (loadtests/sim_tiers.py)",
+    )
     add_placer_options(parser)
     parser.add_argument(
         "--served-out", type=Path, help="a directory: every served turn, ROUTER.jsonl"
@@ -511,6 +519,11 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     routers = [name for name in args.routers if name != "serve_app"]
+    tiers = TierConfig.scaled(args.kv_tier, args.kv_cache_tokens, args.prefill_tokens_per_s)
+    # Ours is told the shared tier's pull rate (the replicas report their CPU load rate).
+    tier_kwargs = (
+        {"shared_kv_pull_tokens_per_s": tiers.pull_tokens_per_s} if tiers.kind == "shared" else {}
+    )
     if "serve_app" in args.routers:
         for min_bound, slack in itertools.product(args.min_bound, args.ttft_slack_s):
             # serve_app-mbN: today's placer; serve_app-mbN-ttftS: by predicted TTFT, slack S.
@@ -523,6 +536,7 @@ def main() -> None:
                     "spill_factor": args.spill_factor,
                     "min_bound": min_bound,
                     "ttft_slack_s": None if slack < 0 else slack,
+                    **tier_kwargs,
                 },
                 # As in the configs: the replicas report every second.
                 request_routing_stats_period_s=1.0,
@@ -531,6 +545,7 @@ def main() -> None:
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         decode_tokens_per_s=args.decode_tokens_per_s,
         kv_cache_tokens=args.kv_cache_tokens,
+        **engine_tiers(tiers, args.replicas),
     )
     engine = EngineConfig(kind="simulated", options=simulated.model_dump(exclude={"script"}))
     sessions = generate(args.sessions, args.rate, args.seed)
@@ -548,6 +563,21 @@ def main() -> None:
     report(results, sessions, rendered, simulated, args)
     if args.served_out:
         write_served(results, args.served_out)
+
+
+def engine_tiers(tiers: TierConfig, replicas: int) -> dict[str, float]:
+    """The simulated engine's tier options for ``tiers`` (none: its defaults, no tier)."""
+    if tiers.kind == "none":
+        return {}
+    options: dict[str, float] = {
+        "cpu_kv_cache_tokens": tiers.cpu_tokens,
+        "kv_load_tokens_per_s": tiers.load_tokens_per_s,
+    }
+    if tiers.kind == "shared":
+        # As large as the replicas' CPU tiers together, as in the replay.
+        options["shared_kv_cache_tokens"] = replicas * tiers.cpu_tokens
+        options["shared_kv_pull_tokens_per_s"] = tiers.pull_tokens_per_s
+    return options
 
 
 def write_served(

@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_routing import Turn, add_placer_options, oracle, percentile, render_turns, row
 from sim_steps import SteppedPrefill
+from sim_tiers import KV_TIERS, Served, TierConfig, peek, serve, shared_tier, tiered_cache
 from traces import Session, generate
 
 from serve_app.engines.prefix_cache import PrefixKVCache
@@ -75,6 +76,7 @@ class Result:
     imbalance: float  # max/mean engine work per replica, as bench_routing's "work"
     prefill_busy: float  # share of the replay a replica spends prefilling (its serialized part)
     waited: float  # share of turns that waited for a round of reports (ours only)
+    tier_hits: float = 0.0  # share of prompt tokens loaded or pulled from a KV tier
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,8 @@ class Ours:
         members: list[str],
         ingress_replicas: int = 1,
         report_period_s: float = 1.0,
-        **bounds: float,
+        kv_load_tokens_per_s: float | None = None,
+        **bounds: float | None,
     ) -> None:
         self.clock = SimClock()
         self.placers = [
@@ -129,7 +132,9 @@ class Ours:
             placer.set_members(members)
         # Each replica's reports, as the engine deployment makes them: its KV-cache summary is
         # fed by its cache model's events (`replay` wires them), its prefill ledger by `replay`.
-        self.reporters = {member: ReplicaReporter(member, clock=self.clock) for member in members}
+        self.reporters = {
+            member: ReplicaReporter(member, self.clock, kv_load_tokens_per_s) for member in members
+        }
         self.report_period_s = report_period_s
         self.next_report_s = 0.0
         self.rng = random.Random(0)
@@ -173,6 +178,7 @@ class TrueState:
     prefill queue frees, and the arriving turn's tokens."""
 
     caches: Mapping[str, PrefixKVCache]
+    tiers: TierConfig
     prefill_free_at: Mapping[str, float]
     prefill_tokens_per_s: float
     token_ids: list[int]
@@ -182,7 +188,7 @@ class Clairvoyant(Ours):
     """Today's placer, and each later turn moved where its true TTFT is lower by more than
     ``slack_s`` (analysis only: `TrueState` is what the replay shows it before each turn)."""
 
-    def __init__(self, members: list[str], slack_s: float, **kwargs: float) -> None:
+    def __init__(self, members: list[str], slack_s: float, **kwargs: float | None) -> None:
         super().__init__(members, ttft_slack_s=None, **kwargs)
         self.slack_s = slack_s
         self.state: TrueState | None = None
@@ -194,9 +200,10 @@ class Clairvoyant(Ours):
         if key in self.homes and state is not None:
 
             def true_ttft(replica: str) -> float:
-                uncached = len(state.token_ids) - state.caches[replica].peek(state.token_ids)
+                served = peek(state.caches[replica], state.tiers, state.token_ids)
+                uncached = len(state.token_ids) - served.cached
                 start = max(now, state.prefill_free_at[replica])
-                return start + uncached / state.prefill_tokens_per_s
+                return start + uncached / state.prefill_tokens_per_s + served.transfer_s
 
             fastest = min(state.caches, key=true_ttft)
             if true_ttft(fastest) + self.slack_s < true_ttft(chosen):
@@ -238,20 +245,26 @@ class Replay:
         trace: list[dict[str, object]] | None = None,
         steps: EngineSteps | None = None,
         warm_second_home: bool = False,
+        tiers: TierConfig | None = None,
     ) -> None:
         self.sessions, self.rendered, self.policy = sessions, rendered, policy
         self.members, self.engine, self.output_tokens = members, engine, output_tokens
         self.trace, self.steps = trace, steps
         self.warm_second_home = warm_second_home and steps is not None
         self.reporters: dict[str, ReplicaReporter] = getattr(policy, "reporters", {})
+        self.tiers = tiers or TierConfig.scaled("none", engine.kv_cache_tokens, 1.0)
+        shared = shared_tier(self.tiers, len(members), engine.block_size)
         self.caches = {
-            member: PrefixKVCache(
+            member: tiered_cache(
                 engine.block_size,
                 engine.kv_cache_tokens,
+                self.tiers,
+                shared,
                 on_events=self.reporters[member].held if member in self.reporters else None,
             )
             for member in members
         }
+        self.transferred = 0  # tokens loaded or pulled from a tier
         self.stepped = {
             member: SteppedPrefill(
                 steps.max_batched_tokens, steps.long_prefill_tokens, engine.prefill_tokens_per_s
@@ -298,6 +311,7 @@ class Replay:
             max(self.work.values()) / mean_work,
             self.prefilling / len(self.members) / (now - started),
             self.waited / len(self.ttfts),
+            self.transferred / self.prompt,
         )
 
     def _turn(self, request: Request) -> Turn:
@@ -316,7 +330,11 @@ class Replay:
         loads = {member: self.ongoing[member] for member in self.members}
         if isinstance(self.policy, Clairvoyant):
             self.policy.state = TrueState(
-                self.caches, self.prefill_free_at, self.engine.prefill_tokens_per_s, turn.token_ids
+                self.caches,
+                self.tiers,
+                self.prefill_free_at,
+                self.engine.prefill_tokens_per_s,
+                turn.token_ids,
             )
         replica = self.policy(turn.routing_key, loads, now, len(turn.token_ids))
         before = self.homes.get(index)
@@ -330,7 +348,8 @@ class Replay:
         # The cache is looked up on arrival: the same here for every policy (the engine looks
         # up when the prefill starts). The output is cached too, as the engine does; it never
         # matches a later prompt.
-        hit = self._store(replica, turn, [*turn.token_ids, *[0] * self.output_tokens])
+        served = self._store(replica, turn, [*turn.token_ids, *[0] * self.output_tokens])
+        hit = served.cached
         uncached = len(turn.token_ids) - hit
         decode_s = (
             self.output_tokens
@@ -343,9 +362,11 @@ class Replay:
         self.cached += hit
         prefilling = _Prefilling(now, before, hit, decode_s)
         if self.steps is None:
-            # One prefill at a time, in arrival order.
+            # One prefill at a time, in arrival order; a load or pull from a tier holds the
+            # turn's place in the queue, as in the simulated engine.
             starts = max(now, self.prefill_free_at[replica])
-            self.prefill_free_at[replica] = starts + uncached / self.engine.prefill_tokens_per_s
+            prefill_s = uncached / self.engine.prefill_tokens_per_s + served.transfer_s
+            self.prefill_free_at[replica] = starts + prefill_s
             self._first_token(request, replica, prefilling, self.prefill_free_at[replica])
             return
         queue = self.stepped[replica]
@@ -356,17 +377,16 @@ class Replay:
         self.prefill_free_at[replica] = now + queued_s
         self._start_step(replica, now)
 
-    def _store(self, replica: str, turn: Turn, tokens: list[int]) -> int:
-        """Looks ``turn`` up in the replica's cache and stores ``tokens``; its hit, counting
-        what the replica computes of it as prefill work."""
-        cache = self.caches[replica]
-        hit_keys = cache.lookup_blocks(turn.token_ids, turn.routing_key)
-        cache.insert(tokens, hit_keys, turn.routing_key)
-        hit = len(hit_keys) * cache.block_size
-        prefill_s = (len(turn.token_ids) - hit) / self.engine.prefill_tokens_per_s
+    def _store(self, replica: str, turn: Turn, tokens: list[int]) -> Served:
+        """Looks ``turn`` up in the replica's cache (and the tiers behind it) and stores
+        ``tokens``; how it was served, counting what the replica computes of it as prefill
+        work (a tier's transfer is not)."""
+        served = serve(self.caches[replica], self.tiers, turn.token_ids, tokens, turn.routing_key)
+        self.transferred += served.loaded + served.pulled
+        prefill_s = (len(turn.token_ids) - served.cached) / self.engine.prefill_tokens_per_s
         self.prefilling += prefill_s
         self.work[replica] += prefill_s
-        return hit
+        return served
 
     def _start_step(self, replica: str, now: float) -> None:
         """The replica's next prefill step, unless one runs or nothing waits."""
@@ -435,7 +455,7 @@ class Replay:
             second = min(others, key=lambda member: (self.ongoing[member], member))
             self.second_homes[index] = second
         turn = self._turn(request)
-        hit = self._store(second, turn, turn.token_ids)
+        hit = self._store(second, turn, turn.token_ids).cached
         warm = (-1 - index, turn_index)
         self.reporters[second].arrived(
             f"warm{index}/{turn_index}", turn.routing_key, len(turn.token_ids)
@@ -510,6 +530,28 @@ def parse_args() -> argparse.Namespace:
         "(vLLM's priority policy), not by arrival",
     )
     parser.add_argument(
+        "--kv-tier",
+        choices=KV_TIERS,
+        default="none",
+        help="the tiers behind each replica's GPU prefix cache (loadtests/sim_tiers.py): none; "
+        "cpu (vLLM's native offloading); shared (CPU tiers and a store the replicas share)",
+    )
+    parser.add_argument(
+        "--cpu-tier-tokens",
+        type=int,
+        help="each replica's CPU tier (default: 5x --kv-cache-tokens, as a DGX H100 node)",
+    )
+    parser.add_argument(
+        "--kv-load-tokens-per-s",
+        type=float,
+        help="CPU -> GPU load rate (default: 10x the prefill rate, docs/routing.md)",
+    )
+    parser.add_argument(
+        "--shared-pull-tokens-per-s",
+        type=float,
+        help="shared tier -> GPU pull rate (default: 5.9x the prefill rate, llm-d's P2P pull)",
+    )
+    parser.add_argument(
         "--report-period",
         type=float,
         default=1.0,
@@ -523,7 +565,25 @@ def main() -> None:
     engine = SimulatedEngineConfig(
         prefill_tokens_per_s=args.prefill_tokens_per_s, kv_cache_tokens=args.kv_cache_tokens
     )
+    tiers = TierConfig.scaled(
+        args.kv_tier,
+        args.kv_cache_tokens,
+        args.prefill_tokens_per_s,
+        args.cpu_tier_tokens,
+        args.kv_load_tokens_per_s,
+        args.shared_pull_tokens_per_s,
+    )
+    if tiers.kind != "none" and (args.max_batched_tokens or args.by_uncached):
+        sys.exit("--kv-tier cpu/shared models transfers with one prefill at a time only")
     members = [f"replica-{index}" for index in range(args.replicas)]
+    # What the placers are told of the tiers: the replicas report their load rate; the
+    # shared tier's pull rate is a router option (`shared_kv_pull_tokens_per_s`).
+    tier_options: dict[str, float | None] = {
+        "kv_load_tokens_per_s": tiers.load_tokens_per_s if tiers.kind != "none" else None,
+        "shared_kv_pull_tokens_per_s": (
+            tiers.pull_tokens_per_s if tiers.kind == "shared" else None
+        ),
+    }
     policies: dict[str, Callable[[], Policy]] = {
         "hash (Ray ConsistentHashRouter)": lambda: hash_owner(members),
         "pow2 (Ray default)": lambda: power_of_two(members),
@@ -542,6 +602,7 @@ def main() -> None:
                 min_bound=min_bound,
                 ttft_slack_s=None if slack < 0 else slack,
                 ingress_replicas=args.ingress_replicas,
+                **tier_options,
             )
     for slack in args.clairvoyant_slack_s:
         policies[f"clairvoyant moves (slack {slack} s)"] = lambda slack=slack: Clairvoyant(
@@ -553,6 +614,7 @@ def main() -> None:
             spill_factor=args.spill_factor,
             min_bound=args.min_bound[0],
             ingress_replicas=args.ingress_replicas,
+            **tier_options,
         )
     steps = (
         EngineSteps(args.max_batched_tokens, args.long_prefill_tokens, args.by_uncached)
@@ -568,6 +630,7 @@ def main() -> None:
         "max/mean work",
         "prefill busy",
         "waited",
+        "tier hits",
     ]
     totals: dict[str, list[list[float]]] = {name: [] for name in [*policies, "oracle"]}
     for seed in args.seeds:
@@ -576,7 +639,16 @@ def main() -> None:
         best_hit, best_ttfts = oracle(sessions, rendered, engine)
         best_ms = [ttft * 1000 for ttft in best_ttfts]
         totals["oracle"].append(
-            [best_hit, 1.0, statistics.median(best_ms), percentile(best_ms, 0.9), 1.0, 0.0, 0.0]
+            [
+                best_hit,
+                1.0,
+                statistics.median(best_ms),
+                percentile(best_ms, 0.9),
+                1.0,
+                0.0,
+                0.0,
+                0.0,
+            ]
         )
         for name, make in policies.items():
             trace: list[dict[str, object]] | None = [] if traces else None
@@ -590,6 +662,7 @@ def main() -> None:
                 trace,
                 steps,
                 args.warm_second_home and name.startswith("ours"),
+                tiers,
             ).run()
             if traces and trace is not None:
                 traces.writelines(
@@ -604,6 +677,7 @@ def main() -> None:
                     result.imbalance,
                     result.prefill_busy,
                     result.waited,
+                    result.tier_hits,
                 ]
             )
         print(f"seed {seed} done", file=sys.stderr, flush=True)
@@ -611,14 +685,14 @@ def main() -> None:
         traces.close()
     print(row("policy (mean over seeds)", columns))
     print(row("---", ["---:"] * len(columns)))
-    formats = ["{:.3f}", "{:.3f}", "{:.0f}", "{:.0f}", "{:.2f}", "{:.0%}", "{:.1%}"]
+    formats = ["{:.3f}", "{:.3f}", "{:.0f}", "{:.0f}", "{:.2f}", "{:.0%}", "{:.1%}", "{:.1%}"]
     for name, runs in totals.items():
         means = [statistics.mean(values) for values in zip(*runs, strict=True)]
         worst = max(run[4] for run in runs)
         cells = [fmt.format(mean) for fmt, mean in zip(formats, means, strict=True)]
         cells[4] += f" (worst {worst:.2f})"
         if name == "oracle":
-            cells[5] = cells[6] = "-"  # it has no replicas, nor routers
+            cells[5] = cells[6] = cells[7] = "-"  # it has no replicas, routers nor tiers
         print(row(name, cells))
     print("\nTTFT p90 (ms) per seed:")
     for name, runs in totals.items():
@@ -632,7 +706,16 @@ def main() -> None:
         f"SimulatedEngineConfig's defaults but prefill at {args.prefill_tokens_per_s:.0f} "
         f"tokens/s; ours: load_factor {args.load_factor}, "
         f"new_load_factor {args.new_load_factor}, spill_factor {args.spill_factor}, "
-        f"{args.ingress_replicas} ingress replica(s), reports every {args.report_period} s"
+        f"{args.ingress_replicas} ingress replica(s), reports every {args.report_period} s; "
+        f"KV tier {tiers.kind}"
+        + (
+            f" (CPU tier {tiers.cpu_tokens} tokens a replica, loads at "
+            f"{tiers.load_tokens_per_s:.0f} tokens/s"
+            + (f", shared pulls at {tiers.pull_tokens_per_s:.0f}" if tiers.kind == "shared" else "")
+            + ")"
+            if tiers.kind != "none"
+            else ""
+        )
     )
 
 
