@@ -27,13 +27,14 @@ from serve_app.store.base import ResponseStore
 _DEFAULT_SERVICE_TIER = "auto"
 
 
-def settings(request: ResponsesRequest, history: Sequence[InputItem]) -> PromptSettings:
+def settings(request: ResponsesRequest, history: Sequence[InputItem], model: str) -> PromptSettings:
     """The request's settings the prompt cache depends on (``history``: the items before its
-    input, where a compaction it continues may be)."""
+    input, where a compaction it continues may be; ``model``: the model the deployment serves,
+    whichever of its names the request used: an alias shares its cache)."""
     text = request.text
     text_format = text.format if text else None
     return PromptSettings(
-        model=request.model,
+        model=model,
         prompt_cache_key=request.prompt_cache_key,
         tools=diagnostics.digest([tool.model_dump(mode="json") for tool in request.tools]),
         text_format=diagnostics.digest(
@@ -55,10 +56,13 @@ def _last_compaction(items: Sequence[InputItem]) -> str | None:
 
 
 def fingerprint(
-    request: ResponsesRequest, history: Sequence[InputItem], token_ids: Sequence[int]
+    request: ResponsesRequest,
+    history: Sequence[InputItem],
+    token_ids: Sequence[int],
+    model: str,
 ) -> PromptFingerprint:
-    """What the turn keeps of its prompt for later comparisons."""
-    return diagnostics.fingerprint(token_ids, settings(request, history))
+    """What the turn keeps of its prompt for later comparisons (``model``: the served one)."""
+    return diagnostics.fingerprint(token_ids, settings(request, history, model))
 
 
 async def diagnose(

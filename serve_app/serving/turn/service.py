@@ -99,7 +99,9 @@ class ResponsesService:
         prompt = await self._renderer.render(context, owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
-        kept = cache_diagnostics.fingerprint(request, context.history, prompt.token_ids)
+        kept = cache_diagnostics.fingerprint(
+            request, context.history, prompt.token_ids, self._args.model
+        )
         # Known before the engine is asked: every event's response carries it.
         response.prompt_cache_diagnostics = await cache_diagnostics.diagnose(
             self._store, request, owner, prompt.token_ids, kept, ask.recent_prompts
@@ -161,7 +163,9 @@ class ResponsesService:
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=turn.owner)
         # The prompt a later request may reuse is the compacted one.
-        turn.prompt = cache_diagnostics.fingerprint(request, turn.history, prompt.token_ids)
+        turn.prompt = cache_diagnostics.fingerprint(
+            request, turn.history, prompt.token_ids, self._args.model
+        )
         turn.generate = engine_request(
             request,
             prompt,
