@@ -161,16 +161,25 @@ def common_prefix(comparison: PromptFingerprint, token_ids: Sequence[int]) -> in
     return shared
 
 
+def comparable_tokens(comparison: PromptFingerprint, request_tokens: int) -> int:
+    """The tokens a divergence is looked for in: all of the comparison's prompt when the
+    request holds as many; else the request's whole blocks (the comparison keeps a digest per
+    block, so a request ending inside one of its blocks is compared up to that block)."""
+    if request_tokens >= comparison.token_count:
+        return comparison.token_count
+    return request_tokens // BLOCK_TOKENS * BLOCK_TOKENS
+
+
 def diagnose(
     comparison: PromptFingerprint, token_ids: Sequence[int], settings: PromptSettings
 ) -> PromptCacheDiagnostics:
     """The request's prompt (``token_ids``, ``settings``) against the comparison response's:
-    a hit when it holds all of the comparison's prompt (or the comparison holds all of it)
-    with nothing the cache is keyed by changed, else a miss with the first reason in
-    OpenAI's order that explains it. Counts: the request's tokens after the divergence, and
-    the comparison's tokens before it."""
+    a hit when it holds all of the comparison's prompt (or the comparison holds all of it, to
+    the block: `comparable_tokens`) with nothing the cache is keyed by changed, else a miss
+    with the first reason in OpenAI's order that explains it. Counts: the request's tokens
+    after the divergence, and the comparison's tokens before it."""
     shared = common_prefix(comparison, token_ids)
-    diverged = shared < min(comparison.token_count, len(token_ids))
+    diverged = shared < comparable_tokens(comparison, len(token_ids))
     before = comparison.settings
     for reason, field in _SETTING_REASONS:
         if getattr(before, field) != getattr(settings, field) and (diverged or reason in _KEYED_BY):

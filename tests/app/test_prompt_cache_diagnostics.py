@@ -169,7 +169,7 @@ def test_over_sse_every_event_carries_the_diagnostics(client: OpenAI) -> None:
         prompt_cache_options={"comparison_response_id": baseline.id},
     ) as stream:
         events = [event for event in stream if hasattr(event, "response")]
-    assert [event.type for event in events][0] == "response.created"
+    assert events[0].type == "response.created"
     assert events[-1].type == "response.completed"
     for event in events:
         assert event.response.prompt_cache_diagnostics.reason == "reasoning_effort_changed"
