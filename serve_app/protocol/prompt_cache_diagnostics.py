@@ -4,9 +4,9 @@ how a request's prompt is compared with a comparison response's (`diagnose`), an
 openai SDK types ``prompt_cache_diagnostics`` (``openai.types.responses.response``). No harmony,
 no Ray: the serving layer renders and looks up (serve_app/serving/turn/cache_diagnostics.py).
 
-The fingerprint never holds prompt text: 8-byte BLAKE2b digests of each block of
-`BLOCK_TOKENS` token ids (about a third of a byte per prompt token), the prompt's length and
-digests of the settings. A divergence is found to the block: the reusable prefix is the blocks
+The fingerprint never holds prompt text: 6-byte BLAKE2b digests of each block of
+`BLOCK_TOKENS` token ids (a quarter of a byte per prompt token as stored), the prompt's length
+and digests of the settings. A divergence is found to the block: the reusable prefix is the blocks
 both prompts share, and the comparison's last, partial block counts when the request's prompt
 holds the same tokens there (a request that continues the comparison's prompt is a hit).
 """
@@ -29,10 +29,12 @@ from openai.types.responses.response import (
     PromptCacheDiagnosticsUnavailable,
 )
 
-# Tokens per digested block: vLLM's default KV block size, so a divergence is located to the
-# block an engine's prefix cache would lose.
-BLOCK_TOKENS = 16
-DIGEST_BYTES = 8
+# Tokens per digested block: two of vLLM's default KV blocks (16 tokens), so a divergence is
+# located within 32 tokens. 6-byte digests: a false match (2**-48 a block) would only place a
+# divergence later. With base64, a quarter of a byte per prompt token is kept
+# (docs/protocol.md has the measurements: loadtests/bench_cache_diagnostics.py).
+BLOCK_TOKENS = 32
+DIGEST_BYTES = 6
 FORMAT_VERSION = 1
 
 Reason = Literal[
