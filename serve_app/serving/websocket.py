@@ -37,6 +37,7 @@ from openai.types.responses.responses_server_event import ResponseWsError, Respo
 
 from serve_app.config import Limits
 from serve_app.protocol.errors import APIError, RateLimited
+from serve_app.protocol.prompt_cache_diagnostics import PromptFingerprint
 from serve_app.protocol.requests import InputItem
 from serve_app.protocol.sse import event_json
 from serve_app.serving import metrics
@@ -100,16 +101,28 @@ class ConnectionSlots:
 
 
 class RecentResponses(OrderedDict[str, list[InputItem]]):
-    """A connection's memory: response id -> the items a continuation of it starts from."""
+    """A connection's memory: response id -> the items a continuation of it starts from; and
+    (``prompts``) the fingerprint of each one's prompt, which prompt-cache diagnostics compare
+    with, kept as long as the response is remembered."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
         self.capacity = capacity
+        self.prompts: dict[str, PromptFingerprint] = {}
 
-    def remember(self, response_id: str, context: list[InputItem]) -> None:
+    def remember(
+        self, response_id: str, context: list[InputItem], prompt: PromptFingerprint | None = None
+    ) -> None:
         self[response_id] = context
+        if prompt is not None:
+            self.prompts[response_id] = prompt
         while len(self) > self.capacity:
-            self.popitem(last=False)
+            forgotten, _ = self.popitem(last=False)
+            self.prompts.pop(forgotten, None)
+
+    def pop(self, response_id: str, default: Any = None) -> Any:
+        self.prompts.pop(response_id, None)
+        return super().pop(response_id, default)
 
 
 def websocket_router(service: ResponsesService, api_keys: ApiKeys, limits: Limits) -> APIRouter:
@@ -267,7 +280,7 @@ async def _serve_message(
     successor: Successor | None = None
     while True:
         try:
-            turn = await service.prepare(Ask(request, owner, recent))
+            turn = await service.prepare(Ask(request, owner, recent, recent_prompts=recent.prompts))
         except APIError as error:
             automatic = successor is not None
             # A client's request that fails forgets what it continued, if its own lane made it
@@ -328,7 +341,7 @@ async def _stream(
         if desk.lane_of(request.previous_response_id) in (sink.stream_id, False):
             recent.pop(request.previous_response_id or "", None)
     else:
-        recent.remember(turn.response.id, service.continuation(turn))
+        recent.remember(turn.response.id, service.continuation(turn), turn.prompt)
     return successor
 
 
@@ -345,7 +358,7 @@ async def _prewarm(
     events = await service.prewarm(turn)
     # Stored (so HTTP and other sockets can continue it too) before it is answered completed.
     if events[-1].type == "response.completed":
-        recent.remember(turn.response.id, service.continuation(turn))
+        recent.remember(turn.response.id, service.continuation(turn), turn.prompt)
         logger.info("websocket: prewarm %s answered without generating", turn.response.id)
     desk.ended_at_once(turn.response, sink.stream_id, sequences=len(events))
     await sink.send_batch([event_json(event) for event in events])

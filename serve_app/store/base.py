@@ -18,10 +18,21 @@ class StoredResponse:
     input_items: list[dict[str, Any]]
     # A digest of the API key that created it (None when the API is open).
     owner: str | None = None
+    # What prompt-cache diagnostics keep of its rendered prompt (`PromptFingerprint`'s JSON,
+    # serve_app/protocol/prompt_cache_diagnostics.py); None: not kept. Never the prompt's text.
+    prompt_fingerprint: str | None = None
 
     @property
     def output_items(self) -> list[dict[str, Any]]:
         return list(self.response.get("output") or [])
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """A stored response's prompt fingerprint, as `ResponseStore.prompt_record` finds it:
+    None when the response was kept without one (stored before diagnostics existed)."""
+
+    fingerprint: str | None
 
 
 @dataclass(frozen=True)
@@ -121,6 +132,15 @@ class ResponseStore(abc.ABC):
 
     @abc.abstractmethod
     async def get(self, response_id: str) -> StoredResponse | None: ...
+
+    async def prompt_record(self, response_id: str, owner: str | None) -> PromptRecord | None:
+        """The response's prompt fingerprint if it is ``owner``'s (None: no such response of
+        theirs). This default reads the whole response: a store overrides it with a read of
+        the fingerprint alone."""
+        stored = await self.get(response_id)
+        if stored is None or stored.owner != owner:
+            return None
+        return PromptRecord(stored.prompt_fingerprint)
 
     @abc.abstractmethod
     async def delete(self, response_id: str) -> bool:

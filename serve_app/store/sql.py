@@ -51,6 +51,7 @@ from serve_app.store import runs
 from serve_app.store.base import (
     BackgroundRun,
     ItemPage,
+    PromptRecord,
     ResponseStore,
     RunEnding,
     StoredConversation,
@@ -162,6 +163,18 @@ class SqlResponseStore(ResponseStore):
         async with self._session() as session:
             rows = (await session.scalars(query)).all()
             return (await stored_responses(session, rows, self._as_input) or [None])[0]
+
+    async def prompt_record(self, response_id: str, owner: str | None) -> PromptRecord | None:
+        """The fingerprint alone (a deferred column `get` never loads), the owner's only."""
+        alive = self._expiry.alive(ResponseRow)
+        query = select(ResponseRow.owner, ResponseRow.prompt_fingerprint).where(
+            ResponseRow.id == response_id, alive
+        )
+        async with self._session() as session:
+            row = (await session.execute(query)).first()
+        if row is None or row.owner != owner:
+            return None
+        return PromptRecord(row.prompt_fingerprint)
 
     async def chain(self, response_id: str) -> list[StoredResponse] | None:
         """The chain in one query, whatever its length (`chain_query`). A link that is gone

@@ -41,6 +41,9 @@ class ResponseRow(Base):
     input_items_json: Mapped[str] = mapped_column(Text)
     owner: Mapped[str | None] = mapped_column(String(64))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Prompt-cache diagnostics' fingerprint of its prompt (`StoredResponse.prompt_fingerprint`):
+    # deferred, so reading a response never loads it (`migrate` adds it to older stores).
+    prompt_fingerprint: Mapped[str | None] = mapped_column(Text, deferred=True)
 
 
 class EventRow(Base):
@@ -190,11 +193,12 @@ async def take_schema_turn(connection: AsyncConnection) -> None:
 
 async def migrate(connection) -> None:
     """Bring a store made by an older version up to date (``create_all`` makes missing tables
-    only): the responses' ``created_at`` index; conversation item ids were VARCHAR(64), too
-    short for clients' ids."""
+    only): the responses' ``created_at`` index and ``prompt_fingerprint`` column; conversation
+    item ids were VARCHAR(64), too short for clients' ids."""
     await connection.execute(
         text("CREATE INDEX IF NOT EXISTS ix_responses_created_at ON responses (created_at)")
     )
+    await _add_fingerprint_column(connection)
     if connection.dialect.name != "postgresql":
         return
     column_type = await connection.scalar(
@@ -207,3 +211,16 @@ async def migrate(connection) -> None:
         await connection.execute(
             text("ALTER TABLE conversation_items ALTER COLUMN item_id TYPE text")
         )
+
+
+async def _add_fingerprint_column(connection) -> None:
+    """``responses.prompt_fingerprint``, in a store made before diagnostics (its responses keep
+    none: a comparison with one is ``unavailable``)."""
+    if connection.dialect.name == "postgresql":
+        await connection.execute(
+            text("ALTER TABLE responses ADD COLUMN IF NOT EXISTS prompt_fingerprint text")
+        )
+        return
+    columns = (await connection.execute(text("PRAGMA table_info(responses)"))).all()
+    if "prompt_fingerprint" not in {column[1] for column in columns}:
+        await connection.execute(text("ALTER TABLE responses ADD COLUMN prompt_fingerprint TEXT"))

@@ -49,6 +49,7 @@ async def put_response(
         input_items_json=json.dumps(inputs),
         owner=stored.owner,
         cancel_requested=cancel_requested,
+        prompt_fingerprint=stored.prompt_fingerprint,
     )
     await session.merge(row)
     await name_rows(session, stored.id, named)

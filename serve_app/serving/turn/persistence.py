@@ -88,6 +88,7 @@ class Persistence:
             response=dump_response(turn.response),
             input_items=_input_items(turn),
             owner=turn.owner,
+            prompt_fingerprint=turn.prompt.to_json() if turn.prompt else None,
         )
 
 

@@ -34,7 +34,7 @@ from serve_app.serving.tools.contract import ToolRunners
 from serve_app.serving.tools.loop import ToolLoop
 from serve_app.serving.tools.mcp.client import McpClient
 from serve_app.serving.tools.mcp_turn import McpTurns
-from serve_app.serving.turn import context_management, history
+from serve_app.serving.turn import cache_diagnostics, context_management, history
 from serve_app.serving.turn.admit import Door
 from serve_app.serving.turn.engine_request import engine_request
 from serve_app.serving.turn.events import EventLoop
@@ -60,6 +60,7 @@ class ResponsesService:
         self._args = args
         self._vault = vault
         self._door = Door(args, store, vault)
+        self._store = store
         self._renderer = Renderer(args, vault)
         self._persistence = Persistence(store)
         # The runners of the tools the server runs, by kind (serving/tools/contract.py).
@@ -100,6 +101,13 @@ class ResponsesService:
         prompt = await self._renderer.render(context, owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
+        kept = cache_diagnostics.fingerprint(
+            request, context.history, prompt.token_ids, self._args.model
+        )
+        # Known before the engine is asked: every event's response carries it.
+        response.prompt_cache_diagnostics = await cache_diagnostics.diagnose(
+            self._store, request, owner, prompt.token_ids, kept, ask.recent_prompts
+        )
         key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=owner)
         metrics.ROUTING_KEYS.labels(
             "prompt_cache_key" if request.prompt_cache_key else "derived"
@@ -139,6 +147,7 @@ class ResponsesService:
             generate=generate,
             translator=translator,
             owner=owner,
+            prompt=kept,
             history=context.history,
             tools=prompt.tools,
             before_answer=(
@@ -155,6 +164,10 @@ class ResponsesService:
         prompt = await self._renderer.render(context, turn.owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=turn.owner)
+        # The prompt a later request may reuse is the compacted one.
+        turn.prompt = cache_diagnostics.fingerprint(
+            request, turn.history, prompt.token_ids, self._args.model
+        )
         turn.generate = engine_request(
             request,
             prompt,

@@ -12,6 +12,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from serve_app.engines.base import GenerateRequest
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
+from serve_app.protocol.prompt_cache_diagnostics import PromptFingerprint
 from serve_app.protocol.requests import InputItem, ResponsesRequest
 
 
@@ -25,6 +26,9 @@ class Ask:
     owner: str | None = None
     # Contexts of responses not in the store (a WebSocket connection's), by id.
     recent: Mapping[str, list[InputItem]] | None = None
+    # The fingerprints of those responses' prompts, by id (prompt-cache diagnostics compare
+    # with them: serve_app/serving/turn/cache_diagnostics.py).
+    recent_prompts: Mapping[str, PromptFingerprint] | None = None
     # False: the server built the request (compaction's), so its item count is not the
     # client's to keep within ``max_input_items``.
     check_limits: bool = True
@@ -51,6 +55,8 @@ class Turn:
     history: list[InputItem] = field(default_factory=list)
     # Who made the request (a digest of their API key; None when the API is open).
     owner: str | None = None
+    # What it keeps of its rendered prompt for prompt-cache diagnostics (None: nothing).
+    prompt: PromptFingerprint | None = None
     arrived_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     # Whether the response should end at its next safe boundary (`ResponseStreamTranslator.

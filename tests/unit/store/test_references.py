@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from serve_app.serving.turn.references import as_stored_input
 from serve_app.store import writes
-from serve_app.store.base import StoredConversation, StoredResponse
+from serve_app.store.base import PromptRecord, StoredConversation, StoredResponse
 from serve_app.store.sql import SqlResponseStore
 from serve_app.store.tables import ItemRefRow, ItemRow, ResponseRow
 from tests.unit.store.test_sql import postgres_url, store_url  # noqa: F401 - fixtures
@@ -189,8 +189,9 @@ async def test_a_store_from_the_previous_version_reads_as_it_did(
     store_url: str,  # noqa: F811
     clock,
 ) -> None:
-    """The previous version's schema (no ``item_refs``, no ``created_at`` index) and rows
-    (inputs holding copies): the store opens, reads them as they were, and takes references."""
+    """The previous version's schema (no ``item_refs``, no ``created_at`` index, no
+    ``prompt_fingerprint`` column) and rows (inputs holding copies): the store opens, reads
+    them as they were, and takes references."""
     old = await open_store(store_url, clock)
     await wipe_all(old)
     await old.close()
@@ -200,6 +201,7 @@ async def test_a_store_from_the_previous_version_reads_as_it_did(
     async with engine.begin() as connection:
         await connection.execute(text("DROP TABLE item_refs"))
         await connection.execute(text("DROP INDEX ix_responses_created_at"))
+        await connection.execute(text("ALTER TABLE responses DROP COLUMN prompt_fingerprint"))
         for stored in (first, response("r_v2", [copy], previous="r_v1")):
             await connection.execute(
                 text("INSERT INTO responses VALUES (:id, :prev, :at, :body, :inputs, 'a', false)"),
@@ -223,6 +225,7 @@ async def test_a_store_from_the_previous_version_reads_as_it_did(
     store = await open_store(store_url, clock)
     try:
         assert (await store.get("r_v2")).input_items == [copy]
+        assert await store.prompt_record("r_v2", "a") == PromptRecord(None)  # kept none
         assert [stored.id for stored in await store.chain("r_v2")] == ["r_v1", "r_v2"]
         await store.put(response("r_v3", [copy], previous="r_v2"))
         assert "stored_row" in (await raw_inputs(store, "r_v3"))[0]
