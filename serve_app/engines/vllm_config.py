@@ -70,9 +70,7 @@ class VLLMEngineConfig(BaseModel):
         if owned:
             # Our grammars need the guidance backend applied from the first token.
             raise ValueError(f"{owned} is set by serve_app for constrained decoding")
-        if self.kv_transfer_config is not None and not self.kv_transfer_config.get(
-            "kv_connector"
-        ):
+        if self.kv_transfer_config is not None and not self.kv_transfer_config.get("kv_connector"):
             raise ValueError("kv_transfer_config names no kv_connector")
         return self
 
