@@ -158,6 +158,11 @@ class Engine(abc.ABC):
         from now on; whether the engine publishes any (the default: none)."""
         return False
 
+    def kv_load_tokens_per_s(self) -> float | None:
+        """How fast the engine loads KV from its CPU tier to its GPU, tokens/s (configured or
+        measured); None: it has no CPU tier (the default)."""
+        return None
+
     async def check_health(self) -> None:  # noqa: B027 - optional hook
         """Raise if the engine cannot serve; Ray Serve restarts the replica then."""
 

@@ -23,6 +23,20 @@ events do (``serve_app.engines.kv_events``): a ``BlockStored`` for the blocks a 
 and for those an insert adds, each naming the request's session, a ``BlockRemoved`` for the
 blocks evicted, an ``AllBlocksCleared`` on `clear`.
 
+Tiers behind the GPU cache (both off by default):
+- a **CPU tier** of ``cpu_capacity_tokens`` (vLLM's ``OffloadingConnector`` with its CPU
+  backend): every block a request computes is written to it too (vLLM stores blocks as they are
+  computed, not when the GPU evicts them), LRU on its own. A lookup that runs out of GPU blocks
+  continues into the CPU tier: those blocks are *loaded* (``CacheHit.loaded_tokens``; the
+  engine's time model charges them at its load rate) and become GPU blocks again when the
+  request's prompt is inserted. Its events are vLLM's offloading events: a ``BlockStored`` with
+  ``medium="CPU"`` and no session for the blocks written, a ``BlockRemoved`` with it for those
+  the tier evicts;
+- a **shared tier** (`SharedKVTier`, one object several caches hold: LMCache with a shared
+  backend, Mooncake): every block a replica computes is written to it; a lookup that runs out
+  of GPU and CPU blocks continues into it, and those blocks are *pulled*
+  (``CacheHit.pulled_tokens``). It is the cluster's, not a replica's: no events.
+
 What is not: KV held by running requests does not reduce the capacity here (vLLM's pool is
 shared between running requests and cached blocks), and hash collisions are ignored (Python's
 64-bit tuple hash; vLLM uses sha256 only as an option).
@@ -33,6 +47,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from serve_app.engines.kv_events import (
     AllBlocksCleared,
@@ -44,6 +59,50 @@ from serve_app.engines.kv_events import (
 
 # Parent key of a sequence's first block.
 _ROOT_KEY = hash("serve_app.prefix_cache.root")
+# vLLM's medium of the CPU offloading tier's events (MEDIUM_CPU).
+CPU_MEDIUM = "CPU"
+
+
+class SharedKVTier:
+    """A block store every replica's cache writes to and reads from (keys only), LRU."""
+
+    def __init__(self, capacity_tokens: int, block_size: int = 16) -> None:
+        if capacity_tokens < block_size:
+            raise ValueError(f"capacity_tokens ({capacity_tokens}) must hold a block")
+        self.block_size = block_size
+        self.capacity_blocks = capacity_tokens // block_size
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._blocks
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def write(self, keys: Sequence[int]) -> None:
+        """Store (or refresh) one sequence's blocks, head newest, evicting the oldest."""
+        _touch(self._blocks, keys)
+        while len(self._blocks) > self.capacity_blocks:
+            self._blocks.popitem(last=False)
+
+    def touch(self, keys: Sequence[int]) -> None:
+        _touch(self._blocks, [key for key in keys if key in self._blocks])
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    """What a lookup found: the keys of the prompt's leading blocks held in any tier, and of
+    their tokens how many come from the CPU tier (loaded) and the shared one (pulled); the
+    rest were on the GPU."""
+
+    keys: list[int]
+    tokens: int
+    loaded_tokens: int = 0
+    pulled_tokens: int = 0
+
+    @property
+    def gpu_tokens(self) -> int:
+        return self.tokens - self.loaded_tokens - self.pulled_tokens
 
 
 @dataclass(frozen=True)
@@ -58,6 +117,10 @@ class PrefixCacheStats:
     hit_tokens: int
     inserted_blocks: int
     evicted_blocks: int
+    # Of hit_tokens (every tier's), those loaded from the CPU tier and pulled from the shared.
+    loaded_tokens: int = 0
+    pulled_tokens: int = 0
+    cpu_used_blocks: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -78,6 +141,8 @@ class PrefixKVCache:
         block_size: int = 16,
         capacity_tokens: int = 262_144,
         on_events: KVEventSink | None = None,
+        cpu_capacity_tokens: int = 0,
+        shared: SharedKVTier | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -85,8 +150,18 @@ class PrefixKVCache:
             raise ValueError(
                 f"capacity_tokens ({capacity_tokens}) must hold a block ({block_size} tokens)"
             )
+        if cpu_capacity_tokens and cpu_capacity_tokens < block_size:
+            raise ValueError(f"cpu_capacity_tokens ({cpu_capacity_tokens}) must hold a block")
+        if shared is not None and shared.block_size != block_size:
+            raise ValueError("the shared tier's block_size must be the cache's")
         self.block_size = block_size
         self.capacity_blocks = capacity_tokens // block_size
+        self.cpu_capacity_blocks = cpu_capacity_tokens // block_size  # 0: no CPU tier
+        self.shared = shared
+        # The CPU tier's block keys, least recently used first.
+        self._cpu: OrderedDict[int, None] = OrderedDict()
+        self._loaded_tokens = 0
+        self._pulled_tokens = 0
         # Block key -> None, least recently used first.
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self._lookups = 0
@@ -128,8 +203,13 @@ class PrefixKVCache:
         return list(self._iter_keys(token_ids, salt=salt))
 
     def peek(self, token_ids: Sequence[int], salt: str | None = None) -> int:
-        """Like `lookup`, but changes neither the LRU order nor the stats."""
+        """Like `lookup` on the GPU tier alone, but changes neither the LRU order nor the
+        stats."""
         return len(self._hit_keys(token_ids, salt)) * self.block_size
+
+    def peek_hit(self, token_ids: Sequence[int], salt: str | None = None) -> CacheHit:
+        """Like `lookup_hit` (every tier), but changes neither the LRU orders nor the stats."""
+        return self._hit(token_ids, salt)
 
     def lookup(self, token_ids: Sequence[int], salt: str | None = None) -> int:
         """Prompt tokens that would be served from cache; counts in stats and refreshes LRU.
@@ -145,14 +225,49 @@ class PrefixKVCache:
     ) -> list[int]:
         """`lookup` returning the keys of the blocks hit, to pass to `insert` as known keys.
         The hit blocks are reported stored for ``session_id``, as vLLM reports a prefix hit."""
-        hits = self._hit_keys(token_ids, salt)
-        self._touch(hits)
-        if hits:
-            self._emit(BlockStored(tuple(hits), None, self.block_size, session_id))
+        return self.lookup_hit(token_ids, session_id, salt).keys
+
+    def lookup_hit(
+        self, token_ids: Sequence[int], session_id: str | None = None, salt: str | None = None
+    ) -> CacheHit:
+        """`lookup_blocks` through every tier: the GPU blocks hit (reported stored for
+        ``session_id``), then those the CPU tier and the shared tier hold (to load and pull;
+        `insert` makes them GPU blocks)."""
+        hit = self._hit(token_ids, salt)
+        size = self.block_size
+        on_gpu = hit.keys[: hit.gpu_tokens // size]
+        self._touch(on_gpu)
+        if on_gpu:
+            self._emit(BlockStored(tuple(on_gpu), None, size, session_id))
+        beyond = hit.keys[len(on_gpu) :]
+        _touch(self._cpu, [key for key in beyond if key in self._cpu])
+        if self.shared is not None:
+            self.shared.touch(beyond)
         self._lookups += 1
         self._queried_tokens += len(token_ids)
-        self._hit_tokens += len(hits) * self.block_size
-        return hits
+        self._hit_tokens += hit.tokens
+        self._loaded_tokens += hit.loaded_tokens
+        self._pulled_tokens += hit.pulled_tokens
+        return hit
+
+    def _hit(self, token_ids: Sequence[int], salt: str | None) -> CacheHit:
+        """The leading blocks held on the GPU, then on, each from the cheapest tier holding
+        it (the CPU tier before the shared one), to the first held nowhere."""
+        keys = self._hit_keys(token_ids, salt)
+        loaded = pulled = 0
+        if self._cpu or self.shared is not None:
+            prompt = token_ids[: max(len(token_ids) - 1, 0)]
+            on_gpu = len(keys)
+            for key in islice(self._iter_keys(prompt, tuple(keys), salt), on_gpu, None):
+                if key in self._cpu:
+                    loaded += 1
+                elif self.shared is not None and key in self.shared:
+                    pulled += 1
+                else:
+                    break
+                keys.append(key)
+        size = self.block_size
+        return CacheHit(keys, len(keys) * size, loaded * size, pulled * size)
 
     def _hit_keys(self, token_ids: Sequence[int], salt: str | None = None) -> list[int]:
         hits: list[int] = []
@@ -187,18 +302,31 @@ class PrefixKVCache:
             first = new[0]
             parent = keys[first - 1] if first else None
             self._emit(BlockStored(tuple(keys[first:]), parent, self.block_size, session_id))
+        if self.cpu_capacity_blocks:
+            self._write_to_cpu(keys)
+        if self.shared is not None:
+            self.shared.write(keys)
         self._evict()
         return keys
 
-    def _touch(self, keys: list[int]) -> None:
-        """Make ``keys`` (one sequence's blocks, head first) the most recently used.
+    def _write_to_cpu(self, keys: list[int]) -> None:
+        """Write a computed sequence's blocks to the CPU tier (those it lacks: vLLM's
+        connector stores each block once), refresh the rest, evict its LRU blocks."""
+        new = [index for index, key in enumerate(keys) if key not in self._cpu]
+        _touch(self._cpu, keys)
+        if new:
+            first = new[0]
+            parent = keys[first - 1] if first else None
+            written = tuple(keys[first:])
+            self._emit(BlockStored(written, parent, self.block_size, medium=CPU_MEDIUM))
+        evicted = []
+        while len(self._cpu) > self.cpu_capacity_blocks:
+            evicted.append(self._cpu.popitem(last=False)[0])
+        if evicted:
+            self._emit(BlockRemoved(tuple(evicted), medium=CPU_MEDIUM))
 
-        The head block ends up newest, so eviction takes a sequence's deepest blocks first.
-        """
-        blocks = self._blocks
-        for key in reversed(keys):
-            blocks[key] = None
-            blocks.move_to_end(key)
+    def _touch(self, keys: list[int]) -> None:
+        _touch(self._blocks, keys)
 
     def _evict(self) -> None:
         evicted = []
@@ -209,8 +337,10 @@ class PrefixKVCache:
             self._emit(BlockRemoved(tuple(evicted)))
 
     def clear(self) -> None:
-        """Drop every block (like vLLM's ``reset_prefix_cache``); stats are kept."""
+        """Drop every block, the CPU tier's too (like vLLM's ``reset_prefix_cache``, which
+        resets the connector's); stats are kept. A shared tier is the cluster's: kept."""
         self._blocks.clear()
+        self._cpu.clear()
         self._emit(AllBlocksCleared())
 
     def _emit(self, event: KVEvent) -> None:
@@ -227,4 +357,17 @@ class PrefixKVCache:
             hit_tokens=self._hit_tokens,
             inserted_blocks=self._inserted_blocks,
             evicted_blocks=self._evicted_blocks,
+            loaded_tokens=self._loaded_tokens,
+            pulled_tokens=self._pulled_tokens,
+            cpu_used_blocks=len(self._cpu),
         )
+
+
+def _touch(blocks: OrderedDict[int, None], keys: Sequence[int]) -> None:
+    """Make ``keys`` (one sequence's blocks, head first) the most recently used in ``blocks``.
+
+    The head block ends up newest, so eviction takes a sequence's deepest blocks first.
+    """
+    for key in reversed(keys):
+        blocks[key] = None
+        blocks.move_to_end(key)

@@ -102,6 +102,7 @@ class ConversationPlacer:
         max_conversations: int = DEFAULT_MAX_CONVERSATIONS,
         ttft_slack_s: float | None = DEFAULT_TTFT_SLACK_S,
         prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
+        shared_kv_pull_tokens_per_s: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         validate_bounds(load_factor, min_bound)
@@ -113,6 +114,8 @@ class ConversationPlacer:
             raise ValueError("ttft_slack_s must not be negative")
         if prefill_tokens_per_s <= 0:
             raise ValueError("prefill_tokens_per_s must be positive")
+        if shared_kv_pull_tokens_per_s is not None and shared_kv_pull_tokens_per_s <= 0:
+            raise ValueError("shared_kv_pull_tokens_per_s must be positive (or None: no tier)")
         self.load_factor = load_factor
         self.min_bound = min_bound
         self.new_load_factor = new_load_factor
@@ -126,7 +129,10 @@ class ConversationPlacer:
         self._unreported: dict[str, Sighting] = {}
         # Placement by predicted time to first token (``ttft.py``); None: by the ring alone.
         self.ttft_slack_s = ttft_slack_s
-        self.predictor = TTFTPredictor(prefill_tokens_per_s, clock)
+        # The replicas share a KV tier (``--kv-tier shared``) pulled at this rate; None: none.
+        self.predictor = TTFTPredictor(
+            prefill_tokens_per_s, clock, shared_pull_tokens_per_s=shared_kv_pull_tokens_per_s
+        )
 
     def set_members(self, members: Iterable[str]) -> None:
         self.ring.set_members(members)

@@ -16,6 +16,17 @@ prefill rate:
   finds cached (``serve_app.routing.prefill``): moving a conversation costs its own history,
   not the system prompt every replica holds. At least one token: the last prompt token is
   always computed;
+- tiers: a prefix the replica holds only in its CPU tier (its report's ``cpu_held_tokens``)
+  is loaded, not computed: it counts ``rate / kv_load_tokens_per_s`` prefill tokens a token
+  (the replica's reported load rate, else ``DEFAULT_KV_LOAD_TOKENS_PER_S``). With a tier all
+  replicas share (``shared_pull_tokens_per_s`` set, the placer's
+  ``shared_kv_pull_tokens_per_s``), what any replica holds of the conversation is in it, and
+  a replica holding less pulls the rest at that rate. Each token at its cheapest tier (the
+  GPU free, then the CPU tier or the shared one, whichever is quicker), the rest computed. The
+  engine loads and pulls in the request's turn of its prefill queue, so the queue ahead counts
+  them the same way (``sent``, and the replica's own ``queued_prefill_tokens``). A warm turn
+  queued at its home then moves to an idle replica when its prefix can follow it cheaply (the
+  shared tier) and stays when it cannot. With no tier configured or reported, nothing changes;
 - ``rate``: the replica's measured prefill rate; one that has not measured it yet (just
   started) is taken at the mean of the others', and with none measured at
   ``prefill_tokens_per_s`` (then only the token counts matter).
@@ -33,8 +44,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serve_app.routing.directory import REPORTED_AT_KEY
-from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
 from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY, SHARED_KEY
+from serve_app.routing.replica_report import (
+    CPU_HELD_KEY,
+    HELD_KEY,
+    KV_EVENTS_KEY,
+    KV_LOAD_RATE_KEY,
+)
 from serve_app.routing.ring import stable_hash
 
 # Until a replica has measured its rate (only the ratio of tokens matters while none has).
@@ -43,6 +59,9 @@ DEFAULT_PREFILL_TOKENS_PER_S = 20_000.0
 DEFAULT_TTFT_SLACK_S = 0.05
 # A turn sent to a replica that has not reported since is remembered at most this long.
 MAX_UNREPORTED_S = 30.0
+# CPU -> GPU load rate of a replica that reports CPU-held tokens but no rate (tokens/s):
+# gpt-oss-120b's 72 KiB per token at about 40 GB/s of PCIe 5 host-to-device copy.
+DEFAULT_KV_LOAD_TOKENS_PER_S = 500_000.0
 
 
 @dataclass
@@ -58,7 +77,7 @@ class _Sent:
     replica: str
     conversation: int
     prompt_tokens: int
-    uncached_tokens: int
+    uncached_tokens: float
     at: float
     request_id: str | None = None
 
@@ -67,9 +86,13 @@ class _Sent:
 class TTFTPredictor:
     default_rate: float = DEFAULT_PREFILL_TOKENS_PER_S
     clock: Callable[[], float] = time.time
+    # The KV tier all replicas share, pulled at this many tokens/s (None: no shared tier).
+    shared_pull_tokens_per_s: float | None = None
     _backlogs: dict[str, _Backlog] = field(default_factory=dict)
     _rates: dict[str, float] = field(default_factory=dict)
     _held: dict[str, Mapping[int, int]] = field(default_factory=dict)
+    _cpu_held: dict[str, Mapping[int, int]] = field(default_factory=dict)
+    _load_rates: dict[str, float] = field(default_factory=dict)
     _shared: dict[str, int] = field(default_factory=dict)
     # Each replica's BlockRemoved count at its latest report, and whether it grew since the
     # report before (the replica evicts: its cache is full).
@@ -97,6 +120,8 @@ class TTFTPredictor:
         self._backlogs.clear()
         self._rates.clear()
         self._held.clear()
+        self._cpu_held.clear()
+        self._load_rates.clear()
         self._shared.clear()
         self._reported_at.clear()
         for replica, stats in latest.items():
@@ -106,6 +131,9 @@ class TTFTPredictor:
             if stats.get(RATE_KEY):
                 self._rates[replica] = float(stats[RATE_KEY])
             self._held[replica] = stats.get(HELD_KEY) or {}
+            self._cpu_held[replica] = stats.get(CPU_HELD_KEY) or {}
+            if stats.get(KV_LOAD_RATE_KEY):
+                self._load_rates[replica] = float(stats[KV_LOAD_RATE_KEY])
             if stats.get(SHARED_KEY) is not None:
                 self._shared[replica] = int(stats[SHARED_KEY])
             self._note_evictions(replica, reported_at, stats)
@@ -141,16 +169,62 @@ class TTFTPredictor:
         queued = self._queued(replica, now)
         return (queued + self.uncached(replica, key, prompt_tokens)) / self.rate(replica)
 
-    def uncached(self, replica: str, key: str, prompt_tokens: int) -> int:
+    def uncached(self, replica: str, key: str, prompt_tokens: int) -> float:
+        """What the turn's prompt costs ``replica`` before its first token, in prefill tokens
+        of the same time: its prefix priced at the cheapest tier holding it (the replica's
+        GPU free, its CPU tier at the load rate, the shared tier at the pull rate), the rest
+        computed. At least one token (the last prompt token is always computed)."""
         conversation = stable_hash(key)
-        held = max(self._held.get(replica, {}).get(conversation, 0), self.shared(replica))
+        gpu = max(self._held.get(replica, {}).get(conversation, 0), self.shared(replica))
+        gpu = max(gpu, self._sent_prompt(replica, conversation))
+        last = prompt_tokens - 1  # the most a turn finds held
+        gpu = min(gpu, last)
+        local = min(last, gpu + self._cpu_held.get(replica, {}).get(conversation, 0))
+        shared = min(last, self._shared_tier_held(conversation))
+        rate = self.rate(replica)
+        cost: float = prompt_tokens - max(local, shared, gpu)
+        if local > gpu:  # loaded from its CPU tier, or pulled if that is quicker
+            fastest = max(self.load_rate(replica), self._pull_rate(shared, local))
+            cost += (local - gpu) * rate / fastest
+        if shared > max(local, gpu):
+            cost += (shared - max(local, gpu)) * rate / self._pull_rate(shared, shared)
+        return cost
+
+    def _sent_prompt(self, replica: str, conversation: int) -> int:
+        """The longest prompt of the conversation this router sent ``replica`` since its
+        latest report (the replica holds it now; 0: none)."""
         reported_at = self._reported_at.get(replica, float("-inf"))
+        sent_prompt = 0
         for sent in self._sent:  # few: the turns this router sent within one report period
             if (sent.replica, sent.conversation) == (replica, conversation) and (
                 sent.at > reported_at
             ):
-                held = max(held, sent.prompt_tokens)
-        return max(prompt_tokens - held, 1)
+                sent_prompt = max(sent_prompt, sent.prompt_tokens)
+        return sent_prompt
+
+    def _shared_tier_held(self, conversation: int) -> int:
+        """What the shared tier holds of the conversation: every replica writes the blocks it
+        computes there, so at least the most any replica holds of it (or was sent since its
+        report). 0 without a shared tier. Blocks the tier has that no replica still reports
+        are not counted (the safe side: a prefill predicted that is a pull)."""
+        if self.shared_pull_tokens_per_s is None:
+            return 0
+        held = [
+            held.get(conversation, 0) + self._cpu_held.get(replica, {}).get(conversation, 0)
+            for replica, held in self._held.items()
+        ]
+        held.extend(sent.prompt_tokens for sent in self._sent if sent.conversation == conversation)
+        return max(held, default=0)
+
+    def _pull_rate(self, shared: int, upto: int) -> float:
+        """The shared tier's pull rate if it holds the tokens up to ``upto``, else 0."""
+        if self.shared_pull_tokens_per_s is None or shared < upto:
+            return 0.0
+        return self.shared_pull_tokens_per_s
+
+    def load_rate(self, replica: str) -> float:
+        """The replica's CPU -> GPU load rate: reported, else the default."""
+        return self._load_rates.get(replica, DEFAULT_KV_LOAD_TOKENS_PER_S)
 
     def shared(self, replica: str) -> int:
         """The replica's shared prefix; one that has not counted it yet (just started) is

@@ -6,6 +6,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from serve_app.engines.prefix_cache import SharedKVTier
+
+# The shared tiers of this process, one per (size, block size): the engines of one process
+# (in-process tests, the replay) share one; engines in other Ray actors do not.
+_SHARED_TIERS: dict[tuple[int, int], SharedKVTier] = {}
+
 
 class SimulatedEngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -15,6 +21,19 @@ class SimulatedEngineConfig(BaseModel):
     kv_cache_tokens: int = Field(default=262_144, gt=0)
     # Prefill speed for uncached prompt tokens; one prefill runs at a time, in arrival order.
     prefill_tokens_per_s: float = Field(default=20_000, gt=0)
+    # A CPU tier behind the GPU cache (vLLM's OffloadingConnector): KV tokens it holds, 0 for
+    # none (the default: today's model). Every block computed is written to it too, and a
+    # prefix found only there is loaded at `kv_load_tokens_per_s` instead of computed.
+    cpu_kv_cache_tokens: int = Field(default=0, ge=0)
+    # CPU -> GPU load rate. gpt-oss-120b keeps 36 layers x 8 KV heads x 64 x 2 (K, V) x 2 bytes
+    # = 72 KiB per token; about 40 GB/s of pinned host-to-device copy over PCIe 5 x16 moves
+    # some 500,000 tokens/s.
+    kv_load_tokens_per_s: float = Field(default=500_000, gt=0)
+    # A KV tier every engine in the process shares (LMCache / Mooncake style), KV tokens; 0 for
+    # none. Written when a replica stores a block; a prefix found only there is pulled at
+    # `shared_kv_pull_tokens_per_s` (llm-d: a 16k-token prefix pulled in 86 ms on H200).
+    shared_kv_cache_tokens: int = Field(default=0, ge=0)
+    shared_kv_pull_tokens_per_s: float = Field(default=190_000, gt=0)
     # Decode speed of one request decoding alone.
     decode_tokens_per_s: float = Field(default=200, gt=0)
     # Each other request decoding at the same time slows a decode step by this fraction.
@@ -30,4 +49,18 @@ class SimulatedEngineConfig(BaseModel):
     def _cache_holds_a_block(self) -> SimulatedEngineConfig:
         if self.kv_cache_tokens < self.block_size:
             raise ValueError("kv_cache_tokens must be at least block_size")
+        for name in ("cpu_kv_cache_tokens", "shared_kv_cache_tokens"):
+            if 0 < getattr(self, name) < self.block_size:
+                raise ValueError(f"{name} must be 0 (no tier) or at least block_size")
         return self
+
+
+def shared_tier(config: SimulatedEngineConfig) -> SharedKVTier | None:
+    """The process's shared tier of ``config``'s size (None: it configures none)."""
+    if not config.shared_kv_cache_tokens:
+        return None
+    key = (config.shared_kv_cache_tokens, config.block_size)
+    tier = _SHARED_TIERS.get(key)
+    if tier is None:
+        tier = _SHARED_TIERS[key] = SharedKVTier(*key)
+    return tier

@@ -13,7 +13,7 @@ from serve_app.constraints.spec import CompletionConstraint
 from serve_app.engines.base import Engine, EngineError, GenerateChunk, GenerateRequest, TokenLogprob
 from serve_app.engines.kv_events import KVEvent, KVEventSink
 from serve_app.engines.prefix_cache import PrefixCacheStats, PrefixKVCache
-from serve_app.engines.simulated.config import SimulatedEngineConfig
+from serve_app.engines.simulated.config import SimulatedEngineConfig, shared_tier
 from serve_app.engines.simulated.constrained import (
     compile_matcher,
     to_sample,
@@ -37,7 +37,11 @@ class SimulatedEngine(Engine):
         # Its KV-cache events go to whoever subscribed (the engine deployment's summary).
         self._kv_sinks: list[KVEventSink] = []
         self.cache = PrefixKVCache(
-            self.config.block_size, self.config.kv_cache_tokens, on_events=self._publish
+            self.config.block_size,
+            self.config.kv_cache_tokens,
+            on_events=self._publish,
+            cpu_capacity_tokens=self.config.cpu_kv_cache_tokens,
+            shared=shared_tier(self.config),
         )
         self.script = load_script(self.config.script)
         self.timing = TimingModel(self.config, self.cache)
@@ -67,6 +71,9 @@ class SimulatedEngine(Engine):
     def subscribe_kv_events(self, sink: KVEventSink) -> bool:
         self._kv_sinks.append(sink)
         return True
+
+    def kv_load_tokens_per_s(self) -> float | None:
+        return self.config.kv_load_tokens_per_s if self.config.cpu_kv_cache_tokens else None
 
     def _publish(self, events: Sequence[KVEvent]) -> None:
         for sink in self._kv_sinks:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from serve_app.engines.base import EngineError, FinishReason, GenerateRequest
-from serve_app.engines.prefix_cache import PrefixKVCache
+from serve_app.engines.prefix_cache import CacheHit, PrefixKVCache
 from serve_app.engines.simulated.config import SimulatedEngineConfig
 from serve_app.engines.simulated.steps import Fail, Sample, Sleep, Step
 
@@ -80,15 +80,15 @@ class TimingModel:
                 await self.sleep(running, None)  # woken when the request ahead leaves
             prompt = running.request.prompt_token_ids
             session, salt = running.request.session_id, running.request.cache_salt
-            hit_keys = self.cache.lookup_blocks(prompt, session, salt)
-            cached = len(hit_keys) * self.cache.block_size
-            uncached_s = (len(prompt) - cached) / self.config.prefill_tokens_per_s
-            running.prefilled_at = max(running.arrived, self._prefill_free_at) + uncached_s
+            hit = self.cache.lookup_hit(prompt, session, salt)
+            running.prefilled_at = max(running.arrived, self._prefill_free_at) + self.prefill_s(
+                len(prompt), hit
+            )
             self._prefill_free_at = running.prefilled_at
             await self.sleep(running, running.prefilled_at - time.monotonic())
             # vLLM caches a prompt's full blocks once computed, before the request ends.
-            running.prompt_keys = self.cache.insert(prompt, hit_keys, session, salt)
-            return cached
+            running.prompt_keys = self.cache.insert(prompt, hit.keys, session, salt)
+            return hit.tokens
         finally:
             was_first = queue[0] is running
             queue.remove(running)
@@ -97,6 +97,18 @@ class TimingModel:
                 self._prefill_free_at = min(self._prefill_free_at, time.monotonic())
             if was_first and queue:
                 resolve(queue[0].wakeup)
+
+    def prefill_s(self, prompt_tokens: int, hit: CacheHit) -> float:
+        """The accelerator's time for a prompt: its uncached tokens at the prefill rate, and
+        what it loads from the CPU tier and pulls from the shared tier at their rates. A load
+        holds the request's place in the prefill queue (the requests behind wait for it), as
+        the router's TTFT model counts it (``serve_app.routing.ttft``)."""
+        config = self.config
+        return (
+            (prompt_tokens - hit.tokens) / config.prefill_tokens_per_s
+            + hit.loaded_tokens / config.kv_load_tokens_per_s
+            + hit.pulled_tokens / config.shared_kv_pull_tokens_per_s
+        )
 
     async def sleep(self, running: Running, seconds: float | None) -> None:
         """Sleep (None: until woken) that `abort` cuts short; raises `Aborted` once aborted."""

@@ -245,7 +245,10 @@ class EngineDeployment:
         self._replica_id = replica_id
         # What the routers are told (record_routing_stats): conversations served, the prefix
         # cache per conversation from the engine's own KV-cache events, queued prefill.
-        self._reporter = ReplicaReporter(replica_id)
+        load_rate = getattr(engine, "kv_load_tokens_per_s", None)
+        self._reporter = ReplicaReporter(
+            replica_id, kv_load_tokens_per_s=load_rate() if load_rate is not None else None
+        )
         # (Test engines that are not `Engine`s may lack the hook: they publish nothing.)
         subscribe = getattr(engine, "subscribe_kv_events", None)
         if subscribe is None or not subscribe(self._reporter.held):

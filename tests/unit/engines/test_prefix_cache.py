@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import pytest
 
-from serve_app.engines.prefix_cache import PrefixKVCache
+from serve_app.engines.kv_events import BlockRemoved, BlockStored, KVEvent
+from serve_app.engines.prefix_cache import PrefixKVCache, SharedKVTier
 
 
 def test_hits_grow_as_a_conversation_shares_a_longer_prefix() -> None:
@@ -163,3 +166,82 @@ def test_the_salt_changes_every_block_key_and_a_grown_sequence_keeps_it() -> Non
     )
     assert cache.lookup([*prompt, *output, 1], salt="a") == 16
     assert cache.peek([*prompt, *output, 1], salt="b") == 0
+
+
+# --- tiers behind the GPU cache (issue 40) ------------------------------------------------------
+
+
+def _recorder() -> tuple[list[KVEvent], Callable[[Sequence[KVEvent]], None]]:
+    events: list[KVEvent] = []
+    return events, events.extend
+
+
+def test_without_tiers_a_lookup_finds_only_gpu_blocks_and_publishes_no_cpu_event() -> None:
+    events, sink = _recorder()
+    cache = PrefixKVCache(block_size=4, capacity_tokens=16, on_events=sink)
+    cache.insert(list(range(16)), session_id="a")
+    cache.insert(list(range(100, 116)), session_id="b")  # a's blocks are evicted: gone
+    hit = cache.lookup_hit([*range(16), 0], "a")
+    assert (hit.tokens, hit.loaded_tokens, hit.pulled_tokens) == (0, 0, 0)
+    assert all(getattr(event, "medium", None) is None for event in events)
+
+
+def test_a_prefix_the_gpu_evicted_is_loaded_from_the_cpu_tier_and_is_a_gpu_block_again() -> None:
+    events, sink = _recorder()
+    cache = PrefixKVCache(block_size=4, capacity_tokens=16, on_events=sink, cpu_capacity_tokens=64)
+    a = list(range(16))
+    keys = cache.insert(a, session_id="a")
+    # vLLM's connector writes computed blocks out as they are computed: no session, medium CPU
+    assert events == [
+        BlockStored(tuple(keys), None, 4, "a"),
+        BlockStored(tuple(keys), None, 4, medium="CPU"),
+    ]
+    cache.insert(list(range(100, 116)), session_id="b")  # the GPU evicts a; its copy stays
+    assert cache.peek([*a, 0]) == 0
+    events.clear()
+    hit = cache.lookup_hit([*a, 0], "a")
+    assert (hit.tokens, hit.loaded_tokens, hit.gpu_tokens) == (16, 16, 0)
+    assert events == []  # no GPU block was hit: nothing to report for the lookup
+    cache.insert([*a, 0], hit.keys, "a")  # loaded into the GPU: stored there again
+    assert events[0] == BlockStored(tuple(keys), None, 4, "a")
+    assert cache.peek([*a, 0]) == 16
+    stats = cache.stats()
+    assert (stats.hit_tokens, stats.loaded_tokens, stats.cpu_used_blocks) == (16, 16, 8)
+
+
+def test_the_cpu_tier_is_lru_and_publishes_what_it_evicts() -> None:
+    events, sink = _recorder()
+    cache = PrefixKVCache(block_size=4, capacity_tokens=8, on_events=sink, cpu_capacity_tokens=16)
+    first = cache.insert(list(range(16)), session_id="a")  # 4 blocks: the CPU tier is full
+    events.clear()
+    cache.insert(list(range(100, 108)), session_id="b")  # 2 more: a's 2 deepest go
+    assert BlockRemoved(tuple(first[2:][::-1]), medium="CPU") in events
+    hit = cache.lookup_hit([*range(16), 0])
+    assert hit.tokens == 8  # a's head is still in the CPU tier, its tail is gone
+    assert cache.stats().cpu_used_blocks == 4
+
+
+def test_the_chain_goes_gpu_then_cpu_then_shared_each_block_from_the_cheapest_tier() -> None:
+    shared = SharedKVTier(capacity_tokens=1024, block_size=4)
+    home = PrefixKVCache(block_size=4, capacity_tokens=8, cpu_capacity_tokens=16, shared=shared)
+    other = PrefixKVCache(block_size=4, capacity_tokens=64, shared=shared)
+    prompt = list(range(32))  # 8 blocks: the GPU keeps 2, the CPU tier 4, the shared tier all
+    home.insert(prompt, session_id="a")  # each tier keeps the head (evicts the deepest first)
+    hit = home.lookup_hit([*prompt, 0])
+    assert (hit.gpu_tokens, hit.loaded_tokens, hit.pulled_tokens) == (8, 8, 16)
+    # another replica finds every block in the shared tier: pulled, not computed
+    moved = other.lookup_hit([*prompt, 0], "a")
+    assert (moved.tokens, moved.pulled_tokens) == (32, 32)
+    assert other.stats().pulled_tokens == 32
+
+
+def test_the_shared_tier_is_bounded_and_lru() -> None:
+    shared = SharedKVTier(capacity_tokens=16, block_size=4)
+    writer = PrefixKVCache(block_size=4, capacity_tokens=64, shared=shared)
+    reader = PrefixKVCache(block_size=4, capacity_tokens=64, shared=shared)
+    writer.insert(list(range(16)))
+    writer.insert(list(range(100, 108)))  # 2 more blocks: the oldest 2 (a's tail) go
+    assert len(shared) == 4
+    assert reader.peek_hit([*range(16), 0]).pulled_tokens == 8
+    with pytest.raises(ValueError, match="block_size"):
+        PrefixKVCache(block_size=8, capacity_tokens=64, shared=shared)

@@ -4,6 +4,7 @@ vLLM-shaped events with KV-cache groups: what an engine replica reports it holds
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
@@ -142,3 +143,107 @@ def test_the_bounded_summary_never_claims_a_block_that_is_gone(seed: int) -> Non
         assert all(tokens <= 16 * len(cached) for tokens in held.report().values())
         for conversation in held._held.values():  # the summary's own sets
             assert conversation <= cached
+
+
+# --- by medium: a CPU tier behind the GPU cache (issue 40) -------------------------------------
+
+
+def _cpu_stored(*blocks: int) -> BlockStored:
+    """As vLLM's offloading connector announces a write to its CPU tier: no session."""
+    return BlockStored(blocks, None, 16, medium="CPU")
+
+
+def test_a_block_on_gpu_and_cpu_counts_on_the_gpu_and_its_cpu_copy_outlives_the_gpu_one() -> None:
+    held = HeldPrefixes()
+    held([BlockStored((1, 2, 3), None, 16, "a"), _cpu_stored(1, 2, 3)])
+    assert (held.held_tokens("a"), held.cpu_held_tokens("a")) == (48, 0)
+    assert held.cpu_report() == {}
+    held([BlockRemoved((2, 3))])  # the GPU evicts the tail: its CPU copies stay
+    assert (held.held_tokens("a"), held.cpu_held_tokens("a")) == (16, 32)
+    assert held.report() == {stable_hash("a"): 16}
+    assert held.cpu_report() == {stable_hash("a"): 32}
+    held([BlockRemoved((1,), medium="GPU")])  # all gone from the GPU: still held, on CPU
+    assert held.report() == {} and held.cpu_report() == {stable_hash("a"): 48}
+    assert len(held) == 1
+    held([BlockRemoved((1, 2, 3), medium="CPU")])
+    assert len(held) == 0 and held.cpu_report() == {}
+
+
+def test_a_cpu_removal_never_removes_the_gpu_copy() -> None:
+    held = HeldPrefixes()
+    held([BlockStored((1, 2), None, 16, "a"), _cpu_stored(1, 2)])
+    held([BlockRemoved((1, 2), medium="CPU")])
+    assert (held.held_tokens("a"), held.cpu_held_tokens("a")) == (32, 0)
+    held([_cpu_stored(1, 2), BlockRemoved((1, 2), medium="STORAGE")])  # a medium not counted
+    held([BlockRemoved((1, 2))])
+    assert (held.held_tokens("a"), held.cpu_held_tokens("a")) == (0, 32)
+
+
+def test_cpu_copies_are_counted_per_announcement_as_vllms_connector_asks() -> None:
+    """A block in two offloaded chunks is announced twice and removed twice."""
+    held = HeldPrefixes()
+    held([BlockStored((1, 2), None, 16, "a"), _cpu_stored(1, 2), _cpu_stored(2)])
+    held([BlockRemoved((1, 2))])
+    held([BlockRemoved((1, 2), medium="CPU")])
+    assert held.cpu_held_tokens("a") == 16  # block 2's other announcement stands
+    held([BlockRemoved((2,), medium="CPU")])
+    assert held.cpu_held_tokens("a") == 0 and len(held) == 0
+
+
+def test_a_conversation_finding_a_block_the_cpu_tier_holds_gets_its_copy_too() -> None:
+    """b's turn hits a's shared head on the GPU after it was written out: when the GPU evicts
+    it, both conversations still have it on CPU."""
+    held = HeldPrefixes()
+    held([BlockStored((1,), None, 16, "a"), _cpu_stored(1), BlockStored((1, 5), None, 16, "b")])
+    held([BlockRemoved((1,))])
+    assert held.cpu_held_tokens("a") == held.cpu_held_tokens("b") == 16
+    assert held.held_tokens("b") == 16
+
+
+def test_the_cache_models_cpu_tier_events_give_the_conversation_its_cpu_held_tokens() -> None:
+    """The simulated engine's cache with a CPU tier: a conversation the GPU evicts is
+    reported held on CPU (a turn loads it), with the same keys and bound as held_tokens."""
+    held = HeldPrefixes(max_reported=2)
+    cache = PrefixKVCache(16, 16 * 8, on_events=held, cpu_capacity_tokens=16 * 100)
+    _serve(cache, _prompt(1, 4), "a")  # 6 blocks
+    _serve(cache, _prompt(2, 6), "b")  # 6 new: a keeps only the shared head on the GPU
+    assert held.held_tokens("a") == 32 and held.cpu_held_tokens("a") == 64
+    assert held.cpu_report() == {stable_hash("a"): 64}
+    _serve(cache, _prompt(3, 1), "c")  # a is the least recently stored: forgotten
+    assert held.cpu_held_tokens("a") == 0 and stable_hash("a") not in held.cpu_report()
+    assert len(held) == 2
+    cache.clear()
+    assert held.cpu_report() == {} and held.report() == {}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_summary_by_medium_never_claims_a_copy_that_is_gone(seed: int) -> None:
+    """Random GPU and CPU stores and removals: a conversation's GPU blocks are still on the
+    GPU, its CPU-only blocks still in the CPU tier, within the bound."""
+    rng = random.Random(seed)
+    held = HeldPrefixes(max_reported=4)
+    on_gpu: set[int] = set()
+    on_cpu: Counter[int] = Counter()
+    for _ in range(400):
+        roll = rng.random()
+        blocks = tuple(rng.sample(range(30), rng.randint(1, 4)))
+        if roll < 0.4:
+            held([BlockStored(blocks, None, 16, f"c{rng.randrange(12)}")])
+            on_gpu.update(blocks)
+        elif roll < 0.6:
+            held([_cpu_stored(*blocks)])
+            on_cpu.update(blocks)
+        elif roll < 0.8:
+            gone = tuple(block for block in blocks if block in on_gpu)
+            held([BlockRemoved(gone)])
+            on_gpu.difference_update(gone)
+        else:
+            gone = tuple(block for block in blocks if on_cpu[block])
+            held([BlockRemoved(gone, medium="CPU")])
+            on_cpu.subtract(gone)
+        assert len(held) <= 4
+        for conversation, blocks_held in held._held.items():
+            assert blocks_held <= on_gpu
+            cpu_only = held._cpu.get(conversation, set()) - blocks_held
+            assert all(on_cpu[block] > 0 for block in cpu_only)
+            assert blocks_held or cpu_only  # nothing held: forgotten

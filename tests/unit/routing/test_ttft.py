@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.engines.kv_events import BlockStored
+from serve_app.engines.kv_events import BlockRemoved, BlockStored
 from serve_app.routing.affinity import ConversationPlacer
 from serve_app.routing.directory import REPORT_KEY
 from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
 from serve_app.routing.prefill import QUEUED_KEY
-from serve_app.routing.replica_report import ReplicaReporter
+from serve_app.routing.replica_report import CPU_HELD_KEY, KV_LOAD_RATE_KEY, ReplicaReporter
 from serve_app.routing.ring import Choice, stable_hash
 from serve_app.routing.ttft import TTFTPredictor
 
@@ -225,3 +225,104 @@ def test_a_replica_that_has_not_counted_its_shared_prefix_is_taken_at_the_others
     placer.set_reports({"busy": _report_shared(clock, "busy", queued=2000, held={})})
     assert placer.predictor.uncached("added", "new", 4860) == 60
     assert placer.choose("new", {"busy": 0, "added": 0}, 4860).replica == "added"
+
+
+# --- a prefix priced at its cheapest tier (issue 40) -------------------------------------------
+
+
+def _tier_report(
+    clock: Clock,
+    replica: str,
+    queued: int,
+    held: dict[str, int],
+    cpu_held: dict[str, int],
+    load_rate: float | None = None,
+) -> dict:
+    """`_report`, the replica also holding ``cpu_held`` tokens of each conversation only in
+    its CPU tier (written out, then evicted from the GPU: the offloading connector's events),
+    and the conversations' home (it served them)."""
+    reporter = ReplicaReporter(replica, clock=clock, kv_load_tokens_per_s=load_rate)
+    reporter.prefills.arrived("measured", RATE, clock() - 1)
+    reporter.prefills.first_token("measured", RATE, clock())
+    if queued:
+        reporter.prefills.arrived("waiting", queued, clock())
+    for key in held.keys() | cpu_held.keys():
+        reporter.served.record(key)
+        gpu, cpu = held.get(key, 0) // 16, cpu_held.get(key, 0) // 16
+        blocks = tuple(hash((replica, key, index)) for index in range(gpu + cpu))
+        reporter.held([BlockStored(blocks, None, 16, key)])
+        reporter.held([BlockStored(blocks, None, 16, medium="CPU")])
+        reporter.held([BlockRemoved(blocks[gpu:])])
+    return reporter.report()
+
+
+def test_a_prefix_held_only_on_the_replicas_cpu_tier_costs_its_load_time() -> None:
+    clock = Clock()
+    predictor = TTFTPredictor(clock=clock)
+    report = _tier_report(clock, "r1", 0, {"c": 1008}, {"c": 4000}, load_rate=50_000)
+    assert report[CPU_HELD_KEY] == {stable_hash("c"): 4000}
+    assert report[KV_LOAD_RATE_KEY] == 50_000
+    predictor.update({"r1": report})
+    # 92 computed; 4,000 loaded at 50,000 tokens/s: 0.08 s, what 400 prefill tokens take
+    assert predictor.uncached("r1", "c", 5100) == pytest.approx(92 + 400)
+    assert predictor.predict("r1", "c", 5100) == pytest.approx(492 / RATE)
+    del report[KV_LOAD_RATE_KEY]  # a replica that reports no rate: the default one
+    predictor.update({"r1": report})
+    assert predictor.uncached("r1", "c", 5100) == pytest.approx(92 + 4000 * RATE / 500_000)
+
+
+def test_a_turn_stays_at_a_home_that_holds_its_prefix_on_cpu_and_leaves_one_that_does_not() -> None:
+    clock = Clock()
+    placer = _placer(clock)
+    loads = {"r1": 1, "r2": 1}
+    idle = _report(clock, "r2", queued=0, held={})
+    # Home evicted the conversation from its GPU, but its CPU tier holds it: a load (0.06 s)
+    # behind 3,000 queued tokens beats a whole prefill on the idle replica.
+    home = _tier_report(clock, "r1", 3000, {}, {"c": 6000}, load_rate=500_000)
+    placer.set_reports({"r1": home, "r2": idle})
+    assert placer.choose("c", loads, 6100).replica == "r1"
+    # Without the CPU tier it would have recomputed it there: it goes to the idle replica.
+    clock.now += 1
+    placer.set_reports({"r1": _report(clock, "r1", 3000, {}), "r2": _report(clock, "r2", 0, {})})
+    assert placer.choose("c", loads, 6100).replica == "r2"
+
+
+@pytest.mark.parametrize("pull_rate", [None, 190_000.0])
+def test_a_warm_turn_queued_at_home_moves_when_its_prefix_can_follow_through_the_shared_tier(
+    pull_rate: float | None,
+) -> None:
+    """Home holds 6,000 tokens of the conversation behind 5,000 queued (1.02 s); an idle
+    replica would recompute them (1.22 s), or, with a shared tier, pull them (0.05 s)."""
+    clock = Clock()
+    placer = ConversationPlacer(
+        clock=clock, ttft_slack_s=0.05, shared_kv_pull_tokens_per_s=pull_rate
+    )
+    placer.set_members(["r1", "r2"])
+    placer.set_reports(
+        {
+            "r1": _tier_report(clock, "r1", 5000, {"c": 6000}, {}),
+            "r2": _report(clock, "r2", queued=0, held={}),
+        }
+    )
+    pulled = 100 + 6000 * RATE / 190_000
+    assert placer.knows("c")
+    idle_ttft = placer.predictor.predict("r2", "c", 6100)
+    assert idle_ttft == pytest.approx((6100 if pull_rate is None else pulled) / RATE)
+    choice = placer.choose("c", {"r1": 1, "r2": 0}, 6100)
+    assert (choice.replica, choice.spilled) == (
+        ("r1", False) if pull_rate is None else ("r2", True)
+    )
+    if pull_rate is not None:  # the pull is the idle replica's queue now, as the engine runs it
+        assert placer.predictor.predict("r2", "d", 1000) == pytest.approx((pulled + 1000) / RATE)
+
+
+def test_the_replicas_queue_counts_a_cpu_load_in_prefill_tokens_of_the_same_time() -> None:
+    clock = Clock()
+    reporter = ReplicaReporter("r1", clock=clock, kv_load_tokens_per_s=50_000)
+    reporter.prefills.arrived("measured", RATE, clock() - 1)
+    reporter.prefills.first_token("measured", RATE, clock())
+    blocks = tuple(range(100))
+    reporter.held([BlockStored(blocks, None, 16, "c"), BlockStored(blocks, None, 16, medium="CPU")])
+    reporter.held([BlockRemoved(blocks[50:])])  # 800 tokens on the GPU, 800 more on CPU only
+    reporter.arrived("turn", "c", 1700)
+    assert reporter.report()[QUEUED_KEY] == 100 + 800 * RATE // 50_000

@@ -15,6 +15,7 @@ from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest, 
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
 from serve_app.routing.prefill import DECODING_KEY, QUEUED_KEY, RATE_KEY
+from serve_app.routing.replica_report import CPU_HELD_KEY, KV_LOAD_RATE_KEY
 from serve_app.routing.ring import stable_hash
 from serve_app.serving.engine.channel import Outbox
 from serve_app.serving.engine.client import InProcessEngineClient
@@ -270,3 +271,30 @@ async def test_the_routing_report_holds_the_engines_kv_events_and_its_prefill_qu
     assert report[RATE_KEY] == pytest.approx(2000, rel=0.2)
     assert report[KV_EVENTS_KEY] == {"BlockStored": 2}  # the prompt's blocks, then the output's
     assert report[HELD_KEY] == {stable_hash("conversation-1"): 16 * ((len(prompt) + 8) // 16)}
+
+
+async def test_a_prefix_held_only_in_the_engines_cpu_tier_is_in_the_routing_report() -> None:
+    """The engine's CPU-tier events (medium CPU) reach the report through the deployment's
+    subscription: the conversation the GPU evicted is reported held on CPU, with the
+    engine's load rate."""
+    config = SimulatedEngineConfig(
+        kv_cache_tokens=16 * 38,  # one conversation: the second evicts the first
+        cpu_kv_cache_tokens=16 * 400,
+        kv_load_tokens_per_s=250_000,
+        prefill_tokens_per_s=50_000,
+        default_output_tokens=4,
+    )
+    engine = SimulatedEngine(config)
+    await engine.start()
+    replica = _replica_with(engine, {"ingress-1"})
+    try:
+        for first, session in ((1000, "conversation-1"), (5000, "conversation-2")):
+            prompt = [200006, 1428, 200008, *range(first, first + 600), 200007]
+            request = GenerateRequest(session, prompt, SamplingSettings(4), session_id=session)
+            await asyncio.wait_for(_read(replica.generate(request, caller="ingress-1")), 5)
+        report = await replica.record_routing_stats()
+    finally:
+        await engine.shutdown()
+    assert report[HELD_KEY] == {stable_hash("conversation-2"): 16 * 38}
+    assert report[CPU_HELD_KEY] == {stable_hash("conversation-1"): 16 * 38}
+    assert report[KV_LOAD_RATE_KEY] == 250_000
