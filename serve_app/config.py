@@ -16,10 +16,6 @@ class EngineConfig(BaseModel):
     kind: Literal["simulated", "vllm"] = "simulated"
     # Options of the chosen engine: SimulatedEngineConfig or VLLMEngineConfig fields.
     options: dict[str, Any] = Field(default_factory=dict)
-    # A KV tier every engine replica reads and writes (configs/gpt-oss-shared-kv.yaml: LMCache on
-    # a shared server): how fast a replica pulls a prefix from it, tokens/s, the rate the placer
-    # prices a turn moved off its home at when the tier holds its prefix. None: no shared tier.
-    shared_pull_tokens_per_s: float | None = Field(default=None, gt=0)
 
 
 # Overrides `store.url` when set: the URL of a shared store carries a password, which belongs in

@@ -99,7 +99,6 @@ class VLLMEngine(Engine):
         self._kv_sinks.append(sink)
         return self._config.kv_cache_events
 
-    @property
     def kv_load_tokens_per_s(self) -> float | None:
         """The CPU tier's configured load rate (None: no CPU tier, or no rate configured), for
         the replica's report."""

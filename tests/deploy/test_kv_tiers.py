@@ -5,7 +5,8 @@
   worker's /dev/shm (where vLLM 0.33 keeps the tier) holds its replicas' tiers and Ray's object
   store, within the pod's memory;
 - configs/gpt-oss-shared-kv.yaml is configs/gpt-oss.yaml but for the KV tier (LMCache on a
-  shared server, and the pull rate the placer prices it at);
+  shared server, and the pull rate the placer prices it at, a keyword argument the placer
+  takes);
 - k8s/shared-kv/ renders and is complete: its RayService is that config with the cluster's
   overrides, it points LMCache at the Service of its server, whose manifest validates, and the
   image installs LMCache.
@@ -26,6 +27,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from serve_app.config import AppArgs
 from serve_app.engines.vllm_config import VLLMEngineConfig
+from serve_app.routing.affinity import ConversationPlacer
 from tests.deploy.test_deployment import deployments, gpus_per_replica, kubernetes_validate
 from tests.deploy.test_k8s_manifests import SCHEMA, check, render_module, strict
 from tests.support.helpers import REPO
@@ -59,11 +61,22 @@ def serve_config_of(path: Path) -> dict[str, Any]:
     return yaml.safe_load(rayservice(path)["spec"]["serveConfigV2"])
 
 
+def router_kwargs(config: dict[str, Any]) -> dict[str, Any]:
+    router = deployments(config)["EngineDeployment"]["request_router_config"]
+    return router["request_router_kwargs"]
+
+
+def placer(config: dict[str, Any]) -> ConversationPlacer:
+    """The placer the config's router builds (its kwargs but the router's own)."""
+    options = {k: v for k, v in router_kwargs(config).items() if k != "report_wait_s"}
+    return ConversationPlacer(**options)
+
+
 def without_tiers(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` less its KV tier: the connector, its load rate, the shared pull rate."""
     config = copy.deepcopy(config)
     (app,) = config["applications"]
-    app["args"]["engine"].pop("shared_pull_tokens_per_s", None)
+    router_kwargs(config).pop("shared_kv_pull_tokens_per_s", None)
     options = app["args"]["engine"]["options"]
     options.pop("kv_transfer_config", None)
     options.pop("kv_load_tokens_per_s", None)
@@ -91,7 +104,7 @@ def test_every_engine_replica_has_a_native_cpu_tier_and_reports_its_load_rate() 
         assert extra["self_describing_kv_events"] is True
         assert options.kv_load_tokens_per_s and options.kv_load_tokens_per_s > 0
         assert options.kv_cache_events  # the tier's events reach the report
-        assert app_args(config).engine.shared_pull_tokens_per_s is None
+        assert placer(config).predictor.shared_pull_tokens_per_s is None  # no shared tier
 
 
 def test_each_gpu_workers_shm_holds_its_replicas_cpu_tiers_and_the_object_store() -> None:
@@ -127,7 +140,12 @@ def test_the_shared_kv_config_is_the_gpu_config_but_for_its_kv_tier() -> None:
     extra = tier["kv_connector_extra_config"]
     assert urlsplit(extra["lmcache.remote_url"]).scheme == "redis"
     assert extra["lmcache.local_cpu"] is True and extra["lmcache.max_local_cpu_size"] > 0
-    assert app_args(shared).engine.shared_pull_tokens_per_s > 0
+    # The placer knows the tier and prices a moved turn's prefix at its pull rate.
+    assert (
+        placer(shared).predictor.shared_pull_tokens_per_s
+        == (router_kwargs(shared)["shared_kv_pull_tokens_per_s"])
+    )
+    assert router_kwargs(shared)["shared_kv_pull_tokens_per_s"] > 0
     assert options.kv_load_tokens_per_s > 0
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from serve_app.config import EngineConfig
 from serve_app.engines.vllm_config import VLLMEngineConfig
 from serve_app.engines.vllm_engine import VLLMEngine
 
@@ -36,15 +35,8 @@ def test_a_tier_without_a_connector_or_set_twice_is_refused() -> None:
 
 def test_the_engine_reports_its_tiers_load_rate_only_with_a_tier() -> None:
     tiered = VLLMEngineConfig(model="m", kv_transfer_config=CPU_TIER, kv_load_tokens_per_s=9e5)
-    assert VLLMEngine(tiered).kv_load_tokens_per_s == 9e5
+    assert VLLMEngine(tiered).kv_load_tokens_per_s() == 9e5
     assert (
-        VLLMEngine(VLLMEngineConfig(model="m", kv_load_tokens_per_s=9e5)).kv_load_tokens_per_s
+        VLLMEngine(VLLMEngineConfig(model="m", kv_load_tokens_per_s=9e5)).kv_load_tokens_per_s()
         is None
     )
-
-
-def test_the_shared_tiers_pull_rate_is_optional_and_positive() -> None:
-    assert EngineConfig().shared_pull_tokens_per_s is None
-    assert EngineConfig(shared_pull_tokens_per_s=85000).shared_pull_tokens_per_s == 85000
-    with pytest.raises(ValidationError, match="shared_pull_tokens_per_s"):
-        EngineConfig(shared_pull_tokens_per_s=-1)
