@@ -28,7 +28,6 @@ from serve_app.engines.vllm_kv_events import (
     new_endpoint,
     replay_endpoint,
 )
-from serve_app.routing import kv_summary
 from serve_app.routing.kv_summary import HeldPrefixes
 from tests.conftest import ENGINE
 
@@ -119,14 +118,9 @@ def test_an_offloading_tiers_events_are_converted_with_their_medium() -> None:
     assert convert(BlockRemoved(block_hashes=[7], medium="GPU")).medium is None
 
 
-@pytest.mark.xfail(
-    not hasattr(kv_summary, "CPU_HELD_KEY"),
-    reason="needs branch tiers' kv_summary, which counts by medium",
-    strict=True,
-)
 def test_a_cpu_copys_removal_leaves_the_gpu_copy_held() -> None:
     """A block offloaded to CPU and evicted there is still in the GPU pool: the summary keeps
-    counting it on the GPU (branch `tiers`' kv_summary counts by medium)."""
+    counting it on the GPU (the summary counts by medium)."""
     held = HeldPrefixes()
     events = [
         stored([1, 2]),  # the pool stores a's prefix
