@@ -57,8 +57,9 @@ class ReplicaReporter:
             held = self.held.held_tokens(session_id)
             on_cpu = self.held.cpu_held_tokens(session_id)
         if held or on_cpu:
-            uncached = prompt_tokens - min(held + on_cpu, prompt_tokens - 1)
-            self.prefills.arrived(request_id, uncached + self._load_cost(on_cpu), self._clock())
+            loaded = min(on_cpu, max(prompt_tokens - held, 0))  # what the prompt needs of it
+            uncached = max(prompt_tokens - held - loaded, 0) + self._load_cost(loaded)
+            self.prefills.arrived(request_id, uncached, self._clock())
             return
         shared = min(self.prefills.shared_prefix_tokens or 0, prompt_tokens - 1)
         self.prefills.arrived(request_id, prompt_tokens - shared, self._clock(), prompt_tokens)

@@ -20,6 +20,9 @@ and ``report_wait_s``):
       request_router_kwargs: {load_factor: 1.25, spill_factor: 2.0, min_bound: 16,
                               ttft_slack_s: 0.05, report_wait_s: 1}
       request_routing_stats_period_s: 1
+
+With a KV tier the engine replicas share (LMCache, Mooncake), ``shared_kv_pull_tokens_per_s``
+(its pull rate) lets the placer price a moved turn's prefix at a pull (docs/routing.md).
 """
 
 from __future__ import annotations

@@ -247,3 +247,25 @@ def test_the_summary_by_medium_never_claims_a_copy_that_is_gone(seed: int) -> No
             cpu_only = held._cpu.get(conversation, set()) - blocks_held
             assert all(on_cpu[block] > 0 for block in cpu_only)
             assert blocks_held or cpu_only  # nothing held: forgotten
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_summary_of_the_cache_models_tiers_matches_what_each_tier_holds(seed: int) -> None:
+    """Random turns of a dozen conversations on a cache with a small GPU and a CPU tier:
+    what the summary counts on the GPU is on the GPU, what it counts on CPU only is in the CPU
+    tier, and the conversation just served is held whole across the two."""
+    rng = random.Random(seed)
+    held = HeldPrefixes(max_reported=6)
+    cache = PrefixKVCache(16, 16 * 24, on_events=held, cpu_capacity_tokens=16 * 60)
+    turns = [0] * 12
+    for _ in range(150):
+        conversation = rng.randrange(12)
+        turns[conversation] += 1
+        prompt = _prompt(conversation + 1, turns[conversation])
+        _serve(cache, prompt, f"c{conversation}")
+        whole = held.held_tokens(f"c{conversation}") + held.cpu_held_tokens(f"c{conversation}")
+        assert whole == len(prompt) // 16 * 16
+        for key, gpu_blocks in held._held.items():
+            assert all(block in cache._blocks for block in gpu_blocks)
+            cpu_only = held._cpu.get(key, set()) - gpu_blocks
+            assert all(block in cache._cpu for block in cpu_only)

@@ -326,3 +326,9 @@ def test_the_replicas_queue_counts_a_cpu_load_in_prefill_tokens_of_the_same_time
     reporter.held([BlockRemoved(blocks[50:])])  # 800 tokens on the GPU, 800 more on CPU only
     reporter.arrived("turn", "c", 1700)
     assert reporter.report()[QUEUED_KEY] == 100 + 800 * RATE // 50_000
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0])
+def test_a_shared_tier_pull_rate_must_be_positive(rate: float) -> None:
+    with pytest.raises(ValueError, match="shared_kv_pull_tokens_per_s"):
+        ConversationPlacer(shared_kv_pull_tokens_per_s=rate)
