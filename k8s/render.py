@@ -1,6 +1,9 @@
 """Write k8s/rayservice.yaml: the template with the cluster's Serve config embedded as
 serveConfigV2: configs/gpt-oss.yaml with k8s/serve_overrides.yaml merged in; and with
 configs/fast-path.env (Ray's fast path: HAProxy, direct ingress) in every Ray container's env.
+And k8s/shared-kv/rayservice.yaml, the same RayService with the shared KV tier:
+configs/gpt-oss-shared-kv.yaml with k8s/serve_overrides.yaml, then
+k8s/shared-kv/serve_overrides.yaml, merged in.
 
 python k8s/render.py
 """
@@ -18,10 +21,22 @@ from serve_app.fast_path import read_env_file
 K8S = Path(__file__).resolve().parent
 CONFIG = K8S.parent / "configs" / "gpt-oss.yaml"
 OVERRIDES = K8S / "serve_overrides.yaml"
-HEADER = (
-    "# configs/gpt-oss.yaml with k8s/serve_overrides.yaml merged in, by k8s/render.py: the\n"
-    "# comments of both explain the values.\n"
-)
+# The shared KV tier's RayService (k8s/README.md): its config, and its overrides on top of ours.
+SHARED_KV = K8S / "shared-kv"
+SHARED_KV_CONFIG = K8S.parent / "configs" / "gpt-oss-shared-kv.yaml"
+SHARED_KV_OVERRIDES = (OVERRIDES, SHARED_KV / "serve_overrides.yaml")
+
+
+def _relative(path: Path) -> str:
+    return str(path.relative_to(K8S.parent))
+
+
+def _header(config: Path, overrides: tuple[Path, ...]) -> str:
+    merged = ", then ".join(_relative(path) for path in overrides)
+    return (
+        f"# {_relative(config)} with {merged} merged in, by k8s/render.py: the\n"
+        "# comments of each explain the values.\n"
+    )
 
 
 def _named(items: list[Any]) -> bool:
@@ -47,9 +62,14 @@ def merge(base: Any, override: Any) -> Any:
     return override
 
 
-def serve_config() -> dict[str, Any]:
-    """The cluster's Serve config."""
-    return merge(yaml.safe_load(CONFIG.read_text()), yaml.safe_load(OVERRIDES.read_text()))
+def serve_config(
+    config: Path = CONFIG, overrides: tuple[Path, ...] = (OVERRIDES,)
+) -> dict[str, Any]:
+    """The cluster's Serve config: ``config`` with each of ``overrides`` merged in, in order."""
+    merged = yaml.safe_load(config.read_text())
+    for path in overrides:
+        merged = merge(merged, yaml.safe_load(path.read_text()))
+    return merged
 
 
 def fast_path_env() -> list[dict[str, str]]:
@@ -57,9 +77,11 @@ def fast_path_env() -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in read_env_file().items()]
 
 
-def render() -> str:
+def render(config: Path = CONFIG, overrides: tuple[Path, ...] = (OVERRIDES,)) -> str:
     template = (K8S / "rayservice.template.yaml").read_text()
-    text = HEADER + yaml.safe_dump(serve_config(), sort_keys=False, width=100)
+    text = _header(config, overrides) + yaml.safe_dump(
+        serve_config(config, overrides), sort_keys=False, width=100
+    )
     block = "".join(f"    {line}\n" if line else "\n" for line in text.splitlines())
     rendered = template.replace("serveConfigV2: SERVE_CONFIG\n", f"serveConfigV2: |\n{block}")
     (marker,) = [line for line in rendered.splitlines(keepends=True) if "- FAST_PATH_ENV" in line]
@@ -71,5 +93,17 @@ def render() -> str:
     return rendered.replace(marker, entries)
 
 
+SHARED_KV_HEADER = (
+    "# k8s/rayservice.yaml with the shared KV tier (configs/gpt-oss-shared-kv.yaml), rendered\n"
+    "# by k8s/render.py: apply it instead of k8s/rayservice.yaml (same name), with\n"
+    "# k8s/shared-kv/kv-server.yaml (k8s/README.md).\n"
+)
+
+
+def render_shared_kv() -> str:
+    return SHARED_KV_HEADER + render(SHARED_KV_CONFIG, SHARED_KV_OVERRIDES)
+
+
 if __name__ == "__main__":
     (K8S / "rayservice.yaml").write_text(render())
+    (SHARED_KV / "rayservice.yaml").write_text(render_shared_kv())

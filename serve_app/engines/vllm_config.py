@@ -4,6 +4,7 @@ replica's placement group (docs/vllm.md)."""
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -49,6 +50,14 @@ class VLLMEngineConfig(BaseModel):
     # vLLM publishes its KV-cache events and the replica reads them, to tell the routers what
     # its prefix cache holds per conversation (serve_app.engines.vllm_kv_events).
     kv_cache_events: bool = True
+    # vLLM's KVTransferConfig, as vLLM spells it (its --kv-transfer-config): the CPU tier behind
+    # the GPU prefix cache (OffloadingConnector, configs/gpt-oss.yaml) or a tier the replicas
+    # share (LMCacheConnectorV1, configs/gpt-oss-shared-kv.yaml); docs/vllm.md. None: the GPU
+    # prefix cache alone.
+    kv_transfer_config: dict[str, Any] | None = None
+    # How fast the CPU tier loads a prefix back into the GPU, tokens/s: what the replica reports
+    # (kv_load_tokens_per_s) for the placer to price a turn whose prefix is held only on CPU.
+    kv_load_tokens_per_s: float | None = Field(default=None, gt=0)
     # Any other AsyncEngineArgs field, passed as is (e.g. async_scheduling, kv_cache_dtype).
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -61,6 +70,8 @@ class VLLMEngineConfig(BaseModel):
         if owned:
             # Our grammars need the guidance backend applied from the first token.
             raise ValueError(f"{owned} is set by serve_app for constrained decoding")
+        if self.kv_transfer_config is not None and not self.kv_transfer_config.get("kv_connector"):
+            raise ValueError("kv_transfer_config names no kv_connector")
         return self
 
     @property
@@ -87,6 +98,7 @@ class VLLMEngineConfig(BaseModel):
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
             "distributed_executor_backend": self.executor_backend,
+            "kv_transfer_config": self.kv_transfer_config,
         }
         args.update({name: value for name, value in optional.items() if value is not None})
         if self.constrains:
@@ -133,6 +145,11 @@ def _build_vllm_config(args: dict[str, Any]) -> VllmConfig:
         from vllm.config import KVEventsConfig
 
         args["kv_events_config"] = KVEventsConfig(**events)
+    transfer = args.get("kv_transfer_config")
+    if isinstance(transfer, dict):  # a KV tier's connector (docs/vllm.md)
+        from vllm.config import KVTransferConfig
+
+        args["kv_transfer_config"] = KVTransferConfig(**copy.deepcopy(transfer))
     return AsyncEngineArgs(**args).create_engine_config(
         usage_context=UsageContext.OPENAI_API_SERVER
     )

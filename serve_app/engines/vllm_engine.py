@@ -99,6 +99,13 @@ class VLLMEngine(Engine):
         self._kv_sinks.append(sink)
         return self._config.kv_cache_events
 
+    def kv_load_tokens_per_s(self) -> float | None:
+        """The CPU tier's configured load rate (None: no CPU tier, or no rate configured), for
+        the replica's report."""
+        if self._config.kv_transfer_config is None:
+            return None
+        return self._config.kv_load_tokens_per_s
+
     async def _warm_up_constraints(self) -> None:
         """One constrained token before Serve routes traffic here: the first request with
         structured outputs makes vLLM build its guidance backend (llguidance's view of the 200k

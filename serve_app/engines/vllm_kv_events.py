@@ -16,8 +16,9 @@ batches, or they went out before the subscription reached the publisher) is fill
 replay socket; batches the replay no longer has are counted lost and the sinks get an
 ``EventsLost`` in their place (the summary then forgets what it held, see
 ``serve_app.routing.kv_summary``). An event of a kind we do not know (a newer vLLM) is logged
-once per kind and skipped; the rest of its batch is kept. What vLLM 0.32 and 0.33 send:
-docs/vllm.md.
+once per kind and skipped; the rest of its batch is kept. Events of every tier are converted,
+each with its ``medium`` (the GPU pool's as None, an offloading tier's as vLLM names it: "CPU"
+for the OffloadingConnector's CPU tier). What vLLM 0.32 and 0.33 send: docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ END_SEQ = -1
 # How long a replay may take; the publisher thread answers between two engine steps' batches
 # (it polls its replay socket at least every 0.1 s).
 REPLAY_TIMEOUT_S = 2.0
-# The media of vLLM's own block pool (BlockPool.medium: MEDIUM_GPU, on the CPU build too).
-# Offloading tiers (CPU, STORAGE) send the same block hashes for their copies: counting their
-# BlockRemoved would take a block from its conversations while the pool still holds it.
-_POOL_MEDIA = frozenset({None, "GPU"})
+# vLLM's medium for its own block pool (BlockPool.medium: MEDIUM_GPU, on the CPU build too);
+# None from a vLLM that names no medium. Offloading tiers (the OffloadingConnector's "CPU" and
+# "STORAGE") send their own copies of the pool's blocks, by the same hashes.
+GPU_MEDIUM = "GPU"
 
 
 def new_endpoint() -> str:
@@ -78,15 +79,22 @@ def kv_events_config(endpoint: str) -> dict[str, Any]:
     }
 
 
+def medium_of(event: Any) -> str | None:
+    """The tier an event's copy lives in: None (the GPU pool) for vLLM's pool and for a vLLM
+    that names none, else the offloading tier's medium ("CPU", "STORAGE")."""
+    value = getattr(event, "medium", None)
+    return None if value in (None, GPU_MEDIUM) else value
+
+
 def convert(event: Any) -> KVEvent | None:
-    """Ours for one of vLLM's events: None for an offloading tier's (see `_POOL_MEDIA`) and for
-    a kind we do not know. LoRA fields are not kept: vLLM's block hashes already include the
-    adapter, and the summary keys blocks by hash and conversation."""
+    """Ours for one of vLLM's events, whatever its tier (``medium``: None for the GPU pool, so
+    a summary that counts by medium never takes a CPU copy's removal for the pool's); None for
+    a kind we do not know. An offloading tier's ``BlockStored`` names no session (the connector
+    stores blocks, not requests: the summary finds their conversations by hash) and may carry
+    ``block_size`` 0 (vLLM's placeholder for a chunk it kept no metadata of). LoRA fields are
+    not kept: vLLM's block hashes already include the adapter, and the summary keys blocks by
+    hash and conversation."""
     kind = type(event).__name__
-    if kind in ("BlockStored", "BlockRemoved") and getattr(event, "medium", None) not in (
-        _POOL_MEDIA
-    ):
-        return None
     match kind:
         case "BlockStored":
             return BlockStored(
@@ -96,9 +104,12 @@ def convert(event: Any) -> KVEvent | None:
                 getattr(event, "session_id", None),
                 getattr(event, "group_idx", None),
                 getattr(event, "kv_cache_spec_kind", None),
+                medium_of(event),
             )
         case "BlockRemoved":
-            return BlockRemoved(tuple(event.block_hashes), getattr(event, "group_idx", None))
+            return BlockRemoved(
+                tuple(event.block_hashes), getattr(event, "group_idx", None), medium_of(event)
+            )
         case "AllBlocksCleared":
             return AllBlocksCleared()
     logger.warning("a vLLM KV event of an unknown kind, %s, skipped", kind)

@@ -96,14 +96,39 @@ def test_block_stored_with_and_without_a_parent() -> None:
     )
 
 
-def test_lora_fields_are_not_kept_and_an_offloading_tiers_events_are_skipped() -> None:
+def test_lora_fields_are_not_kept() -> None:
     # The adapter is in vLLM's block hash already: a LoRA block converts like any other.
     assert convert(stored([7], lora=(3, "sql"))) == ours.BlockStored(
         (7,), None, 16, "a", 1, "full_attention"
     )
-    for medium in ("CPU", "STORAGE"):  # vLLM's offloading tiers' copies of the pool's blocks
-        assert convert(stored([7], medium=medium)) is None
-        assert convert(BlockRemoved(block_hashes=[7], medium=medium, group_idx=1)) is None
+
+
+def test_an_offloading_tiers_events_are_converted_with_their_medium() -> None:
+    """The OffloadingConnector's copies (vLLM's OffloadingEventsTracker: no session, and
+    block_size 0 for a chunk it kept no metadata of) reach the summary named by their tier;
+    the pool's own ("GPU", or no medium at all) read as the GPU pool: None."""
+    for medium in ("CPU", "STORAGE"):
+        assert convert(stored([7], session=None, medium=medium)) == ours.BlockStored(
+            (7,), None, 16, None, 1, "full_attention", medium
+        )
+        assert convert(BlockRemoved(block_hashes=[7], medium=medium, group_idx=1)) == (
+            ours.BlockRemoved((7,), 1, medium)
+        )
+    assert convert(stored([7], medium="GPU")).medium is None
+    assert convert(BlockRemoved(block_hashes=[7], medium="GPU")).medium is None
+
+
+def test_a_cpu_copys_removal_leaves_the_gpu_copy_held() -> None:
+    """A block offloaded to CPU and evicted there is still in the GPU pool: the summary keeps
+    counting it on the GPU (the summary counts by medium)."""
+    held = HeldPrefixes()
+    events = [
+        stored([1, 2]),  # the pool stores a's prefix
+        stored([1, 2], session=None, medium="CPU"),  # the connector offloads a copy
+        BlockRemoved(block_hashes=[1, 2], medium="CPU", group_idx=1),  # the CPU tier evicts it
+    ]
+    held([convert(e) for e in events])
+    assert held.held_tokens("a") == 16 * 2
 
 
 def test_block_removed_and_all_blocks_cleared() -> None:
