@@ -125,21 +125,38 @@ def test_a_local_shell_output_may_name_its_call_by_id(client: OpenAI) -> None:
 
 
 def test_over_a_websocket_steering_waits_for_the_shell_calls_output(client: OpenAI) -> None:
-    """A shell call cannot be cut: input steered in while the model writes it waits for the
-    call's output, and ``response.steer.pending`` names that output as the input required."""
+    """The client owes a shell call's output: input steered in after the call, the response
+    still running, waits for that output, and ``response.steer.pending`` names it as the input
+    required.
+
+    Steered once the call's item is done (the event the client sees; a shell call's item is
+    announced only once written), not at ``response.in_progress``: that comes when the engine
+    took the request, before its first token, and a steer then ends the response at once,
+    empty (nothing open: a safe boundary). The first constrained request of an engine process
+    waits seconds for the grammar vocabulary before that token (constrained.py), so a steer
+    after ``in_progress`` lost that race in CI. Steering mid-call is the function-call twin
+    in test_websocket_lanes.py, which has an event to wait for (its arguments' deltas)."""
     with connected(client) as connection:
         connection.response.create(model=MODEL, input="STEER-SHELL", tools=[SHELL], stream_id="s")
-        first = until(connection, lambda event: event.type == "response.in_progress")
+        first = until(
+            connection,
+            lambda event: (
+                event.type == "response.output_item.done" and event.item.type == "shell_call"
+            ),
+        )
         connection.response.steer(
             previous_response_id=first[0].response.id,
             input=[{"role": "user", "content": [{"type": "input_text", "text": "and pwd"}]}],
         )
         first += until_terminal(connection)
-        pending = connection.recv()
+        # Refused (the response over before the steer came): said here, not as a wait for a
+        # pending event that never comes.
+        assert not [event for event in first if event.type == "response.steer.failed"], first
         completed = first[-1]
-        assert completed.type == "response.completed", completed
+        assert completed.type == "response.completed", [event.type for event in first]
         (call,) = completed.response.output
         assert call.type == "shell_call" and call.action.commands == ["ls"]
+        pending = connection.recv()
         assert pending.type == "response.steer.pending", pending
         assert pending.reason == "waiting_for_required_input"
         assert [stub.model_dump() for stub in pending.required_input] == [

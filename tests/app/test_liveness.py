@@ -32,10 +32,23 @@ def test_ray_confirms_a_killed_engine_replica_gone_within_a_second(app_cluster: 
     victim_id, victim = next(iter(ids.items()))
     ray.kill(replica_actor(victim))
     killed = time.monotonic()
-    while victim_id not in asyncio.run(replicas_gone(set(ids))):
-        assert time.monotonic() - killed < 1.0, "the killed replica still listed after 1 s"
+    # What the watchdog relies on: a question asked a second or more after the kill is answered
+    # "gone". So it is judged by when each question was asked, not by when its answer came: on
+    # a loaded machine one answer can take most of a second (a wall-clock bound on the answers
+    # failed so, once, in issue 39's runs), and that is the watchdog's wait, bounded apart.
+    last_listed_at = killed
+    while True:
+        asked = time.monotonic()
+        if victim_id in asyncio.run(replicas_gone(set(ids))):
+            break
+        last_listed_at = asked
+        assert asked - killed < 30, "the killed replica still listed after 30 s"
         time.sleep(0.02)
-    print(f"the killed engine replica was listed gone {time.monotonic() - killed:.2f} s after")
+    print(
+        f"the killed engine replica: last listed by a question asked {last_listed_at - killed:.2f}"
+        f" s after the kill, listed gone at {time.monotonic() - killed:.2f} s"
+    )
+    assert last_listed_at - killed < 1.0, "listed alive by a question asked over 1 s after"
     assert asyncio.run(replicas_gone(set(ids))) == {victim_id}  # the other is alive
 
     deadline = time.monotonic() + 90
