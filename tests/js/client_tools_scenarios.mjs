@@ -25,7 +25,7 @@ import {
   shellTool,
 } from '@openai/agents';
 import OpenAI from 'openai';
-import { recordingFetch, requests } from './recording_fetch.mjs';
+import { recordingFetch, playScenario } from './recording_fetch.mjs';
 
 const MODEL = 'gpt-oss-120b';
 const [scenario, baseUrl] = process.argv.slice(2);
@@ -115,21 +115,4 @@ const scenarios = {
   },
 };
 
-const play = scenarios[scenario];
-if (!play) {
-  console.error(`unknown scenario: ${scenario}`);
-  process.exit(2);
-}
-try {
-  const result = await play();
-  console.log(JSON.stringify({ ok: true, result, requests }));
-} catch (error) {
-  console.log(
-    JSON.stringify({
-      ok: false,
-      error: { name: error?.name, message: String(error?.message ?? error), stack: error?.stack },
-      requests,
-    }),
-  );
-  process.exit(1);
-}
+await playScenario(scenarios, scenario);

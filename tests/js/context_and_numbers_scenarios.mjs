@@ -22,7 +22,7 @@ import { generateObject } from 'ai';
 import OpenAI from 'openai';
 import { zodTextFormat } from 'openai/helpers/zod';
 import { z } from 'zod';
-import { recordingFetch, requests } from './recording_fetch.mjs';
+import { recordingFetch, requests, playScenario } from './recording_fetch.mjs';
 
 const MODEL = 'gpt-oss-120b';
 const THRESHOLD = 1000;
@@ -150,21 +150,4 @@ const scenarios = {
   },
 };
 
-const play = scenarios[scenario];
-if (!play) {
-  console.error(`unknown scenario: ${scenario}`);
-  process.exit(2);
-}
-try {
-  const result = await play();
-  console.log(JSON.stringify({ ok: true, result, requests }));
-} catch (error) {
-  console.log(
-    JSON.stringify({
-      ok: false,
-      error: { name: error?.name, message: String(error?.message ?? error), stack: error?.stack },
-      requests,
-    }),
-  );
-  process.exit(1);
-}
+await playScenario(scenarios, scenario);

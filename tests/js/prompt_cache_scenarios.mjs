@@ -13,7 +13,7 @@
 // The app test of the same: tests/app/test_prompt_cache_diagnostics.py.
 
 import OpenAI from 'openai';
-import { recordingFetch, requests } from './recording_fetch.mjs';
+import { recordingFetch, playScenario } from './recording_fetch.mjs';
 
 const MODEL = 'gpt-oss-120b';
 const [scenario, baseUrl] = process.argv.slice(2);
@@ -132,21 +132,4 @@ const scenarios = {
   },
 };
 
-const play = scenarios[scenario];
-if (!play) {
-  console.error(`unknown scenario: ${scenario}`);
-  process.exit(2);
-}
-try {
-  const result = await play();
-  console.log(JSON.stringify({ ok: true, result, requests }));
-} catch (error) {
-  console.log(
-    JSON.stringify({
-      ok: false,
-      error: { name: error?.name, message: String(error?.message ?? error), stack: error?.stack },
-      requests,
-    }),
-  );
-  process.exit(1);
-}
+await playScenario(scenarios, scenario);

@@ -13,3 +13,26 @@ export async function recordingFetch(url, init) {
   if (!response.ok) entry.error = await response.clone().text();
   return response;
 }
+
+// Plays `scenarios[name]` and prints one JSON line: `{ok, result, requests}`, or `{ok: false,
+// error, requests}` (exit 1); an unknown name exits 2. The Python test reads that line.
+export async function playScenario(scenarios, name) {
+  const play = scenarios[name];
+  if (!play) {
+    console.error(`unknown scenario: ${name}`);
+    process.exit(2);
+  }
+  try {
+    const result = await play();
+    console.log(JSON.stringify({ ok: true, result, requests }));
+  } catch (error) {
+    console.log(
+      JSON.stringify({
+        ok: false,
+        error: { name: error?.name, message: String(error?.message ?? error), stack: error?.stack },
+        requests,
+      }),
+    );
+    process.exit(1);
+  }
+}
