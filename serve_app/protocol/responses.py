@@ -166,6 +166,8 @@ def initial_response(request: ResponsesRequest, *, response_id: str, model: str)
         "prompt_cache_options": prompt_cache.applied(request.prompt_cache_options).model_dump(
             exclude={"prewarm"}
         ),
+        # Null unless the request names a comparison (serve_app/serving/turn/cache_diagnostics.py).
+        "prompt_cache_diagnostics": None,
     }
     if request.conversation_id is not None:  # only then: OpenAI leaves it out otherwise
         fields["conversation"] = {"id": request.conversation_id}

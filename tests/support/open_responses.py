@@ -43,7 +43,8 @@ _BASE = "urn:open-responses"
 
 
 # Every field OpenAI's Response carries (the specification's ResponseResource, and `user`,
-# `prompt_cache_retention` and `prompt_cache_options` as applied, which OpenAI sends too).
+# `prompt_cache_retention`, `prompt_cache_options` as applied and `prompt_cache_diagnostics`,
+# which OpenAI sends too).
 RESPONSE_FIELDS = {
     "id", "object", "created_at", "completed_at", "status", "incomplete_details", "model",
     "previous_response_id", "instructions", "output", "error", "tools", "tool_choice",
@@ -51,7 +52,7 @@ RESPONSE_FIELDS = {
     "frequency_penalty", "top_logprobs", "temperature", "reasoning", "usage",
     "max_output_tokens", "max_tool_calls", "store", "background", "service_tier", "metadata",
     "safety_identifier", "prompt_cache_key", "user", "prompt_cache_retention",
-    "prompt_cache_options",
+    "prompt_cache_options", "prompt_cache_diagnostics",
 }  # fmt: skip
 # What a request that sets nothing gets, as OpenAI answers it.
 OPENAI_DEFAULTS = {
@@ -66,6 +67,7 @@ OPENAI_DEFAULTS = {
     "user": None,
     "prompt_cache_retention": None,
     "prompt_cache_options": {"mode": "implicit", "ttl": "30m", "comparison_response_id": None},
+    "prompt_cache_diagnostics": None,
     "reasoning": {"effort": "medium", "summary": None},
     "text": {"format": {"type": "text"}, "verbosity": "medium"},
     "temperature": 1.0,
