@@ -36,7 +36,7 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from serve_app.engines.base import GenerateRequest
-from serve_app.routing import metrics
+from serve_app.routing import local_routers, metrics
 from serve_app.routing.affinity import ConversationPlacer
 from serve_app.routing.keys import continues_conversation, key_digest
 
@@ -68,6 +68,9 @@ class PrefixAffinityRouter(RequestRouter):
         self._reports_arrived = asyncio.Event()
         # Requests now waiting for reports, each holding one of Ray's routing tasks.
         self._waiting = 0
+        # Serving code beside this router asks it about placements through `local_routers`
+        # (not a global of this module: Ray ships this class by value, globals and all).
+        local_routers.register(self)
         logger.info(
             "PrefixAffinityRouter: %s, report_wait_s %s", options or "defaults", report_wait_s
         )
@@ -184,6 +187,20 @@ class PrefixAffinityRouter(RequestRouter):
                 async with asyncio.timeout(remaining):  # not wait_for: see engine/channel.py
                     await self._reports_arrived.wait()
         return "found"
+
+    def placement_reported(self, key: str) -> bool:
+        """Whether every router can find where this one last placed ``key``: the replicas'
+        reports (which every router receives alike) name that replica as its home. True for a
+        conversation this router did not place, or with report waits off."""
+        placed = self._placer.table.home(key)
+        if placed is None or self._report_wait_s <= 0 or len(self.curr_replicas) <= 1:
+            return True
+        reported = self._placer.directory.home(key)
+        return reported is not None and reported.replica == placed.replica
+
+    @property
+    def report_wait_s(self) -> float:
+        return self._report_wait_s
 
     def _loads(self) -> dict[str, int]:
         """Ongoing requests per replica, as this router last saw them (missing counts as 0)."""

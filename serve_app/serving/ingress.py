@@ -204,7 +204,7 @@ def create_api(
 async def _prewarm(service: ResponsesService, turn: Turn, *, stream: bool) -> Response:
     """A prewarm over HTTP (`ResponsesService.prewarm`): its two events as SSE, or the
     completed response (a 500 in OpenAI's shape if it could not be stored)."""
-    events = await service.prewarm(turn)
+    events = await service.prewarm(turn, routable=True)
     if stream:
         return _event_stream(_sse(_one_batch(events)))
     response = events[-1].response  # type: ignore[union-attr]: created/completed/failed

@@ -355,7 +355,7 @@ async def _prewarm(
     """A prewarm turn (``generate: false`` or ``prompt_cache_options.prewarm``): validated and
     rendered like any (so its errors are the same), prefilled and answered with an empty
     completed response as over HTTP (`ResponsesService.prewarm`)."""
-    events = await service.prewarm(turn)
+    events = await service.prewarm(turn, routable=False)
     # Stored (so HTTP and other sockets can continue it too) before it is answered completed.
     if events[-1].type == "response.completed":
         recent.remember(turn.response.id, service.continuation(turn), turn.prompt)

@@ -15,6 +15,7 @@ from ray.serve.exceptions import BackPressureError
 
 from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest, error_chunk
 from serve_app.protocol.errors import RateLimited
+from serve_app.routing.local_routers import await_reported
 from serve_app.serving.engine.channel import ChannelClosed, Inboxes, OnChannel
 from serve_app.serving.engine.liveness import (
     Accepted,
@@ -43,6 +44,11 @@ class EngineClient(Protocol):
 
     async def ping(self) -> None:
         """One cheap call to an engine (readiness): raises when none can answer."""
+        ...
+
+    async def await_routable(self, session_id: str) -> bool:
+        """Wait (bounded) until a next request of ``session_id``, through any caller, goes
+        where the last one went. False if that could not be confirmed in time."""
         ...
 
 
@@ -167,6 +173,12 @@ class HandleEngineClient:
         broken, so no error."""
         with contextlib.suppress(BackPressureError):
             await self._unary.check_health.remote()
+
+    async def await_routable(self, session_id: str) -> bool:
+        """The routers in this process see where they placed ``session_id`` in the engine
+        replicas' reports, which every ingress replica's router receives alike
+        (`serve_app.routing.local_routers.await_reported`)."""
+        return await await_reported(session_id)
 
     def _open_channel(self, replica: str | None) -> None:
         """Open a channel to ``replica`` unless one is open (or was refused a moment ago)."""
@@ -303,3 +315,6 @@ class InProcessEngineClient:
 
     async def ping(self) -> None:
         await self._engine.check_health()
+
+    async def await_routable(self, session_id: str) -> bool:
+        return True  # one engine, nothing to route

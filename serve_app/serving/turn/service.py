@@ -230,12 +230,25 @@ class ResponsesService:
         if it could not be."""
         await self._persistence.save(turn)
 
-    async def prewarm(self, turn: Turn) -> list[ResponseStreamEvent]:
+    async def prewarm(self, turn: Turn, *, routable: bool) -> list[ResponseStreamEvent]:
         """A prewarm (``prompt_cache_options.prewarm``, or a WebSocket's ``generate: false``),
         over HTTP and WebSocket alike: the prompt prefilled into the engine's prefix cache, then
         answered as OpenAI answers it, ``response.created`` and ``response.completed`` with no
-        output and zero usage, stored first like any response. Its events, in order."""
+        output and zero usage, stored first like any response. Its events, in order.
+
+        ``routable``: answer only once every router would send the next turn to the replica
+        warmed (`EngineClient.await_routable`, a second at most in the configs). Over HTTP the
+        next turn may reach another ingress replica, whose router knows a conversation from
+        the engine replicas' reports only; and that turn holds no answer of the model's, so
+        the router takes it for a new conversation and does not wait for reports. A
+        WebSocket's next turn comes through this replica's router, which placed the prewarm."""
         await self._prefill(turn)
+        key = turn.generate.session_id
+        if routable and key is not None and not await self._engine.await_routable(key):
+            logger.warning(
+                "prewarm %s: answered before every router could find the replica it warmed",
+                turn.response.id,
+            )
         events = turn.translator.writer.answer_at_once(usage(0, 0, 0, 0))
         if (failed := await self.keep(turn)) is not None:
             events[-1] = failed

@@ -10,12 +10,15 @@ long as the router lets it.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
 from typing import Any
 
 import pytest
 import yaml
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
+from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import PendingRequest, ReplicaID
 
 from serve_app.engines.base import GenerateRequest, SamplingSettings
@@ -23,6 +26,7 @@ from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.routing import metrics
 from serve_app.routing.directory import ServedConversations
+from serve_app.routing.local_routers import await_reported
 from serve_app.routing.router import PrefixAffinityRouter
 from tests.support import MODEL
 from tests.support.helpers import REPO
@@ -171,6 +175,80 @@ async def test_a_wait_is_bounded_by_report_wait_s() -> None:
     timed_out_before = waits("timed_out")
     await asyncio.wait_for(route(router, pending("silent", later_turn=True)), ROUTED_WITHIN_S)
     assert waits("timed_out") == timed_out_before + 1
+
+
+async def test_a_placement_is_awaited_until_the_reports_name_its_replica() -> None:
+    """A prewarm's first turn is placed; its answer waits (`await_reported`) until the
+    replicas' reports, which every router receives, name the replica it went to: a report
+    naming another replica does not end the wait, one naming that replica does."""
+    router = make_router(report_wait_s=LONG_WAIT_S)
+    a, b = StandInReplica("a"), StandInReplica("b")
+    router.update_replicas([a, b])
+    placed = await asyncio.wait_for(
+        route(router, pending("prewarmed", later_turn=False)), ROUTED_WITHIN_S
+    )
+    home = placed.replica_id.unique_id
+    other = "b" if home == "a" else "a"
+    waiting = asyncio.ensure_future(await_reported("prewarmed"))
+    await asyncio.sleep(0.1)
+    assert not waiting.done(), "answered before any report named the conversation"
+    elsewhere = ServedConversations(other)
+    elsewhere.record("prewarmed")  # an older sighting elsewhere is not the placement
+    router.update_replicas([StandInReplica(home), StandInReplica(other, elsewhere.report())])
+    await asyncio.sleep(0.1)
+    assert not waiting.done(), "a report naming another replica ended the wait"
+    served = ServedConversations(home)
+    served.record("prewarmed")
+    router.update_replicas([StandInReplica(home, served.report()), StandInReplica(other)])
+    assert await asyncio.wait_for(waiting, ROUTED_WITHIN_S) is True
+
+
+# Run in a fresh process: cloudpickle gives back the original class in the process that
+# pickled it, so only another process sees what an ingress replica gets.
+SHIPPED_ROUTER_CHECK = """
+import sys
+from ray import cloudpickle
+from ray.serve._private.common import DeploymentHandleSource, DeploymentID
+from serve_app.routing import local_routers
+from serve_app.routing.router import PrefixAffinityRouter
+shipped = cloudpickle.loads(sys.stdin.buffer.read())
+router = shipped(DeploymentID(name="E", app_name="a"), DeploymentHandleSource.UNKNOWN)
+router.initialize_state(report_wait_s=1)
+print(shipped is PrefixAffinityRouter, list(local_routers._ROUTERS) == [router])
+"""
+
+
+def test_a_router_class_shipped_as_ray_ships_it_is_found_by_the_serving_code() -> None:
+    """Ray Serve ships the router class to the ingress replicas by value (cloudpickle), its
+    module's globals copied with it: a router built from that copy must still be one the
+    serving code's `await_reported` asks (a registry kept in router.py was not: prewarms
+    answered at once, and their next turns went to the other engine replica)."""
+    shipped = RequestRouterConfig(
+        request_router_class="serve_app.routing.router.PrefixAffinityRouter"
+    ).get_serialized_request_router_cls()
+    checked = subprocess.run(
+        [sys.executable, "-c", SHIPPED_ROUTER_CHECK],
+        input=shipped,
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    # A copy of the class, as in an ingress replica, and registered where serving looks.
+    assert checked.stdout.decode().split() == ["False", "True"], checked.stderr.decode()[-2000:]
+
+
+async def test_awaiting_a_placement_is_bounded_and_free_when_nothing_was_placed() -> None:
+    """No report comes: False after two report_wait_s. A conversation no router of this
+    process placed, or one replica: True at once."""
+    router = make_router(report_wait_s=0.05)
+    router.update_replicas([StandInReplica("a"), StandInReplica("b")])
+    await asyncio.wait_for(route(router, pending("unreported", later_turn=False)), ROUTED_WITHIN_S)
+    assert await asyncio.wait_for(await_reported("unreported"), ROUTED_WITHIN_S) is False
+    assert await asyncio.wait_for(await_reported("never-placed"), 0.05) is True
+    alone = make_router(report_wait_s=LONG_WAIT_S)
+    alone.update_replicas([StandInReplica("only")])
+    await asyncio.wait_for(route(alone, pending("single", later_turn=False)), ROUTED_WITHIN_S)
+    assert await asyncio.wait_for(await_reported("single"), 0.05) is True
 
 
 def _engine_router_config(config: dict) -> dict:

@@ -1,0 +1,57 @@
+"""The request routers running in this process, for the serving code beside them (an ingress
+replica's) to ask about their placements.
+
+A module of its own because Ray Serve ships the request router class by value (cloudpickle,
+``register_pickle_by_value`` on its module): state kept in ``router.py``'s globals would be a
+copy made for the deserialized class, which no other module could see. Modules the router
+imports are shipped by reference, so this one is the process's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from typing import Protocol
+
+# How often `await_reported` looks again: a router's state is read from the caller's event
+# loop (Ray runs a handle's router on a loop of its own), so it polls, cheaply.
+POLL_S = 0.02
+
+
+class LocalRouter(Protocol):
+    @property
+    def report_wait_s(self) -> float: ...
+
+    def placement_reported(self, key: str) -> bool:
+        """Whether every router can find where this one last placed conversation ``key``."""
+        ...
+
+
+_ROUTERS: weakref.WeakSet[LocalRouter] = weakref.WeakSet()  # type: ignore[type-var]
+
+
+def register(router: LocalRouter) -> None:
+    _ROUTERS.add(router)
+
+
+async def await_reported(key: str) -> bool:
+    """Wait until the placement of conversation ``key`` by this process's routers is in the
+    engine replicas' reports, so every router (every ingress replica's) sends its next request
+    to the same replica. For a request whose next one must find its prefix: a prewarm, whose
+    next turn holds no answer of the model's, so another ingress replica's router would take
+    it for a new conversation, not wait for reports, and maybe place it elsewhere.
+
+    Bounded by two of the routers' ``report_wait_s`` (a round of reports takes about one):
+    False if that ran out; True once reported, or with nothing to wait for (no router here
+    placed ``key``, one replica, report waits off)."""
+    routers = [router for router in list(_ROUTERS) if not router.placement_reported(key)]
+    if not routers:
+        return True
+    deadline = time.monotonic() + 2 * max(router.report_wait_s for router in routers)
+    while routers:
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(POLL_S)
+        routers = [router for router in routers if not router.placement_reported(key)]
+    return True
