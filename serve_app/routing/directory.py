@@ -206,7 +206,8 @@ class ServedConversations:
 class ConversationDirectory:
     """On a router: every replica's report merged. A conversation reported by several replicas
     (it spilled) belongs to the one that served it last. ``active`` counts each replica's
-    conversations served since ``active_since`` (all reported ones when None)."""
+    reported conversations, less those kept by their ttl alone: served before
+    ``active_since`` (None: none is left out)."""
 
     homes: dict[int, Sighting] = field(default_factory=dict)  # by the key's stable_hash
     active: Counter[str] = field(default_factory=Counter)
@@ -217,8 +218,13 @@ class ConversationDirectory:
         return self.homes.get(stable_hash(key))
 
     def is_active(self, sighting: Sighting) -> bool:
-        """Whether ``sighting`` is counted in ``active``."""
-        return self.active_since is None or sighting.last_seen >= self.active_since
+        """Whether ``sighting`` is counted in ``active``: one without a ttl is whenever its
+        replica reports it (within the replica's idle_s, as before ttls)."""
+        return (
+            self.active_since is None
+            or not sighting.ttl_s
+            or sighting.last_seen >= self.active_since
+        )
 
     def reported_since(self, moment: float) -> bool:
         """Whether every reporting replica's latest report was made at ``moment`` or later, so

@@ -139,6 +139,9 @@ def test_the_directory_reads_the_ttl_and_counts_only_recent_conversations_active
     # Two homes kept by their ttl alone hold cache, not work: one active conversation.
     assert directory.active == {REPLICAS[1]: 1}
     assert ConversationDirectory.from_reports(reports).active == {REPLICAS[0]: 1, REPLICAS[1]: 2}
+    # One that asked no ttl counts whenever its replica reports it, as before ttls.
+    later = ConversationDirectory.from_reports(reports, active_since=clock.now + 1)
+    assert later.active == {REPLICAS[1]: 1}
 
 
 def off_owner(routing: ConversationPlacer, key: str) -> str:
