@@ -187,3 +187,21 @@ def test_a_ttl_keeps_the_home_in_the_routers_own_table() -> None:
     clock.now = 25 * 60
     assert routing.choose(KEYS[0], {}, ttl_s=THIRTY_MIN).replica == placed[KEYS[0]]
     assert routing.choose(KEYS[1], {}).replica == routing.ring.owner(KEYS[1])
+
+
+def test_moving_a_conversation_kept_by_its_ttl_alone_takes_no_load_off_its_old_home() -> None:
+    """Its old home did not count it active (past idle_s), so the move adds one to the new
+    replica and takes none from the old: counts never go below what replicas report."""
+    replicas = Replicas()
+    routing = ConversationPlacer(min_bound=0, clock=replicas.clock)
+    routing.set_members(REPLICAS)
+    key = KEYS[0]
+    home = routing.ring.owner(key)
+    replicas.served[home].record(key, THIRTY_MIN)
+    replicas.clock.now += 25 * 60
+    routing.set_reports({replica: served.report() for replica, served in replicas.served.items()})
+    assert routing.directory.active == {}
+    busy = {home: 50}  # the home is over the spill bound: the turn moves
+    moved = routing.choose(key, busy, ttl_s=THIRTY_MIN).replica
+    assert moved != home
+    assert routing._active_conversations() == {moved: 1}
