@@ -59,7 +59,8 @@ class GenerateRequest:
     # The client's prompt-cache marks (issue 40): the token indexes where the prefixes it asked
     # to keep end (ascending; the latest written only), and the least time in seconds it asked
     # them kept. vLLM and the simulated engine cache every whole block of every prompt and
-    # evict by LRU, so they honour neither yet; a tiered cache may (docs/protocol.md).
+    # evict by LRU, so they honour neither; the request router and the replica's report keep
+    # the conversation's home for at least the ttl (docs/routing.md).
     cache_breakpoints: tuple[int, ...] = ()
     cache_ttl_s: int | None = None
 

@@ -43,7 +43,9 @@ So the choice is made once, when a conversation is new, and remembered:
 
 Scaling: adding a replica moves no conversation (the new one takes new conversations and
 spills); removing one re-places only that replica's conversations. Conversations idle for
-``idle_s`` are forgotten and count as new again; the table holds at most ``max_conversations``.
+``idle_s`` are forgotten and count as new again, unless their latest request asked a longer
+prompt-cache ``ttl`` (``GenerateRequest.cache_ttl_s``, at most ``max_ttl_s``): then they keep
+their home that long (``directory.py``); the table holds at most ``max_conversations``.
 
 A conversation's home is the replica that served it last, by this router's own table (which
 knows its own placements and spills at once) or by the replicas' reports (which know every
@@ -62,6 +64,7 @@ from typing import Any
 
 from serve_app.routing.directory import (
     DEFAULT_IDLE_S,
+    DEFAULT_MAX_TTL_S,
     ConversationDirectory,
     ConversationTable,
     Sighting,
@@ -100,6 +103,7 @@ class ConversationPlacer:
         virtual_nodes: int = DEFAULT_VIRTUAL_NODES,
         idle_s: float = DEFAULT_IDLE_S,
         max_conversations: int = DEFAULT_MAX_CONVERSATIONS,
+        max_ttl_s: float = DEFAULT_MAX_TTL_S,
         ttft_slack_s: float | None = DEFAULT_TTFT_SLACK_S,
         prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
         shared_kv_pull_tokens_per_s: float | None = None,
@@ -121,7 +125,9 @@ class ConversationPlacer:
         self.new_load_factor = new_load_factor
         self.spill_factor = spill_factor
         self.ring = HashRing(virtual_nodes=virtual_nodes)
-        self.table: ConversationTable[str] = ConversationTable(idle_s, max_conversations, clock)
+        self.table: ConversationTable[str] = ConversationTable(
+            idle_s, max_conversations, clock, max_ttl_s
+        )
         self.directory = ConversationDirectory()
         self._clock = clock
         # Conversations this router placed or moved that the replicas have not reported since:
@@ -152,7 +158,8 @@ class ConversationPlacer:
     def set_reports(self, reports: Mapping[str, Mapping[str, Any]]) -> None:
         """The replicas' latest routing stats, whole: the conversations they served (the
         directory) and what a turn would wait for there (the TTFT predictor)."""
-        self.set_directory(ConversationDirectory.from_reports(reports))
+        # Conversations kept by their ttl alone are homes, not load (``directory.py``).
+        self.set_directory(ConversationDirectory.from_reports(reports, self.table.horizon()))
         self.predictor.update(reports)
 
     def knows(self, key: str) -> bool:
@@ -166,9 +173,12 @@ class ConversationPlacer:
         loads: Mapping[str, int],
         prompt_tokens: int | None = None,
         request_id: str | None = None,
+        ttl_s: float | None = None,
     ) -> Choice | None:
         """The replica for this request of conversation ``key``, given ongoing requests (and
-        the prompt's length, to place by predicted time to first token)."""
+        the prompt's length, to place by predicted time to first token). ``ttl_s``: how long
+        the request asked its prefix kept; the conversation keeps its home at least that
+        long after this request (None: ``idle_s``)."""
         members = self.ring.members
         if not members:
             return None
@@ -186,23 +196,26 @@ class ConversationPlacer:
             choice = None if walked is None else Choice(walked.replica, walked.replica != home)
         if choice is None:  # the ring had none to walk (`choose_bounded`): the router falls
             return None  # back as for an empty ring
-        self.table.assign(key, choice.replica)
+        self.table.assign(key, choice.replica, ttl_s)
         if prompt_tokens is not None:
             self.predictor.sent(choice.replica, key, prompt_tokens, request_id)
         if choice.replica != home:
-            self._unreported[key] = Sighting(choice.replica, self._clock())
+            self._unreported[key] = Sighting(
+                choice.replica, self._clock(), self.table.clamp_ttl(ttl_s)
+            )
         return choice
 
     def _home(self, key: str) -> str | None:
         """The running replica that served ``key`` last, by this router's table or by the
-        replicas' reports (another ingress replica may have placed or spilled it since)."""
-        horizon = self.table.horizon()  # replicas forget on their own idle_s, maybe longer
+        replicas' reports (another ingress replica may have placed or spilled it since).
+        Within its lifetime by this router's ``idle_s`` and its ttl: replicas forget on their
+        own, maybe later."""
         sightings = [
             sighting
             for sighting in (self.table.home(key), self.directory.home(key))
             if sighting is not None
             and sighting.replica in self.ring.members
-            and sighting.last_seen >= horizon
+            and self.table.kept(sighting)
         ]
         latest = max(sightings, key=lambda sighting: sighting.last_seen, default=None)
         return latest.replica if latest else None
@@ -281,6 +294,10 @@ class ConversationPlacer:
         for key, placed in self._unreported.items():
             active[placed.replica] += 1
             before = self.directory.home(key)
-            if before is not None and before.replica != placed.replica:
+            if (
+                before is not None
+                and before.replica != placed.replica
+                and self.directory.is_active(before)
+            ):
                 active[before.replica] -= 1
         return active

@@ -4,7 +4,8 @@ The engine deployment keeps one `ReplicaReporter` and hands its `report` to Ray 
 routing stats (``record_routing_stats``); the routing simulator keeps one per simulated replica
 and reports the same way, so both run this code:
 
-- the conversations served recently (``serve_app.routing.directory``);
+- the conversations served recently, or kept by their prompt-cache ttl
+  (``serve_app.routing.directory``);
 - the prefix cache per conversation, from the engine's KV-cache events
   (``serve_app.routing.kv_summary``; `held` is the engine's event sink): ``held_tokens`` on the
   GPU, ``cpu_held_tokens`` held only in the replica's CPU tier (a turn reloads those instead
@@ -46,14 +47,21 @@ class ReplicaReporter:
         self.held = HeldPrefixes()
         self.prefills = PrefillLedger()
 
-    def arrived(self, request_id: str, session_id: str | None, prompt_tokens: int) -> None:
-        """A request reached the replica: its uncached tokens are its prompt less what the
+    def arrived(
+        self,
+        request_id: str,
+        session_id: str | None,
+        prompt_tokens: int,
+        ttl_s: float | None = None,
+    ) -> None:
+        """A request reached the replica (asking its prefix kept ``ttl_s``, reported with its
+        conversation: ``directory.py``): its uncached tokens are its prompt less what the
         replica holds of its conversation (by the KV summary, on the GPU or, at its load cost,
         in the CPU tier), or, if it holds none of it, less the shared prefix such turns found
         cached (the ledger's `shared_prefix_tokens`)."""
         held = on_cpu = 0
         if session_id:
-            self.served.record(session_id)
+            self.served.record(session_id, ttl_s)
             held = self.held.held_tokens(session_id)
             on_cpu = self.held.cpu_held_tokens(session_id)
         if held or on_cpu:

@@ -116,10 +116,15 @@ class PrefixAffinityRouter(RequestRouter):
             metrics.ROUTING_DECISIONS.labels("no_key").inc()
             least_loaded = min(by_id, key=lambda unique_id: loads.get(unique_id, 0))
             return [[by_id[least_loaded]]]
-        prompt = _prompt_token_ids(pending_request)
+        request = _generate_request(pending_request)
+        prompt = request.prompt_token_ids if request else None
         # Ray asks again for a request its first choice turned away: counted once.
         request_id = pending_request.metadata.internal_request_id
-        choice = self._placer.choose(key, loads, len(prompt) if prompt else None, request_id)
+        # The prompt-cache ttl the request asked: the conversation keeps its home that long.
+        ttl_s = request.cache_ttl_s if request else None
+        choice = self._placer.choose(
+            key, loads, len(prompt) if prompt else None, request_id, ttl_s=ttl_s
+        )
         # The candidates in ring order from the key: fallbacks, or the walk when the chosen
         # replica is full or not yet known to the ring.
         ranked = [unique_id for unique_id in self._placer.ring.walk(key) if unique_id in by_id]
@@ -217,7 +222,13 @@ def _pinned_replica(pending_request: PendingRequest | None) -> str | None:
     return pending_request.kwargs.get("replica")
 
 
+def _generate_request(pending_request: PendingRequest) -> GenerateRequest | None:
+    """The request of an engine ``generate`` call; other method calls have none."""
+    request = pending_request.args[0] if pending_request.args else None
+    return request if isinstance(request, GenerateRequest) else None
+
+
 def _prompt_token_ids(pending_request: PendingRequest) -> list[int]:
     """The prompt of an engine ``generate`` call; other method calls have none."""
-    request = pending_request.args[0] if pending_request.args else None
-    return request.prompt_token_ids if isinstance(request, GenerateRequest) else []
+    request = _generate_request(pending_request)
+    return request.prompt_token_ids if request else []

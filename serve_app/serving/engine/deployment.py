@@ -284,7 +284,10 @@ class EngineDeployment:
         ``caller``: the name of the calling replica's actor, watched while the request runs.
         """
         self._reporter.arrived(
-            request.request_id, request.session_id, len(request.prompt_token_ids)
+            request.request_id,
+            request.session_id,
+            len(request.prompt_token_ids),
+            request.cache_ttl_s,  # reported: every router keeps the home that long
         )
         route = _Route(request.request_id, self._replica_id)
         producer = asyncio.create_task(self._produce_routed(request, route))

@@ -30,6 +30,7 @@ from serve_app.routing.local_routers import await_reported
 from serve_app.routing.router import PrefixAffinityRouter
 from tests.support import MODEL
 from tests.support.helpers import REPO
+from tests.unit.routing.test_affinity import FakeClock
 
 DEPLOYMENT = DeploymentID(name="EngineDeployment", app_name="router-test")
 # Far longer than a test may take: a request that waits for reports at all shows as a stall.
@@ -54,11 +55,11 @@ class StandInReplica:
         return 0
 
 
-def make_router(report_wait_s: float = LONG_WAIT_S) -> PrefixAffinityRouter:
+def make_router(report_wait_s: float = LONG_WAIT_S, **options: Any) -> PrefixAffinityRouter:
     router = PrefixAffinityRouter(
         DEPLOYMENT, DeploymentHandleSource.UNKNOWN, use_replica_queue_len_cache=True
     )
-    router.initialize_state(report_wait_s=report_wait_s)
+    router.initialize_state(report_wait_s=report_wait_s, **options)
     return router
 
 
@@ -74,12 +75,13 @@ def prompt(later_turn: bool) -> list[int]:
     return render_request(request).token_ids
 
 
-def pending(key: str, later_turn: bool) -> PendingRequest:
+def pending(key: str, later_turn: bool, ttl_s: int | None = None) -> PendingRequest:
     request = GenerateRequest(
         request_id=str(uuid.uuid4()),
         prompt_token_ids=prompt(later_turn),
         sampling=SamplingSettings(max_tokens=8),
         session_id=key,
+        cache_ttl_s=ttl_s,
     )
     metadata = RequestMetadata(
         request_id=request.request_id,
@@ -249,6 +251,25 @@ async def test_awaiting_a_placement_is_bounded_and_free_when_nothing_was_placed(
     alone.update_replicas([StandInReplica("only")])
     await asyncio.wait_for(route(alone, pending("single", later_turn=False)), ROUTED_WITHIN_S)
     assert await asyncio.wait_for(await_reported("single"), 0.05) is True
+
+
+async def test_a_turn_within_its_ttl_goes_home_at_once_long_past_idle_s() -> None:
+    """The router reads the prompt-cache ttl off the engine request: 25 minutes after a turn
+    that asked 30 minutes, the conversation's next turn goes to the same replica at once; one
+    that asked none was forgotten after idle_s (300 s), so its next turn waits for reports."""
+    clock = FakeClock()
+    router = make_router(clock=clock)
+    router.update_replicas([StandInReplica("a"), StandInReplica("b")])
+    first = await route(router, pending("kept", later_turn=False, ttl_s=30 * 60))
+    await route(router, pending("forgotten", later_turn=False))
+    clock.now += 25 * 60
+    later = await asyncio.wait_for(
+        route(router, pending("kept", later_turn=True, ttl_s=30 * 60)), ROUTED_WITHIN_S
+    )
+    assert later.replica_id == first.replica_id
+    waiting = route(router, pending("forgotten", later_turn=True))
+    await waiting_for_reports(router, 1)
+    waiting.cancel()
 
 
 def _engine_router_config(config: dict) -> dict:

@@ -13,6 +13,7 @@ import pytest
 
 from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
+from serve_app.routing.directory import TTL_KEY
 from serve_app.routing.kv_summary import HELD_KEY, KV_EVENTS_KEY
 from serve_app.routing.prefill import DECODING_KEY, QUEUED_KEY, RATE_KEY
 from serve_app.routing.replica_report import CPU_HELD_KEY, KV_LOAD_RATE_KEY
@@ -271,6 +272,25 @@ async def test_the_routing_report_holds_the_engines_kv_events_and_its_prefill_qu
     assert report[RATE_KEY] == pytest.approx(2000, rel=0.2)
     assert report[KV_EVENTS_KEY] == {"BlockStored": 2}  # the prompt's blocks, then the output's
     assert report[HELD_KEY] == {stable_hash("conversation-1"): 16 * ((len(prompt) + 8) // 16)}
+
+
+async def test_the_routing_report_names_the_prompt_cache_ttl_each_conversation_asked() -> None:
+    """A request's ``cache_ttl_s`` reaches the report, so every router keeps its home that long
+    (serve_app.routing.directory)."""
+    engine = SimulatedEngine(SimulatedEngineConfig(default_output_tokens=2))
+    await engine.start()
+    replica = _replica_with(engine, {"ingress-1"})
+    prompt = [200006, 1428, 200008, *range(1000, 1100), 200007]
+    try:
+        for session, ttl_s in (("kept", 12 * 3600), ("default", None)):
+            request = GenerateRequest(
+                session, prompt, SamplingSettings(2), session_id=session, cache_ttl_s=ttl_s
+            )
+            await asyncio.wait_for(_read(replica.generate(request, caller="ingress-1")), 5)
+        report = await replica.record_routing_stats()
+    finally:
+        await engine.shutdown()
+    assert report[TTL_KEY] == {12 * 3600: [stable_hash("kept")]}
 
 
 async def test_a_prefix_held_only_in_the_engines_cpu_tier_is_in_the_routing_report() -> None:
