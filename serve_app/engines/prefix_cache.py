@@ -47,6 +47,7 @@ shared between running requests and cached blocks), and hash collisions are igno
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -61,10 +62,19 @@ from serve_app.engines.kv_events import (
     KVEventSink,
 )
 
-# Parent key of a sequence's first block.
-_ROOT_KEY = hash("serve_app.prefix_cache.root")
+# Parent key of a sequence's first block. Keys must agree between processes (replicas on Ray
+# share a tier by key): Python's str hash is salted per process, its int and tuple-of-int
+# hashes are not, so the strings in a key (this root, a salt) enter it as `_stable_hash`es.
 # vLLM's medium of the CPU offloading tier's events (MEDIUM_CPU).
 CPU_MEDIUM = "CPU"
+
+
+def _stable_hash(text: str) -> int:
+    """A 63-bit hash of ``text`` that is the same in every process."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest()) >> 1
+
+
+_ROOT_KEY = _stable_hash("serve_app.prefix_cache.root")
 
 
 class SharedTier(Protocol):
@@ -219,7 +229,7 @@ class PrefixKVCache:
         for start in range(0, len(tokens) - size + 1, size):
             block = tokens[start : start + size]
             if begin + start == 0 and salt is not None:
-                parent = hash((parent, block, salt))
+                parent = hash((parent, block, _stable_hash(salt)))
             else:
                 parent = hash((parent, block))
             yield parent
