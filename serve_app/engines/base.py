@@ -78,7 +78,7 @@ class GenerateChunk:
     num_cached_tokens: int = 0
     # Of num_cached_tokens, those loaded from a CPU tier behind the GPU cache and pulled from
     # a shared tier (issue 40), by an engine that models its tiers (the simulated one); 0 from
-    # one that does not report them (vLLM counts them in num_cached_tokens only).
+    # one that does not report them apart (vLLM's engine here).
     num_loaded_tokens: int = 0
     num_pulled_tokens: int = 0
     # On an "error" chunk: what failed, and its code (an `EngineError`'s, e.g. invalid_prompt).
