@@ -62,9 +62,6 @@ from serve_app.engines.kv_events import (
     KVEventSink,
 )
 
-# Parent key of a sequence's first block. Keys must agree between processes (replicas on Ray
-# share a tier by key): Python's str hash is salted per process, its int and tuple-of-int
-# hashes are not, so the strings in a key (this root, a salt) enter it as `_stable_hash`es.
 # vLLM's medium of the CPU offloading tier's events (MEDIUM_CPU).
 CPU_MEDIUM = "CPU"
 
@@ -74,6 +71,9 @@ def _stable_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest()) >> 1
 
 
+# Parent key of a sequence's first block. Keys must agree between processes (replicas on Ray
+# share a tier by key): Python's str hash is salted per process, its int and tuple-of-int
+# hashes are not, so the strings in a key (this root, a salt) enter it as `_stable_hash`es.
 _ROOT_KEY = _stable_hash("serve_app.prefix_cache.root")
 
 
