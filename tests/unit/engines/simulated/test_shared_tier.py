@@ -175,3 +175,11 @@ async def test_two_engines_share_the_store_and_report_what_they_pulled() -> None
     assert moved.num_loaded_tokens == 0
     expected = pulled / 10_000 + (604 - pulled) / 2_000 + 1 / 1_000
     assert moved.engine_ttft_s == pytest.approx(expected, abs=0.002)
+
+
+def test_a_coalesced_stream_keeps_what_the_prompt_loaded_and_pulled() -> None:
+    """The deployment coalesces chunks (`GenerateChunk.merge`): the counts of the first,
+    prefill's, chunk survive a later chunk that carries none."""
+    first = GenerateChunk([1], num_cached_tokens=48, num_loaded_tokens=16, num_pulled_tokens=32)
+    merged = first.merge(GenerateChunk([2])).merge(GenerateChunk(finish_reason="stop"))
+    assert (merged.num_loaded_tokens, merged.num_pulled_tokens) == (16, 32)
