@@ -20,14 +20,18 @@ simulated engine's, not HTTP's. One replica is added at 60% of the arrivals and 
 the sessions whose replica changes. For policies over several traces without
 Ray's noise, see ``sim_routing.py``. Printed per router:
 
-- hit rate: prompt tokens served from the prefix cache / prompt tokens (token-weighted);
+- hit rate: prompt tokens served from the prefix cache / prompt tokens (token-weighted), any
+  tier; loaded / pulled: the shares of prompt tokens the replicas loaded from their CPU tier
+  and pulled from the shared tier (``--kv-tier``; on Ray the shared tier is one actor per app,
+  ``serve_app/engines/simulated/shared_tier.py``);
 - TTFT p50/p90: from the request reaching its engine replica to its first token, that is the
   simulated engine's time model (prefills of uncached tokens serialized in arrival order, then
   one decode step) as the replica lived it;
 - caller TTFT p90: the same as the caller sees it, with Ray's routing and transport added (on a
   2-core machine running nine replicas this is mostly CPU contention, and noisy);
 - max/mean work: engine seconds per replica by the time model (uncached prompt tokens at the
-  prefill rate plus output tokens at the decode rate), for turns begun before the replica is
+  prefill rate, loaded and pulled ones at their rates, output tokens at the decode rate), for
+  turns begun before the replica is
   added: the load each router gave each replica;
 - max/mean busy: request-seconds per replica (wall clock, as the caller saw them) over the same
   turns; on 2 cores a busier replica process is also slower per request, which inflates this;
@@ -69,6 +73,7 @@ from serve_app.config import EngineConfig
 from serve_app.engines.base import GenerateRequest
 from serve_app.engines.prefix_cache import PrefixKVCache
 from serve_app.engines.simulated import SimulatedEngineConfig
+from serve_app.engines.simulated.shared_tier import remove_stores
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.routing.affinity import DEFAULT_NEW_LOAD_FACTOR, DEFAULT_SPILL_FACTOR
@@ -132,6 +137,9 @@ class Served:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
+    # Of cached_tokens, those loaded from the replica's CPU tier and pulled from the shared one.
+    loaded_tokens: int = 0
+    pulled_tokens: int = 0
 
 
 @dataclass
@@ -189,11 +197,14 @@ async def serve_turn(client: HandleEngineClient, turn: Turn) -> Served:
     started = time.monotonic()
     first_token = engine_ttft_s = 0.0
     replica, prompt_tokens, cached_tokens, output_tokens = "", 0, 0, 0
+    loaded_tokens = pulled_tokens = 0
     async for chunk in client.stream(request):
         output_tokens += len(chunk.token_ids)
         replica = replica or chunk.replica or ""
         prompt_tokens = chunk.num_prompt_tokens or prompt_tokens
         cached_tokens = max(cached_tokens, chunk.num_cached_tokens)
+        loaded_tokens = max(loaded_tokens, chunk.num_loaded_tokens)
+        pulled_tokens = max(pulled_tokens, chunk.num_pulled_tokens)
         if chunk.token_ids and not first_token:
             first_token = time.monotonic()
             engine_ttft_s = chunk.engine_ttft_s or 0.0
@@ -209,6 +220,8 @@ async def serve_turn(client: HandleEngineClient, turn: Turn) -> Served:
         prompt_tokens,
         cached_tokens,
         output_tokens,
+        loaded_tokens,
+        pulled_tokens,
     )
 
 
@@ -281,6 +294,7 @@ async def replay(
     )
     await scaling
     serve.delete(app_name(name))
+    remove_stores(app_name(name))  # its shared KV tier's actor, if any (detached)
     return served, events
 
 
@@ -297,6 +311,15 @@ def hit_rate(served: list[Served]) -> float:
     return sum(s.cached_tokens for s in served) / sum(s.prompt_tokens for s in served)
 
 
+def tier_hits(served: list[Served]) -> tuple[float, float]:
+    """Shares of prompt tokens loaded from a CPU tier and pulled from the shared tier."""
+    prompt = sum(s.prompt_tokens for s in served)
+    return (
+        sum(s.loaded_tokens for s in served) / prompt,
+        sum(s.pulled_tokens for s in served) / prompt,
+    )
+
+
 def load_imbalance(served: list[Served], until: float, load: Callable[[Served], float]) -> float:
     """Max over mean of ``load`` summed per replica, for turns begun before ``until``."""
     per_replica: Counter[str] = Counter()
@@ -307,11 +330,16 @@ def load_imbalance(served: list[Served], until: float, load: Callable[[Served], 
 
 
 def work_seconds(engine: SimulatedEngineConfig) -> Callable[[Served], float]:
-    """A turn's engine time by the time model: its uncached prefill and its decode."""
+    """A turn's engine time by the time model: its uncached prefill, its tiers' loads and
+    pulls, and its decode."""
 
     def work(s: Served) -> float:
         prefill = (s.prompt_tokens - s.cached_tokens) / engine.prefill_tokens_per_s
-        return prefill + s.output_tokens / engine.decode_tokens_per_s
+        transfers = (
+            s.loaded_tokens / engine.kv_load_tokens_per_s
+            + s.pulled_tokens / engine.shared_kv_pull_tokens_per_s
+        )
+        return prefill + transfers + s.output_tokens / engine.decode_tokens_per_s
 
     return work
 
@@ -391,6 +419,8 @@ def report(
 ) -> None:
     columns = [
         "hit rate",
+        "loaded",
+        "pulled",
         "TTFT p50 (ms)",
         "TTFT p90 (ms)",
         "TTFT p90 before +1 (ms)",
@@ -411,11 +441,14 @@ def report(
         added, removed = events
         # Before any scale event: the steady state that sim_routing replays.
         steady = [s.engine_ttft_s * 1000 for s in served if s.started < added.began]
+        loaded, pulled = tier_hits(served)
         print(
             row(
                 name,
                 [
                     f"{hit_rate(served):.3f}",
+                    f"{loaded:.1%}",
+                    f"{pulled:.1%}",
                     f"{statistics.median(ttfts):.0f}",
                     f"{percentile(ttfts, 0.9):.0f}",
                     f"{percentile(steady, 0.9):.0f}",
@@ -435,6 +468,8 @@ def report(
             "oracle",
             [
                 f"{best_hit:.3f}",
+                "-",
+                "-",
                 f"{statistics.median(ttfts):.0f}",
                 f"{percentile(ttfts, 0.9):.0f}",
                 "-",
@@ -603,6 +638,8 @@ def write_served(
                     "ended": s.ended - t0,
                     "prompt_tokens": s.prompt_tokens,
                     "cached_tokens": s.cached_tokens,
+                    "loaded_tokens": s.loaded_tokens,
+                    "pulled_tokens": s.pulled_tokens,
                     "output_tokens": s.output_tokens,
                 }
                 out.write(json.dumps(record) + "\n")

@@ -77,6 +77,11 @@ class GenerateChunk:
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    # Of num_cached_tokens, those loaded from a CPU tier behind the GPU cache and pulled from
+    # a shared tier (issue 40), by an engine that models its tiers (the simulated one); 0 from
+    # one that does not report them apart (vLLM's engine here).
+    num_loaded_tokens: int = 0
+    num_pulled_tokens: int = 0
     # On an "error" chunk: what failed, and its code (an `EngineError`'s, e.g. invalid_prompt).
     error: str | None = None
     error_code: str | None = None
@@ -108,6 +113,8 @@ class GenerateChunk:
         self.finish_reason = later.finish_reason or self.finish_reason
         self.num_prompt_tokens = later.num_prompt_tokens or self.num_prompt_tokens
         self.num_cached_tokens = max(self.num_cached_tokens, later.num_cached_tokens)
+        self.num_loaded_tokens = max(self.num_loaded_tokens, later.num_loaded_tokens)
+        self.num_pulled_tokens = max(self.num_pulled_tokens, later.num_pulled_tokens)
         self.error = later.error or self.error
         self.error_code = later.error_code or self.error_code
         self.replica = self.replica or later.replica

@@ -35,7 +35,10 @@ Tiers behind the GPU cache (both off by default):
 - a **shared tier** (`SharedKVTier`, one object several caches hold: LMCache with a shared
   backend, Mooncake): every block a replica computes is written to it; a lookup that runs out
   of GPU and CPU blocks continues into it, and those blocks are *pulled*
-  (``CacheHit.pulled_tokens``). It is the cluster's, not a replica's: no events.
+  (``CacheHit.pulled_tokens``). It is the cluster's, not a replica's: no events. A store in
+  another process (`SharedTier`: the simulated engine's on Ray,
+  ``serve_app.engines.simulated.shared_tier``) is asked first, in one call, which of the
+  prompt's blocks past the local tiers it holds (`PrefixKVCache.prefetch_shared`).
 
 What is not: KV held by running requests does not reduce the capacity here (vLLM's pool is
 shared between running requests and cached blocks), and hash collisions are ignored (Python's
@@ -44,10 +47,12 @@ shared between running requests and cached blocks), and hash collisions are igno
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from typing import Protocol
 
 from serve_app.engines.kv_events import (
     AllBlocksCleared,
@@ -57,10 +62,34 @@ from serve_app.engines.kv_events import (
     KVEventSink,
 )
 
-# Parent key of a sequence's first block.
-_ROOT_KEY = hash("serve_app.prefix_cache.root")
 # vLLM's medium of the CPU offloading tier's events (MEDIUM_CPU).
 CPU_MEDIUM = "CPU"
+
+
+def _stable_hash(text: str) -> int:
+    """A 63-bit hash of ``text`` that is the same in every process."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest()) >> 1
+
+
+# Parent key of a sequence's first block. Keys must agree between processes (replicas on Ray
+# share a tier by key): Python's str hash is salted per process, its int and tuple-of-int
+# hashes are not, so the strings in a key (this root, a salt) enter it as `_stable_hash`es.
+_ROOT_KEY = _stable_hash("serve_app.prefix_cache.root")
+
+
+class SharedTier(Protocol):
+    """What a cache needs of a shared tier: membership for a lookup (answered for the keys
+    last passed to `prefetch` by a store in another process), writes and LRU refreshes."""
+
+    block_size: int
+
+    def __contains__(self, key: int) -> bool: ...
+
+    def write(self, keys: Sequence[int]) -> None: ...
+
+    def touch(self, keys: Sequence[int]) -> None: ...
+
+    async def prefetch(self, keys: Sequence[int]) -> None: ...
 
 
 class SharedKVTier:
@@ -87,6 +116,13 @@ class SharedKVTier:
 
     def touch(self, keys: Sequence[int]) -> None:
         _touch(self._blocks, [key for key in keys if key in self._blocks])
+
+    def held(self, keys: Sequence[int]) -> list[int]:
+        """Those of ``keys`` the tier holds (no LRU refresh: a lookup refreshes what it pulls)."""
+        return [key for key in keys if key in self._blocks]
+
+    async def prefetch(self, keys: Sequence[int]) -> None:
+        """Nothing to fetch: this tier is in the caches' own process."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +178,7 @@ class PrefixKVCache:
         capacity_tokens: int = 262_144,
         on_events: KVEventSink | None = None,
         cpu_capacity_tokens: int = 0,
-        shared: SharedKVTier | None = None,
+        shared: SharedTier | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -193,7 +229,7 @@ class PrefixKVCache:
         for start in range(0, len(tokens) - size + 1, size):
             block = tokens[start : start + size]
             if begin + start == 0 and salt is not None:
-                parent = hash((parent, block, salt))
+                parent = hash((parent, block, _stable_hash(salt)))
             else:
                 parent = hash((parent, block))
             yield parent
@@ -210,6 +246,20 @@ class PrefixKVCache:
     def peek_hit(self, token_ids: Sequence[int], salt: str | None = None) -> CacheHit:
         """Like `lookup_hit` (every tier), but changes neither the LRU orders nor the stats."""
         return self._hit(token_ids, salt)
+
+    async def prefetch_shared(self, token_ids: Sequence[int], salt: str | None = None) -> None:
+        """Ask the shared tier, in one call, which of the prompt's blocks past those the GPU
+        and CPU tiers hold it has, so that the `lookup_hit` that follows (with no await in
+        between) reads a store in another process as it reads a local one."""
+        if self.shared is None:
+            return
+        on_gpu = self._hit_keys(token_ids, salt)
+        prompt = token_ids[: max(len(token_ids) - 1, 0)]
+        keys = islice(self._iter_keys(prompt, on_gpu, salt), len(on_gpu), None)
+        # `_hit` reads the CPU tier before the shared one: those blocks need no answer.
+        beyond = [key for key in keys if key not in self._cpu]
+        if beyond:
+            await self.shared.prefetch(beyond)
 
     def lookup(self, token_ids: Sequence[int], salt: str | None = None) -> int:
         """Prompt tokens that would be served from cache; counts in stats and refreshes LRU.

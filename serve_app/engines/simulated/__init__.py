@@ -57,7 +57,8 @@ how late the host's timers fired.
 The package, by job: ``script`` (the script language), ``tokens`` (harmony messages as token
 ids: scripted turns, the default answer), ``logprobs`` (the stand-ins), ``timing`` (the time
 model: prefill queue, decode steps), ``constrained`` (sampling under a constraint's mask,
-checking scripted turns), ``steps`` (a request's plan), ``config`` and ``engine``
+checking scripted turns), ``steps`` (a request's plan), ``shared_tier`` (the KV tier the
+replicas of an app share on Ray, in one named Ray actor), ``config`` and ``engine``
 (`SimulatedEngine`, the `Engine` contract over them).
 """
 

@@ -6,10 +6,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from serve_app.engines.prefix_cache import SharedKVTier
+from serve_app.engines.prefix_cache import SharedKVTier, SharedTier
 
 # The shared tiers of this process, one per (size, block size): the engines of one process
-# (in-process tests, the replay) share one; engines in other Ray actors do not.
+# (in-process tests, the local app) share one. Ray Serve replicas share their app's store in
+# a Ray actor instead (`shared_tier`).
 _SHARED_TIERS: dict[tuple[int, int], SharedKVTier] = {}
 
 
@@ -29,7 +30,7 @@ class SimulatedEngineConfig(BaseModel):
     # = 72 KiB per token; about 40 GB/s of pinned host-to-device copy over PCIe 5 x16 moves
     # some 500,000 tokens/s.
     kv_load_tokens_per_s: float = Field(default=500_000, gt=0)
-    # A KV tier every engine in the process shares (LMCache / Mooncake style), KV tokens; 0 for
+    # A KV tier every replica of the app shares (LMCache / Mooncake style), KV tokens; 0 for
     # none. Written when a replica stores a block; a prefix found only there is pulled at
     # `shared_kv_pull_tokens_per_s` (llm-d: a 16k-token prefix pulled in 86 ms on H200).
     shared_kv_cache_tokens: int = Field(default=0, ge=0)
@@ -55,11 +56,19 @@ class SimulatedEngineConfig(BaseModel):
         return self
 
 
-def shared_tier(config: SimulatedEngineConfig) -> SharedKVTier | None:
-    """The process's shared tier of ``config``'s size (None: it configures none)."""
+def shared_tier(config: SimulatedEngineConfig) -> SharedTier | None:
+    """The shared tier of ``config``'s size (None: it configures none): in a Ray Serve
+    replica, the app's store in a Ray actor, which every replica of the app shares; elsewhere
+    the process's own."""
     if not config.shared_kv_cache_tokens:
         return None
     key = (config.shared_kv_cache_tokens, config.block_size)
+    # Imported here: only a configured shared tier needs Ray.
+    from serve_app.engines.simulated.shared_tier import in_serve_replica, ray_shared_tier
+
+    app_name = in_serve_replica()
+    if app_name is not None:
+        return ray_shared_tier(app_name, *key)
     tier = _SHARED_TIERS.get(key)
     if tier is None:
         tier = _SHARED_TIERS[key] = SharedKVTier(*key)

@@ -99,7 +99,10 @@ class SimulatedEngine(Engine):
         counts = {"num_prompt_tokens": len(prompt), "num_cached_tokens": 0}
         try:
             try:
-                counts["num_cached_tokens"] = await self.timing.prefill(running)
+                hit = await self.timing.prefill(running)
+                counts["num_cached_tokens"] = hit.tokens
+                counts["num_loaded_tokens"] = hit.loaded_tokens
+                counts["num_pulled_tokens"] = hit.pulled_tokens
             except Aborted:
                 yield GenerateChunk(finish_reason="abort", **counts)
                 return

@@ -61,8 +61,8 @@ class TimingModel:
         if running.decoding:
             self.num_decoding -= 1
 
-    async def prefill(self, running: Running) -> int:
-        """Prefill the prompt's uncached tokens; returns the prompt tokens served from cache.
+    async def prefill(self, running: Running) -> CacheHit:
+        """Prefill the prompt's uncached tokens; returns what the cache served of the prompt.
 
         Prefills run one at a time in arrival order because they share one accelerator: cache
         misses cost the replica throughput, not only the request latency, which is what makes
@@ -80,6 +80,9 @@ class TimingModel:
                 await self.sleep(running, None)  # woken when the request ahead leaves
             prompt = running.request.prompt_token_ids
             session, salt = running.request.session_id, running.request.cache_salt
+            # A shared tier in another process answers for the prompt first (one call; its
+            # wall time is not the model's: the pull is charged at the pull rate below).
+            await self.cache.prefetch_shared(prompt, salt)
             hit = self.cache.lookup_hit(prompt, session, salt)
             running.prefilled_at = max(running.arrived, self._prefill_free_at) + self.prefill_s(
                 len(prompt), hit
@@ -88,7 +91,7 @@ class TimingModel:
             await self.sleep(running, running.prefilled_at - time.monotonic())
             # vLLM caches a prompt's full blocks once computed, before the request ends.
             running.prompt_keys = self.cache.insert(prompt, hit.keys, session, salt)
-            return hit.tokens
+            return hit
         finally:
             was_first = queue[0] is running
             queue.remove(running)

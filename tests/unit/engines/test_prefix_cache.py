@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -245,3 +248,20 @@ def test_the_shared_tier_is_bounded_and_lru() -> None:
     assert reader.peek_hit([*range(16), 0]).pulled_tokens == 8
     with pytest.raises(ValueError, match="block_size"):
         PrefixKVCache(block_size=8, capacity_tokens=64, shared=shared)
+
+
+def _keys_in_a_process(hash_seed: str) -> str:
+    code = (
+        "from serve_app.engines.prefix_cache import PrefixKVCache as C; "
+        "print(C(4).block_keys(list(range(12))), C(4).block_keys(list(range(12)), salt='t'))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+def test_block_keys_are_the_same_in_every_process() -> None:
+    """Replicas on Ray share a tier by block key: Python's per-process str-hash salt (the
+    root's, a cache salt's) must not reach the keys."""
+    assert _keys_in_a_process("1") == _keys_in_a_process("2")
