@@ -7,7 +7,8 @@ The comparison is found as ``previous_response_id`` is: among the connection's o
 first (``store: false`` ones included), then in the store, the caller's only. Another key's
 response and an unknown id are ``comparison_response_not_found``, never a 404: the request
 runs. A response kept without a fingerprint (stored before diagnostics existed) is
-``unavailable``.
+``unavailable``. A turn that compacts server-side compares its compacted prompt again with the
+comparison found (`comparison`, then `answer`): its answer is generated from that prompt.
 """
 
 from __future__ import annotations
@@ -97,5 +98,5 @@ def answer(
     `comparison` found. Called again when a server-side compaction changes the prompt the
     answer is generated from (`ResponsesService.retarget`)."""
     if isinstance(found, PromptFingerprint):
-        return diagnostics.diagnose(found, token_ids, prompt.settings)
+        return diagnostics.diagnose(found, token_ids, prompt.settings, prompt.blocks)
     return found
