@@ -150,7 +150,10 @@ def test_a_turn_compacting_server_side_is_context_compacted(client: OpenAI, stre
     }
     if stream:
         with client.responses.stream(**request) as events:
-            compacting = events.get_final_response()
+            carrying = [event.response for event in events if hasattr(event, "response")]
+        compacting = carrying[-1]
+        # The prompt as sent continues the comparison's; the answer's is the compacted one.
+        assert isinstance(carrying[0].prompt_cache_diagnostics, PromptCacheDiagnosticsCacheHit)
     else:
         compacting = client.responses.create(**request)
     assert [item.type for item in compacting.output] == ["compaction", "message"]
@@ -186,6 +189,32 @@ def test_a_turn_after_a_server_side_compaction(client: OpenAI, stateful: bool) -
     assert 0 < diagnostics.comparison_reusable_tokens < after_before.usage.input_tokens
     after_compacting = _compared(client, compacting.id, **turn)
     assert isinstance(after_compacting.prompt_cache_diagnostics, PromptCacheDiagnosticsCacheHit)
+
+
+def test_a_websocket_turn_compacting_compares_its_compacted_prompt(client: OpenAI) -> None:
+    """On a connection, with its ``store: false`` responses: the compacting turn against the
+    one before is ``context_compacted``; the next turn against the compacting one, a hit."""
+    turn = {"model": MODEL, "tools": TOOLS, "store": False}
+    with client.responses.connect() as connection:
+        connection.response.create(**turn, input=[*HISTORY, ASK])
+        before = until_terminal(connection)[-1].response
+        turn["context_management"] = COMPACT
+        connection.response.create(
+            **turn,
+            input=[*HISTORY, ASK],
+            prompt_cache_options={"comparison_response_id": before.id},
+        )
+        compacting = until_terminal(connection)[-1].response
+        connection.response.create(
+            **turn,
+            input=[NEXT],
+            previous_response_id=compacting.id,
+            prompt_cache_options={"comparison_response_id": compacting.id},
+        )
+        after = until_terminal(connection)[-1].response
+    assert compacting.output[0].type == "compaction"
+    assert _miss(compacting).reason == "context_compacted"
+    assert isinstance(after.prompt_cache_diagnostics, PromptCacheDiagnosticsCacheHit)
 
 
 def test_a_continuation_is_a_hit_as_is_the_same_request(client: OpenAI) -> None:
