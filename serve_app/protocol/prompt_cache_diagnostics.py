@@ -146,21 +146,41 @@ def fingerprint(token_ids: Sequence[int], settings: PromptSettings) -> PromptFin
     return PromptFingerprint(settings, len(token_ids), block_digests(token_ids))
 
 
-def common_prefix(comparison: PromptFingerprint, token_ids: Sequence[int]) -> int:
+def common_prefix(
+    comparison: PromptFingerprint, token_ids: Sequence[int], blocks: bytes | None = None
+) -> int:
     """The tokens at the start of ``token_ids`` that the comparison's prompt shares, to the
-    block (its last block, partial or not, only when the request holds all of it)."""
-    data = _token_bytes(token_ids)
-    shared = 0
-    for index in range(len(comparison.blocks) // DIGEST_BYTES):
-        start = index * BLOCK_TOKENS
-        end = min(start + BLOCK_TOKENS, comparison.token_count)
-        if end > len(token_ids):
-            break
-        stored = comparison.blocks[index * DIGEST_BYTES : (index + 1) * DIGEST_BYTES]
-        if _block_digest(data[4 * start : 4 * end]) != stored:
-            break
-        shared = end
-    return shared
+    block (its last block, partial or not, only when the request holds all of it).
+    ``blocks``: ``token_ids``'s own `block_digests` when the caller has them (a request's
+    fingerprint): its whole blocks are then compared digest to digest, and only the
+    comparison's last partial block, if any, is hashed again."""
+    if blocks is None:
+        blocks = block_digests(token_ids)
+    whole = comparison.token_count // BLOCK_TOKENS
+    shared = _shared_digests(comparison.blocks, blocks, min(whole, len(token_ids) // BLOCK_TOKENS))
+    tail = comparison.token_count
+    if shared < whole or tail == whole * BLOCK_TOKENS or tail > len(token_ids):
+        return shared * BLOCK_TOKENS
+    # The comparison's last block is partial: the request's block there is longer (or as
+    # long), so its digest is of other tokens; the same tokens are hashed to compare.
+    start, stored = whole * BLOCK_TOKENS, comparison.blocks[whole * DIGEST_BYTES :]
+    same = _block_digest(_token_bytes(token_ids[start:tail])) == stored
+    return tail if same else start
+
+
+def _shared_digests(first: bytes, second: bytes, limit: int) -> int:
+    """How many digests, of the first ``limit``, the two concatenations share from the start:
+    a binary search on prefixes, each compared at C speed."""
+    if first[: limit * DIGEST_BYTES] == second[: limit * DIGEST_BYTES]:
+        return limit
+    low, high = 0, limit - 1  # low shared, high+1 not
+    while low < high:
+        middle = (low + high + 1) // 2
+        if first[: middle * DIGEST_BYTES] == second[: middle * DIGEST_BYTES]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def comparable_tokens(comparison: PromptFingerprint, request_tokens: int) -> int:
@@ -173,14 +193,18 @@ def comparable_tokens(comparison: PromptFingerprint, request_tokens: int) -> int
 
 
 def diagnose(
-    comparison: PromptFingerprint, token_ids: Sequence[int], settings: PromptSettings
+    comparison: PromptFingerprint,
+    token_ids: Sequence[int],
+    settings: PromptSettings,
+    blocks: bytes | None = None,
 ) -> PromptCacheDiagnostics:
     """The request's prompt (``token_ids``, ``settings``) against the comparison response's:
     a hit when it holds all of the comparison's prompt (or the comparison holds all of it, to
     the block: `comparable_tokens`) with nothing the cache is keyed by changed, else a miss
     with the first reason in OpenAI's order that explains it. Counts: the request's tokens
-    after the divergence, and the comparison's tokens before it."""
-    shared = common_prefix(comparison, token_ids)
+    after the divergence, and the comparison's tokens before it. ``blocks``: as for
+    `common_prefix`."""
+    shared = common_prefix(comparison, token_ids, blocks)
     diverged = shared < comparable_tokens(comparison, len(token_ids))
     before = comparison.settings
     for reason, field in _SETTING_REASONS:

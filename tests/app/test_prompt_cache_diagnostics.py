@@ -1,7 +1,8 @@
 """``prompt_cache_diagnostics`` through the openai SDK: each cache-miss reason built on purpose
 (one thing changed between a response and a request naming it as ``comparison_response_id``),
 a hit, a comparison not found (unknown, another key's), over SSE, in the background, on a
-WebSocket with a connection's ``store: false`` response, and on retrieve."""
+WebSocket with a connection's ``store: false`` response, on retrieve, and around a server-side
+compaction (``context_management``: the turn compacting, and the turns after it)."""
 
 from __future__ import annotations
 
@@ -125,6 +126,95 @@ def test_a_compacted_context_is_context_compacted(client: OpenAI) -> None:
     items = [item.model_dump(exclude_none=True, warnings=False) for item in compacted.output]
     resumed = _compared(client, baseline.id, model=MODEL, input=items, tools=TOOLS)
     assert _miss(resumed).reason == "context_compacted"
+
+
+# Server-side compaction (tests/app/test_context_management.py): the scripted engine writes the
+# summary; HISTORY renders to about 1,300 tokens, over the threshold.
+COMPACT = [{"type": "compaction", "compact_threshold": 1000}]
+ASK = {"role": "user", "content": "CM-ASK: and what should I wear?"}
+NEXT = {"role": "user", "content": "CM-NEXT: and tomorrow?"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_turn_compacting_server_side_is_context_compacted(client: OpenAI, stream: bool) -> None:
+    """The answer is generated from the compacted prompt (its ``usage``): against a response
+    from before, that prompt keeps only what precedes the history (system and tools)."""
+    before = client.responses.create(model=MODEL, input=HISTORY, tools=TOOLS)
+    request = {
+        "model": MODEL,
+        "previous_response_id": before.id,
+        "input": [ASK],
+        "tools": TOOLS,
+        "context_management": COMPACT,
+        "prompt_cache_options": {"comparison_response_id": before.id},
+    }
+    if stream:
+        with client.responses.stream(**request) as events:
+            carrying = [event.response for event in events if hasattr(event, "response")]
+        compacting = carrying[-1]
+        # The prompt as sent continues the comparison's; the answer's is the compacted one.
+        assert isinstance(carrying[0].prompt_cache_diagnostics, PromptCacheDiagnosticsCacheHit)
+    else:
+        compacting = client.responses.create(**request)
+    assert [item.type for item in compacting.output] == ["compaction", "message"]
+    diagnostics = _miss(compacting)
+    assert diagnostics.reason == "context_compacted"
+    assert 0 < diagnostics.comparison_reusable_tokens < compacting.usage.input_tokens
+    # Kept so on the stored response.
+    assert client.responses.retrieve(compacting.id).prompt_cache_diagnostics == diagnostics
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_a_turn_after_a_server_side_compaction(client: OpenAI, stateful: bool) -> None:
+    """Compared with a response from before the compaction: ``context_compacted``; with the
+    compacting response (its prompt is the compacted one, which the turn continues): a hit.
+    Chained by ``previous_response_id`` or stateless (the output appended to the input)."""
+    before = client.responses.create(model=MODEL, input=[*HISTORY, ASK], tools=TOOLS)
+    compacting = client.responses.create(
+        model=MODEL, input=[*HISTORY, ASK], tools=TOOLS, context_management=COMPACT
+    )
+    assert compacting.output[0].type == "compaction"
+    if stateful:
+        turn = {"previous_response_id": compacting.id, "input": [NEXT]}
+    else:
+        appended = [
+            item.model_dump(exclude_none=True, warnings=False) for item in compacting.output
+        ]
+        turn = {"input": [*HISTORY, ASK, *appended, NEXT], "store": False}
+    turn |= {"model": MODEL, "tools": TOOLS, "context_management": COMPACT}
+    after_before = _compared(client, before.id, **turn)
+    assert "compaction" not in [item.type for item in after_before.output]  # not compacted again
+    diagnostics = _miss(after_before)
+    assert diagnostics.reason == "context_compacted"
+    assert 0 < diagnostics.comparison_reusable_tokens < after_before.usage.input_tokens
+    after_compacting = _compared(client, compacting.id, **turn)
+    assert isinstance(after_compacting.prompt_cache_diagnostics, PromptCacheDiagnosticsCacheHit)
+
+
+def test_a_websocket_turn_compacting_compares_its_compacted_prompt(client: OpenAI) -> None:
+    """On a connection, with its ``store: false`` responses: the compacting turn against the
+    one before is ``context_compacted``; the next turn against the compacting one, a hit."""
+    turn = {"model": MODEL, "tools": TOOLS, "store": False}
+    with client.responses.connect() as connection:
+        connection.response.create(**turn, input=[*HISTORY, ASK])
+        before = until_terminal(connection)[-1].response
+        turn["context_management"] = COMPACT
+        connection.response.create(
+            **turn,
+            input=[*HISTORY, ASK],
+            prompt_cache_options={"comparison_response_id": before.id},
+        )
+        compacting = until_terminal(connection)[-1].response
+        connection.response.create(
+            **turn,
+            input=[NEXT],
+            previous_response_id=compacting.id,
+            prompt_cache_options={"comparison_response_id": compacting.id},
+        )
+        after = until_terminal(connection)[-1].response
+    assert compacting.output[0].type == "compaction"
+    assert _miss(compacting).reason == "context_compacted"
+    assert isinstance(after.prompt_cache_diagnostics, PromptCacheDiagnosticsCacheHit)
 
 
 def test_a_continuation_is_a_hit_as_is_the_same_request(client: OpenAI) -> None:

@@ -7,7 +7,8 @@ The comparison is found as ``previous_response_id`` is: among the connection's o
 first (``store: false`` ones included), then in the store, the caller's only. Another key's
 response and an unknown id are ``comparison_response_not_found``, never a 404: the request
 runs. A response kept without a fingerprint (stored before diagnostics existed) is
-``unavailable``.
+``unavailable``. A turn that compacts server-side compares its compacted prompt again with the
+comparison found (`comparison`, then `answer`): its answer is generated from that prompt.
 """
 
 from __future__ import annotations
@@ -65,27 +66,37 @@ def fingerprint(
     return diagnostics.fingerprint(token_ids, settings(request, history, model))
 
 
-async def diagnose(
+async def comparison(
     store: ResponseStore,
     request: ResponsesRequest,
     owner: str | None,
-    token_ids: Sequence[int],
-    prompt: PromptFingerprint,
     recent: Mapping[str, PromptFingerprint] | None = None,
-) -> PromptCacheDiagnostics | None:
-    """The request's diagnostics: None unless it names a comparison response."""
+) -> PromptFingerprint | PromptCacheDiagnostics | None:
+    """What the request's prompt is compared with: None unless it names a comparison
+    response; that response's fingerprint; or, when there is none to compare with, the answer
+    already (``comparison_response_not_found``, ``unavailable``)."""
     options = request.prompt_cache_options
     comparison_id = options.comparison_response_id if options else None
     if comparison_id is None:
         return None
     if recent is not None and comparison_id in recent:
-        comparison: PromptFingerprint | None = recent[comparison_id]
-    else:
-        record = await store.prompt_record(comparison_id, owner)
-        if record is None:
-            return diagnostics.not_found()
-        kept = record.fingerprint
-        comparison = PromptFingerprint.from_json(kept) if kept is not None else None
-    if comparison is None:
-        return diagnostics.unavailable()
-    return diagnostics.diagnose(comparison, token_ids, prompt.settings)
+        return recent[comparison_id]
+    record = await store.prompt_record(comparison_id, owner)
+    if record is None:
+        return diagnostics.not_found()
+    kept = record.fingerprint
+    found = PromptFingerprint.from_json(kept) if kept is not None else None
+    return found if found is not None else diagnostics.unavailable()
+
+
+def answer(
+    found: PromptFingerprint | PromptCacheDiagnostics | None,
+    token_ids: Sequence[int],
+    prompt: PromptFingerprint,
+) -> PromptCacheDiagnostics | None:
+    """The diagnostics of a prompt (``token_ids``, fingerprinted as ``prompt``) given what
+    `comparison` found. Called again when a server-side compaction changes the prompt the
+    answer is generated from (`ResponsesService.retarget`)."""
+    if isinstance(found, PromptFingerprint):
+        return diagnostics.diagnose(found, token_ids, prompt.settings, prompt.blocks)
+    return found

@@ -22,6 +22,7 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import RenderedPrompt
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
+from serve_app.protocol.prompt_cache_diagnostics import PromptFingerprint
 from serve_app.protocol.requests import InputItem, ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id, usage
 from serve_app.routing.keys import cache_salt, key_digest, routing_key
@@ -104,9 +105,13 @@ class ResponsesService:
         kept = cache_diagnostics.fingerprint(
             request, context.history, prompt.token_ids, self._args.model
         )
-        # Known before the engine is asked: every event's response carries it.
-        response.prompt_cache_diagnostics = await cache_diagnostics.diagnose(
-            self._store, request, owner, prompt.token_ids, kept, ask.recent_prompts
+        compared = await cache_diagnostics.comparison(
+            self._store, request, owner, ask.recent_prompts
+        )
+        # Known before the engine is asked: every event's response carries it (a server-side
+        # compaction changes it: `retarget`).
+        response.prompt_cache_diagnostics = cache_diagnostics.answer(
+            compared, prompt.token_ids, kept
         )
         key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=owner)
         metrics.ROUTING_KEYS.labels(
@@ -148,6 +153,7 @@ class ResponsesService:
             translator=translator,
             owner=owner,
             prompt=kept,
+            comparison=compared if isinstance(compared, PromptFingerprint) else None,
             history=context.history,
             tools=prompt.tools,
             before_answer=(
@@ -168,6 +174,12 @@ class ResponsesService:
         turn.prompt = cache_diagnostics.fingerprint(
             request, turn.history, prompt.token_ids, self._args.model
         )
+        if turn.comparison is not None:
+            # The answer is generated from the compacted prompt (its usage too): the events
+            # from the compaction item's on, and the stored response, carry its diagnostics.
+            turn.response.prompt_cache_diagnostics = cache_diagnostics.answer(
+                turn.comparison, prompt.token_ids, turn.prompt
+            )
         turn.generate = engine_request(
             request,
             prompt,

@@ -57,6 +57,9 @@ class Turn:
     owner: str | None = None
     # What it keeps of its rendered prompt for prompt-cache diagnostics (None: nothing).
     prompt: PromptFingerprint | None = None
+    # The fingerprint of the response its diagnostics compare with, when one was found (a
+    # server-side compaction compares the compacted prompt with it again).
+    comparison: PromptFingerprint | None = None
     arrived_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     # Whether the response should end at its next safe boundary (`ResponseStreamTranslator.

@@ -18,6 +18,7 @@ from serve_app.protocol.prompt_cache_diagnostics import (
     BLOCK_TOKENS,
     PromptFingerprint,
     PromptSettings,
+    block_digests,
     common_prefix,
     diagnose,
     fingerprint,
@@ -133,6 +134,8 @@ def test_the_common_prefix_is_the_true_one_rounded_to_the_block(
     while true < min(len(prompt), len(second)) and prompt[true] == second[true]:
         true += 1
     found = common_prefix(fingerprint(prompt, SETTINGS), second)
+    # The same given the request's own digests (its fingerprint's, as serving passes them).
+    assert common_prefix(fingerprint(prompt, SETTINGS), second, block_digests(second)) == found
     if true >= len(prompt):
         assert found == len(prompt)
     else:
@@ -146,6 +149,10 @@ def test_random_prompts_agree_with_a_token_by_token_comparison() -> None:
         second = list(prompt[: rng.randrange(len(prompt) + 1)])
         second += [rng.randrange(50) for _ in range(rng.randrange(0, 120))]
         result = diagnose(fingerprint(prompt, SETTINGS), second, SETTINGS)
+        given_digests = diagnose(
+            fingerprint(prompt, SETTINGS), second, SETTINGS, block_digests(second)
+        )
+        assert given_digests == result
         true = 0
         while true < min(len(prompt), len(second)) and prompt[true] == second[true]:
             true += 1
