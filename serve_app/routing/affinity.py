@@ -86,6 +86,9 @@ from serve_app.routing.ttft import (
 DEFAULT_SPILL_FACTOR = 2.0
 DEFAULT_NEW_LOAD_FACTOR = 1.1
 DEFAULT_MAX_CONVERSATIONS = 100_000
+# A conversation with a turn within this long still runs (think times between turns are
+# seconds): its next turns are work to come on its replica (docs/routing.md).
+DEFAULT_LIVE_S = 10.0
 
 
 class ConversationPlacer:
@@ -101,6 +104,7 @@ class ConversationPlacer:
         idle_s: float = DEFAULT_IDLE_S,
         max_conversations: int = DEFAULT_MAX_CONVERSATIONS,
         ttft_slack_s: float | None = DEFAULT_TTFT_SLACK_S,
+        live_s: float = DEFAULT_LIVE_S,
         prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
         shared_kv_pull_tokens_per_s: float | None = None,
         clock: Callable[[], float] = time.time,
@@ -112,6 +116,8 @@ class ConversationPlacer:
             raise ValueError("spill_factor must be at least load_factor")
         if ttft_slack_s is not None and ttft_slack_s < 0:
             raise ValueError("ttft_slack_s must not be negative")
+        if live_s <= 0:
+            raise ValueError("live_s must be positive")
         if prefill_tokens_per_s <= 0:
             raise ValueError("prefill_tokens_per_s must be positive")
         if shared_kv_pull_tokens_per_s is not None and shared_kv_pull_tokens_per_s <= 0:
@@ -127,6 +133,9 @@ class ConversationPlacer:
         # Conversations this router placed or moved that the replicas have not reported since:
         # the counts behind balanced placement include them at once, not a period later.
         self._unreported: dict[str, Sighting] = {}
+        # Conversations each replica ran within ``live_s``, by the latest reports: (since, counts).
+        self.live_s = live_s
+        self._live: tuple[float, Counter[str]] | None = None
         # Placement by predicted time to first token (``ttft.py``); None: by the ring alone.
         self.ttft_slack_s = ttft_slack_s
         # The replicas share a KV tier (``--kv-tier shared``) pulled at this rate; None: none.
@@ -140,6 +149,7 @@ class ConversationPlacer:
     def set_directory(self, directory: ConversationDirectory) -> None:
         """The replicas' latest reports of the conversations they serve."""
         self.directory = directory
+        self._live = None
         # A placement the replica reported after is in these counts (or never reached it).
         # One whose replica does not report is kept until idle, so the dict stays bounded.
         horizon = self.table.horizon()
@@ -244,9 +254,15 @@ class ConversationPlacer:
                 ttft += (uncached[replica] - fewest) / predictor.rate(replica)
             return ttft
 
-        # Affinity breaks ties: the replica holding most of the conversation first (its home,
-        # unless the home evicted it), then the home, then the ring from the key.
-        order = sorted(under or ring, key=lambda replica: uncached[replica])
+        if home is None:
+            # A new conversation holds nothing anywhere: ties go to the replica running fewest
+            # conversations, whose next turns are the work to come, then the ring from the key.
+            live = self._live_conversations()
+            order = sorted(under or ring, key=lambda replica: live[replica])
+        else:
+            # Affinity breaks ties: the replica holding most of the conversation first (its
+            # home, unless the home evicted it), then the home, then the ring from the key.
+            order = sorted(under or ring, key=lambda replica: uncached[replica])
         chosen = choose_fastest(order, cost, self.ttft_slack_s or 0.0)
         if chosen is None:
             return None
@@ -277,10 +293,34 @@ class ConversationPlacer:
         moved since the replica it went to last reported. Other routers' placements show a
         period late; the wait for reports (``router.py``) keeps a later turn from being placed
         anew where routers' counts differ."""
-        active = Counter(self.directory.active)
+        return self._with_unreported(Counter(self.directory.active), float("-inf"))
+
+    def _live_conversations(self) -> Counter[str]:
+        """Conversations per replica with a turn within ``live_s``, counted as the active ones:
+        those still running, not those that ended minutes ago and cost nothing more."""
+        if self._live is None:
+            since = self._clock() - self.live_s
+            reported = Counter(
+                sighting.replica
+                for sighting in self.directory.homes.values()
+                if sighting.last_seen >= since
+            )
+            self._live = (since, reported)
+        since, reported = self._live
+        return self._with_unreported(Counter(reported), since)
+
+    def _with_unreported(self, counts: Counter[str], since: float) -> Counter[str]:
+        """``counts`` (the reports', of conversations seen since ``since``) with this router's
+        placements and moves since the replica they went to last reported."""
         for key, placed in self._unreported.items():
-            active[placed.replica] += 1
+            if placed.last_seen < since:
+                continue
+            counts[placed.replica] += 1
             before = self.directory.home(key)
-            if before is not None and before.replica != placed.replica:
-                active[before.replica] -= 1
-        return active
+            if (
+                before is not None
+                and before.replica != placed.replica
+                and before.last_seen >= since
+            ):
+                counts[before.replica] -= 1
+        return counts
