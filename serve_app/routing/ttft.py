@@ -33,7 +33,8 @@ prefill rate:
 
 `choose_fastest` sends the turn to the lowest prediction among the replicas the load bounds
 allow (``affinity.py``), preferring, among those within ``slack_s`` of the lowest, the first in
-affinity order (the conversation's home, then the ring from its key). Pure Python, no Ray.
+affinity order (the conversation's home, then the ring from its key; a new conversation's, the
+replica running fewest conversations first). Pure Python, no Ray.
 """
 
 from __future__ import annotations

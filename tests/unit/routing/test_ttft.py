@@ -215,6 +215,27 @@ def test_equal_predictions_go_to_the_replica_holding_most_of_the_conversation() 
     assert placer.choose("c", {"home": 1, "holder": 1}, 5500).replica == "holder"
 
 
+def test_a_new_conversation_goes_where_fewest_conversations_still_run() -> None:
+    """A new conversation holds nothing anywhere, so ties go by the work to come: to the
+    replica fewest of whose conversations had a turn within ``live_s`` (their next turns come
+    there), not to its ring owner, whose conversations are running while the other's ended a
+    minute ago. Today's placer keeps the ring owner; the bound on conversations counts both."""
+    clock = Clock()
+    placer = _placer(clock)
+    owner = placer.ring.owner("new")
+    other = "r2" if owner == "r1" else "r1"
+    reports = {replica: _report_shared(clock, replica, 0, {}) for replica in ("r1", "r2")}
+    reports[owner][REPORT_KEY] = {stable_hash(f"running-{index}"): clock() for index in range(2)}
+    reports[other][REPORT_KEY] = {stable_hash(f"ended-{index}"): clock() - 60 for index in range(2)}
+    placer.set_reports(reports)
+    loads = {"r1": 0, "r2": 0}
+    assert placer.choose("new", loads, 4860) == Choice(other, spilled=False, balanced=True)
+    today = ConversationPlacer(clock=clock, ttft_slack_s=None)
+    today.set_members(["r1", "r2"])
+    today.set_reports(reports)
+    assert today.choose("new", loads, 4860).replica == owner
+
+
 def test_a_replica_that_has_not_counted_its_shared_prefix_is_taken_at_the_others() -> None:
     """A replica just added has served no cold turn: taken at no shared prefix, a new
     conversation there would look a whole prefill behind the others, and it would get none
