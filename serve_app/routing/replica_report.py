@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from serve_app.routing.directory import ServedConversations
+from serve_app.routing.directory import REPORTED_AT_KEY, ServedConversations
 from serve_app.routing.kv_summary import CPU_HELD_KEY, HELD_KEY, KV_EVENTS_KEY, HeldPrefixes
 from serve_app.routing.prefill import PrefillLedger
 
@@ -89,6 +89,12 @@ class ReplicaReporter:
 
     def now(self) -> float:
         return self._clock()
+
+    def load(self) -> dict[str, Any]:
+        """What the replica pushes to every ingress replica's router as its prefill queue
+        changes (over the engine channel; `TTFTPredictor.pushed`): its queued prefill, rate
+        and decode load as of now, without the report's conversations and prefix summary."""
+        return {**self.prefills.report(self._clock()), REPORTED_AT_KEY: self._clock()}
 
     def report(self) -> dict[str, Any]:
         report = {

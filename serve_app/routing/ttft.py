@@ -6,9 +6,11 @@ prefill rate:
 
     TTFT(replica) = (queued_prefill_tokens(replica) + uncached(turn, replica)) / rate(replica)
 
-- ``queued_prefill_tokens``: the replica's report (``serve_app.routing.prefill``), drained at
-  its rate for the time since the report, plus the uncached tokens of the turns this router sent
-  there since (the report does not have them yet);
+- ``queued_prefill_tokens``: the replica's report (``serve_app.routing.prefill``), or the load
+  it pushed since (`pushed`: its ledger as of the push, sent over the engine channel to every
+  ingress replica as its queue changes, so a router sees the turns the other routers sent a
+  few milliseconds ago, not a report period ago), drained at its rate for the time since,
+  plus the uncached tokens of the turns this router sent there since (neither has them yet);
 - ``uncached``: the turn's prompt tokens minus what the replica holds of its conversation, by
   its KV-cache summary (``serve_app.routing.kv_summary``), or, if this router sent the
   conversation there after the replica's last report, the prompt it sent (the replica holds it
@@ -102,6 +104,8 @@ class TTFTPredictor:
     _reported_at: dict[str, float] = field(default_factory=dict)
     _sent: list[_Sent] = field(default_factory=list)  # since the replica's latest report
     _reports: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # the latest each
+    # The latest load each replica pushed (`pushed`), kept while newer than its report.
+    _pushes: dict[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def update(self, reports: Mapping[str, Mapping[str, Any]]) -> None:
         """The replicas' latest routing-stats reports. A replica listed without one (Serve
@@ -147,8 +151,43 @@ class TTFTPredictor:
             for sent in self._sent
             if sent.at > max(self._reported_at.get(sent.replica, oldest), oldest)
         ]
+        self._pushes = {
+            replica: load
+            for replica, load in self._pushes.items()
+            if load[REPORTED_AT_KEY] > self._reported_at.get(replica, float("inf"))
+        }
+        for replica, load in self._pushes.items():
+            self._apply_push(replica, load)
+        pushed = self._pushes.keys()
+        for sent in self._sent:  # in the order sent: the backlog drains between them
+            if sent.replica not in pushed:
+                self._backlog(sent.replica, sent.at).tokens += sent.uncached_tokens
+
+    def pushed(self, replica: str, load: Mapping[str, Any]) -> None:
+        """The load ``replica`` pushed (`ReplicaReporter.load`: its queued prefill and rate as
+        of ``reported_at``), newer than its report: what its queue holds now, the other
+        routers' turns included. Replaces the backlog from the report; this router's turns
+        sent after it still count. A load older than the replica's report or its latest push
+        (pushes and reports take different paths) is ignored, as is one of a replica this
+        predictor has no report of (a replica Serve has not listed yet, or no longer lists)."""
+        at = load.get(REPORTED_AT_KEY)
+        if at is None or QUEUED_KEY not in load or replica not in self._reported_at:
+            return
+        latest = self._pushes.get(replica, {}).get(REPORTED_AT_KEY, self._reported_at[replica])
+        if at <= latest:
+            return
+        self._pushes[replica] = load
+        self._apply_push(replica, load)
+
+    def _apply_push(self, replica: str, load: Mapping[str, Any]) -> None:
+        """The replica's backlog from its pushed load, plus this router's turns sent after."""
+        at = load[REPORTED_AT_KEY]
+        if load.get(RATE_KEY):
+            self._rates[replica] = float(load[RATE_KEY])
+        self._backlogs[replica] = _Backlog(float(load[QUEUED_KEY]), at)
         for sent in self._sent:
-            self._backlog(sent.replica, sent.at).tokens += sent.uncached_tokens
+            if sent.replica == replica and sent.at > at:
+                self._backlog(replica, sent.at).tokens += sent.uncached_tokens
 
     def _note_evictions(self, replica: str, reported_at: float, stats: Mapping[str, Any]) -> None:
         removed = int((stats.get(KV_EVENTS_KEY) or {}).get("BlockRemoved", 0))

@@ -353,3 +353,82 @@ def test_the_replicas_queue_counts_a_cpu_load_in_prefill_tokens_of_the_same_time
 def test_a_shared_tier_pull_rate_must_be_positive(rate: float) -> None:
     with pytest.raises(ValueError, match="shared_kv_pull_tokens_per_s"):
         ConversationPlacer(shared_kv_pull_tokens_per_s=rate)
+
+
+def _pushed_load(clock: Clock, queued: int) -> dict:
+    """The load a replica that measured 5,000 tokens/s pushes with ``queued`` tokens waiting."""
+    reporter = ReplicaReporter("r", clock=clock)
+    reporter.prefills.arrived("measured", RATE, clock() - 1)
+    reporter.prefills.first_token("measured", RATE, clock())
+    if queued:
+        reporter.prefills.arrived("waiting", queued, clock())
+    return reporter.load()
+
+
+def test_a_pushed_load_shows_the_turns_other_routers_sent_since_the_report() -> None:
+    """Between reports a replica's queue grows with the other ingress replicas' turns: its
+    pushed load says so, drained from when it was taken; this router's own turns sent after
+    the push still count, those sent before are in it already."""
+    clock = Clock()
+    predictor = TTFTPredictor(clock=clock)
+    predictor.update({r: _report(clock, r, queued=0, held={}) for r in ("r1", "r2")})
+    predictor.sent("r1", "mine-before", 1000)
+    clock.now += 0.1
+    predictor.pushed("r1", _pushed_load(clock, queued=6000))  # the other router's 5,000 too
+    assert predictor.predict("r1", "d", 500) == pytest.approx((6000 + 500) / RATE)
+    clock.now += 0.2
+    predictor.sent("r1", "mine-after", 2000)
+    assert predictor.predict("r1", "d", 500) == pytest.approx((5000 + 2000 + 500) / RATE)
+    assert predictor.predict("r2", "d", 500) == pytest.approx(500 / RATE)  # no push: its report
+    # A round of reports made before the push does not undo it.
+    clock.now += 0.1
+    reports = {r: _report(clock, r, queued=0, held={}) for r in ("r1", "r2")}
+    for report in reports.values():
+        report["reported_at"] = clock() - 0.35  # made before the push, delivered after
+    predictor.update(reports)
+    assert predictor.predict("r1", "d", 500) == pytest.approx((4500 + 2000 + 500) / RATE)
+
+
+def test_a_report_newer_than_the_push_replaces_it_and_stale_pushes_are_ignored() -> None:
+    clock = Clock()
+    predictor = TTFTPredictor(clock=clock)
+    predictor.pushed("r1", _pushed_load(clock, queued=9000))  # no report of r1 yet: ignored
+    predictor.update({"r1": _report(clock, "r1", queued=0, held={})})
+    assert predictor.predict("r1", "d", 500) == pytest.approx(500 / RATE)
+    old = _pushed_load(clock, queued=9000)
+    old["reported_at"] = clock() - 0.5  # taken before the report
+    predictor.pushed("r1", old)
+    assert predictor.predict("r1", "d", 500) == pytest.approx(500 / RATE)
+    clock.now += 0.1
+    newer = _pushed_load(clock, queued=3000)
+    clock.now += 0.05
+    predictor.pushed("r1", newer)
+    predictor.pushed("r1", {**old, "reported_at": newer["reported_at"] - 0.01})  # overtaken
+    assert predictor.predict("r1", "d", 500) == pytest.approx((3000 - 250 + 500) / RATE)
+    clock.now += 0.1
+    predictor.update({"r1": _report(clock, "r1", queued=1000, held={})})
+    assert predictor.predict("r1", "d", 500) == pytest.approx((1000 + 500) / RATE)
+
+
+def test_the_placer_moves_a_turn_off_a_home_the_other_routers_filled_once_it_is_pushed() -> None:
+    """Two ingress routers: the other one filled the conversation's home since the last
+    report. Its pushed load sends the turn to the idle replica (a shared tier: the move costs
+    a pull); without the push the turn goes home behind the queue."""
+    clock = Clock()
+    placers = [
+        ConversationPlacer(clock=clock, ttft_slack_s=0.05, shared_kv_pull_tokens_per_s=30_000)
+        for _ in range(2)
+    ]
+    reports = {
+        "r1": _report(clock, "r1", queued=0, held={"c": 4800}),
+        "r2": _report(clock, "r2", queued=0, held={}),
+    }
+    reports["r1"][REPORT_KEY] = {stable_hash("c"): clock()}
+    for placer in placers:
+        placer.set_members(["r1", "r2"])
+        placer.set_reports(reports)
+    clock.now += 0.1
+    full = _pushed_load(clock, queued=20_000)
+    placers[0].predictor.pushed("r1", full)
+    assert placers[0].choose("c", {"r1": 5, "r2": 0}, 5000).replica == "r2"
+    assert placers[1].choose("c", {"r1": 5, "r2": 0}, 5000).replica == "r1"
