@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import subprocess
+import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from sqlalchemy import inspect, make_url, text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from serve_app.store.base import StoredResponse
 from serve_app.store.sql import SqlResponseStore
@@ -248,9 +252,6 @@ async def test_long_and_repeated_ids_page_to_the_end_once_each(store, order, lim
 async def test_a_store_from_before_long_ids_opens_and_takes_them(store_url: str) -> None:
     """Conversation item ids were VARCHAR(64): such a store still opens, keeps its items, and
     takes long ids (PostgreSQL's column is widened; SQLite never enforced the length)."""
-    from sqlalchemy import text
-    from sqlalchemy.ext.asyncio import create_async_engine
-
     from serve_app.store.base import StoredConversation
 
     engine = create_async_engine(store_url)
@@ -276,3 +277,53 @@ async def test_a_store_from_before_long_ids_opens_and_takes_them(store_url: str)
     assert [item["id"] for item in await store.conversation_items("conv_old")] == ["i_old", LONG_ID]
     await store.delete_conversation("conv_old")
     await store.close()
+
+
+async def test_replicas_starting_at_once_on_a_fresh_database_all_start(
+    store_url: str, tmp_path
+) -> None:
+    """Replicas of a new deployment start together on an empty database, each creating the
+    schema. On PostgreSQL, CREATE TABLEs racing on the catalog fail one another
+    (``pg_type_typname_nsp_index``), which no retry is for: the schema's creators take turns
+    (``tables.take_schema_turn``). Each round a fresh database and other start orders."""
+    rng = random.Random(40)
+    postgresql = make_url(store_url).get_backend_name() == "postgresql"
+    admin = create_async_engine(store_url, isolation_level="AUTOCOMMIT") if postgresql else None
+
+    async def fresh_database(round_: int) -> str:
+        if admin is None:
+            return f"sqlite+aiosqlite:///{tmp_path / f'fresh-{round_}.db'}"
+        name = f"fresh_{uuid.uuid4().hex[:12]}"
+        async with admin.connect() as connection:
+            await connection.execute(text(f"CREATE DATABASE {name}"))
+        return make_url(store_url).set(database=name).render_as_string(hide_password=False)
+
+    async def start_after(url: str, delay: float) -> SqlResponseStore:
+        await asyncio.sleep(delay)
+        store = SqlResponseStore(url)
+        await store.start()
+        return store
+
+    try:
+        for round_ in range(6):
+            url = await fresh_database(round_)
+            stores = await asyncio.gather(
+                *(start_after(url, rng.random() / 100) for _ in range(4)), return_exceptions=True
+            )
+            failed = [store for store in stores if isinstance(store, BaseException)]
+            for store in stores:
+                if isinstance(store, SqlResponseStore):
+                    await store.close()
+            assert not failed, failed
+            engine = create_async_engine(url)
+            async with engine.connect() as connection:
+                tables = await connection.run_sync(lambda sync: inspect(sync).get_table_names())
+            await engine.dispose()
+            assert {"responses", "conversation_items"} <= set(tables)
+            if admin is not None:
+                async with admin.connect() as connection:
+                    name = make_url(url).database
+                    await connection.execute(text(f"DROP DATABASE {name} WITH (FORCE)"))
+    finally:
+        if admin is not None:
+            await admin.dispose()
