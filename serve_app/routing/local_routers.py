@@ -1,6 +1,9 @@
 """The request routers running in this process, for the serving code beside them (an ingress
 replica's) to ask about their placements.
 
+It also carries what the serving code learns for the routers: the load an engine replica
+pushes over its channel to this ingress (`push_load`), handed to every router here.
+
 A module of its own because Ray Serve ships the request router class by value (cloudpickle,
 ``register_pickle_by_value`` on its module): state kept in ``router.py``'s globals would be a
 copy made for the deserialized class, which no other module could see. Modules the router
@@ -12,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 # How often `await_reported` looks again: a router's state is read from the caller's event
 # loop (Ray runs a handle's router on a loop of its own), so it polls, cheaply.
@@ -27,12 +31,24 @@ class LocalRouter(Protocol):
         """Whether every router can find where this one last placed conversation ``key``."""
         ...
 
+    def push_load(self, replica: str, load: Mapping[str, Any]) -> None:
+        """Engine ``replica``'s load (`ReplicaReporter.load`), from another thread than the
+        router's own event loop (Ray runs a handle's router on a loop of its own)."""
+        ...
+
 
 _ROUTERS: weakref.WeakSet[LocalRouter] = weakref.WeakSet()  # type: ignore[type-var]
 
 
 def register(router: LocalRouter) -> None:
     _ROUTERS.add(router)
+
+
+def push_load(replica: str, load: Mapping[str, Any]) -> None:
+    """Hand the load engine ``replica`` pushed to every router in this process (each takes it
+    thread-safely, and applies it before its next choice)."""
+    for router in list(_ROUTERS):
+        router.push_load(replica, load)
 
 
 async def await_reported(key: str) -> bool:

@@ -329,7 +329,7 @@ async def test_an_idle_channel_sends_a_last_chunk_that_came_as_it_gave_up_waitin
     outbox = Outbox(window_s=0, idle_s=0.01)
     outbox.requests["r1"] = asyncio.create_task(asyncio.sleep(0))
     outbox._ready = _LastChunkAsTheWaitGivesUp(outbox)
-    batches = [batch async for batch in outbox.batches() if batch]  # empty: heartbeats
+    batches = [send.batch async for send in outbox.sends() if send.batch]  # empty: heartbeats
     assert [[(rid, chunk.token_ids) for rid, chunk in batch] for batch in batches] == [
         [("r1", [7])]
     ]
