@@ -13,10 +13,14 @@ imports are shipped by reference, so this one is the process's own.
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
 import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
 
 # How often `await_reported` looks again: a router's state is read from the caller's event
 # loop (Ray runs a handle's router on a loop of its own), so it polls, cheaply.
@@ -38,17 +42,29 @@ class LocalRouter(Protocol):
 
 
 _ROUTERS: weakref.WeakSet[LocalRouter] = weakref.WeakSet()  # type: ignore[type-var]
+# Routers register on their own loop's thread while the serving code's loop reads the set.
+_ROUTERS_LOCK = threading.Lock()
 
 
 def register(router: LocalRouter) -> None:
-    _ROUTERS.add(router)
+    with _ROUTERS_LOCK:
+        _ROUTERS.add(router)
+
+
+def _routers() -> list[LocalRouter]:
+    with _ROUTERS_LOCK:
+        return list(_ROUTERS)
 
 
 def push_load(replica: str, load: Mapping[str, Any]) -> None:
     """Hand the load engine ``replica`` pushed to every router in this process (each takes it
-    thread-safely, and applies it before its next choice)."""
-    for router in list(_ROUTERS):
-        router.push_load(replica, load)
+    thread-safely, and applies it before its next choice). A push is advice: a router that
+    fails to take it is logged, never the channel's end (its requests ride on)."""
+    for router in _routers():
+        try:
+            router.push_load(replica, load)
+        except Exception:
+            logger.exception("a router could not take engine replica %s's load", replica)
 
 
 async def await_reported(key: str) -> bool:
@@ -61,7 +77,7 @@ async def await_reported(key: str) -> bool:
     Bounded by two of the routers' ``report_wait_s`` (a round of reports takes about one):
     False if that ran out; True once reported, or with nothing to wait for (no router here
     placed ``key``, one replica, report waits off)."""
-    routers = [router for router in list(_ROUTERS) if not router.placement_reported(key)]
+    routers = [router for router in _routers() if not router.placement_reported(key)]
     if not routers:
         return True
     deadline = time.monotonic() + 2 * max(router.report_wait_s for router in routers)
