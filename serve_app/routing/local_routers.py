@@ -1,6 +1,9 @@
 """The request routers running in this process, for the serving code beside them (an ingress
 replica's) to ask about their placements.
 
+It also carries what the serving code learns for the routers: the load an engine replica
+pushes over its channel to this ingress (`push_load`), handed to every router here.
+
 A module of its own because Ray Serve ships the request router class by value (cloudpickle,
 ``register_pickle_by_value`` on its module): state kept in ``router.py``'s globals would be a
 copy made for the deserialized class, which no other module could see. Modules the router
@@ -10,9 +13,14 @@ imports are shipped by reference, so this one is the process's own.
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
 import weakref
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
 
 # How often `await_reported` looks again: a router's state is read from the caller's event
 # loop (Ray runs a handle's router on a loop of its own), so it polls, cheaply.
@@ -27,12 +35,36 @@ class LocalRouter(Protocol):
         """Whether every router can find where this one last placed conversation ``key``."""
         ...
 
+    def push_load(self, replica: str, load: Mapping[str, Any]) -> None:
+        """Engine ``replica``'s load (`ReplicaReporter.load`), from another thread than the
+        router's own event loop (Ray runs a handle's router on a loop of its own)."""
+        ...
+
 
 _ROUTERS: weakref.WeakSet[LocalRouter] = weakref.WeakSet()  # type: ignore[type-var]
+# Routers register on their own loop's thread while the serving code's loop reads the set.
+_ROUTERS_LOCK = threading.Lock()
 
 
 def register(router: LocalRouter) -> None:
-    _ROUTERS.add(router)
+    with _ROUTERS_LOCK:
+        _ROUTERS.add(router)
+
+
+def _routers() -> list[LocalRouter]:
+    with _ROUTERS_LOCK:
+        return list(_ROUTERS)
+
+
+def push_load(replica: str, load: Mapping[str, Any]) -> None:
+    """Hand the load engine ``replica`` pushed to every router in this process (each takes it
+    thread-safely, and applies it before its next choice). A push is advice: a router that
+    fails to take it is logged, never the channel's end (its requests ride on)."""
+    for router in _routers():
+        try:
+            router.push_load(replica, load)
+        except Exception:
+            logger.exception("a router could not take engine replica %s's load", replica)
 
 
 async def await_reported(key: str) -> bool:
@@ -45,7 +77,7 @@ async def await_reported(key: str) -> bool:
     Bounded by two of the routers' ``report_wait_s`` (a round of reports takes about one):
     False if that ran out; True once reported, or with nothing to wait for (no router here
     placed ``key``, one replica, report waits off)."""
-    routers = [router for router in list(_ROUTERS) if not router.placement_reported(key)]
+    routers = [router for router in _routers() if not router.placement_reported(key)]
     if not routers:
         return True
     deadline = time.monotonic() + 2 * max(router.report_wait_s for router in routers)

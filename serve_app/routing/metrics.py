@@ -26,6 +26,14 @@ REPORT_WAITS = Counter(
     "new: all of Ray's routing tasks but one were waiting already).",
     ["outcome"],
 )
+PUSHED_LOADS = Counter(
+    "serve_app_routing_pushed_loads",
+    "Loads the engine replicas pushed over their channels to this ingress, by outcome at this "
+    "router's next choice: applied (newer than the replica's report: its queue now), stale "
+    "(not newer than its report or last push, or a replica it has no report of), superseded "
+    "(a newer load of the same replica came before the choice).",
+    ["outcome"],
+)
 REPLICA_ONGOING = Gauge(
     "serve_app_engine_replica_ongoing_requests",
     "Ongoing requests per engine replica, as the router last saw them.",
@@ -63,6 +71,12 @@ def record_reported_conversations(replicas: Iterable[str], active: Mapping[str, 
     _set_per_replica(
         REPLICA_CONVERSATIONS, {replica: active.get(replica, 0) for replica in replicas}
     )
+
+
+def record_pushed(applied: int, stale: int, superseded: int) -> None:
+    for outcome, count in (("applied", applied), ("stale", stale), ("superseded", superseded)):
+        if count:
+            PUSHED_LOADS.labels(outcome).inc(count)
 
 
 def record_decision(choice: Choice) -> None:

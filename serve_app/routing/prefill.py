@@ -89,10 +89,13 @@ class PrefillLedger:
         if tokens >= MIN_MEASURED_TOKENS and now > began:
             self._measured.append((tokens, now - began))
 
-    def ended(self, request_id: str) -> None:
-        """Finished, failed or aborted (before or after its first token)."""
-        self._waiting.pop(request_id, None)
+    def ended(self, request_id: str) -> bool:
+        """Finished, failed or aborted (before or after its first token); whether it was
+        here (not ended already)."""
+        waiting = self._waiting.pop(request_id, None) is not None
+        decoding = request_id in self._decoding
         self._decoding.discard(request_id)
+        return waiting or decoding
 
     def queued_tokens(self, now: float) -> int:
         """The waiting requests' uncached tokens, less the progress of the first of them

@@ -84,8 +84,9 @@ class ReplicaReporter:
     def first_token(self, request_id: str, uncached_tokens: int | None, at: float) -> None:
         self.prefills.first_token(request_id, uncached_tokens, at)
 
-    def ended(self, request_id: str) -> None:
-        self.prefills.ended(request_id)
+    def ended(self, request_id: str) -> bool:
+        """Whether the ledger held it (a request's end may be told twice)."""
+        return self.prefills.ended(request_id)
 
     def now(self) -> float:
         return self._clock()

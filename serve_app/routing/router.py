@@ -30,7 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
@@ -68,6 +70,11 @@ class PrefixAffinityRouter(RequestRouter):
         self._reports_arrived = asyncio.Event()
         # Requests now waiting for reports, each holding one of Ray's routing tasks.
         self._waiting = 0
+        # Loads the engine replicas pushed (`push_load`, from the ingress's event loop), the
+        # latest of each, until this router's next choice applies them on its own loop.
+        self._pushes_lock = threading.Lock()
+        self._pushes: dict[str, Mapping[str, Any]] = {}
+        self._superseded = 0
         # Serving code beside this router asks it about placements through `local_routers`
         # (not a global of this module: Ray ships this class by value, globals and all).
         local_routers.register(self)
@@ -110,6 +117,7 @@ class PrefixAffinityRouter(RequestRouter):
         if key and pending_request is not None and len(by_id) > 1:
             # With one candidate there is nothing to choose: no wait.
             await self._await_reports_for(key, pending_request)
+        self._apply_pushes()
         loads = self._loads()
         metrics.record_loads(loads)
         if not key:
@@ -202,6 +210,28 @@ class PrefixAffinityRouter(RequestRouter):
             return True
         reported = self._placer.directory.home(key)
         return reported is not None and reported.replica == placed.replica
+
+    def push_load(self, replica: str, load: Mapping[str, Any]) -> None:
+        """Engine ``replica``'s load pushed over its channel to this ingress
+        (``serve_app.serving.engine.channel``). Called on the ingress's event loop, not this
+        router's: kept under a lock, the latest per replica, for the next choice to apply."""
+        with self._pushes_lock:
+            if replica in self._pushes:
+                self._superseded += 1
+            self._pushes[replica] = load
+
+    def _apply_pushes(self) -> None:
+        """Give the predictor the loads pushed since the last choice (on this router's loop,
+        as every other use of the placer)."""
+        with self._pushes_lock:
+            pushes, self._pushes = self._pushes, {}
+            superseded, self._superseded = self._superseded, 0
+        if not pushes and not superseded:
+            return
+        applied = sum(
+            self._placer.predictor.pushed(replica, load) for replica, load in pushes.items()
+        )
+        metrics.record_pushed(applied, len(pushes) - applied, superseded)
 
     @property
     def report_wait_s(self) -> float:

@@ -163,21 +163,23 @@ class TTFTPredictor:
             if sent.replica not in pushed:
                 self._backlog(sent.replica, sent.at).tokens += sent.uncached_tokens
 
-    def pushed(self, replica: str, load: Mapping[str, Any]) -> None:
+    def pushed(self, replica: str, load: Mapping[str, Any]) -> bool:
         """The load ``replica`` pushed (`ReplicaReporter.load`: its queued prefill and rate as
         of ``reported_at``), newer than its report: what its queue holds now, the other
         routers' turns included. Replaces the backlog from the report; this router's turns
         sent after it still count. A load older than the replica's report or its latest push
         (pushes and reports take different paths) is ignored, as is one of a replica this
-        predictor has no report of (a replica Serve has not listed yet, or no longer lists)."""
+        predictor has no report of (a replica Serve has not listed yet, or no longer lists).
+        Whether it was taken."""
         at = load.get(REPORTED_AT_KEY)
         if at is None or QUEUED_KEY not in load or replica not in self._reported_at:
-            return
+            return False
         latest = self._pushes.get(replica, {}).get(REPORTED_AT_KEY, self._reported_at[replica])
         if at <= latest:
-            return
+            return False
         self._pushes[replica] = load
         self._apply_push(replica, load)
+        return True
 
     def _apply_push(self, replica: str, load: Mapping[str, Any]) -> None:
         """The replica's backlog from its pushed load, plus this router's turns sent after."""

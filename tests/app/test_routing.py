@@ -172,3 +172,24 @@ def test_one_tenants_prompt_is_no_cache_hit_for_another(app_url: str, app_cluste
         assert all(len(replicas) == 1 for replicas in where), (key, where)
         beside += where[0] == where[1]
     assert beside >= 1, "no conversation of the second key landed beside the first key's"
+
+
+def pushed_loads(app_url: str) -> list[dict[str, float]]:
+    """Per ingress replica: the loads its routers took from the engine replicas' channels."""
+    pattern = r'serve_app_routing_pushed_loads_total\{outcome="(\w+)"\} ([0-9.e+]+)'
+    return [
+        {outcome: float(value) for outcome, value in re.findall(pattern, text)}
+        for text in scrape_metrics(app_url).values()
+    ]
+
+
+def test_the_engine_replicas_push_their_load_to_the_ingress_routers(app_url: str) -> None:
+    """Each engine replica pushes its load over its channel to each ingress replica as its
+    prefill queue changes; the routers apply those newer than the replica's report."""
+    client = OpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0)
+    before = sum(view.get("applied", 0) for view in pushed_loads(app_url))
+    for index in range(12):  # through the proxy: both ingress replicas, both engine replicas
+        key = f"pushed-{uuid.uuid4()}"
+        client.responses.create(model=MODEL, input=f"SDK-TEXT {index}", prompt_cache_key=key)
+    after = sum(view.get("applied", 0) for view in pushed_loads(app_url))
+    assert after > before, pushed_loads(app_url)

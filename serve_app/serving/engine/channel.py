@@ -16,9 +16,19 @@ marker and then ends when the generation does; the chunks go to the caller's `Ou
 Otherwise (no channel yet, or none wanted) the call streams its chunks itself, as before, and
 the ingress opens a channel to that replica for the requests that follow.
 
+Each send also carries the replica's load (``ReplicaReporter.load``: its queued prefill, rate
+and decode count, a few keys), so every ingress replica's request router sees the turns the
+OTHER ingress replicas sent there within a window, not a routing-stats period (1 s) later
+(``TTFTPredictor.pushed``; docs/routing.md, "Pushed load"). The replica tells every open
+channel when its prefill ledger changes (`Outbox.load_changed`: a request arrived, had its first
+token, ended); the channel sends the load at once if it sent nothing within its window, else at
+the window's end, as of then: loads within a window coalesce into one send. Batches and
+heartbeats carry it too, at no extra item. A replica with no channel open to an ingress (none
+yet, or closed after ``channel_idle_s`` without requests) reaches its router by its reports only.
+
 This module holds both ends and no Ray: `Outbox` (the engine replica's end: pending chunks,
-merged per request, and the pacing of sends) and `Inboxes` (the ingress's end: each request's
-queue, fed from the channels).
+merged per request, its load, and the pacing of sends) and `Inboxes` (the ingress's end: each
+request's queue, fed from the channels).
 """
 
 from __future__ import annotations
@@ -27,8 +37,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from serve_app.config import StreamingArgs
 from serve_app.engines.base import GenerateChunk
@@ -42,8 +53,20 @@ logger = logging.getLogger(__name__)
 # (`StreamingArgs.channel_idle_s`); this is its value for a replica built without app args.
 CHANNEL_IDLE_S = StreamingArgs().resolved().channel_idle_s
 
-# One send on a channel: (request id, the request's chunks since its last send, merged).
+# The chunks of one send: (request id, the request's chunks since its last send, merged).
 Batch = list[tuple[str, GenerateChunk]]
+# An engine replica's load as it pushes it (`ReplicaReporter.load`).
+Load = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSend:
+    """One item on a channel: the chunks since the last send, and the replica's load as of the
+    send (None: the replica pushes none). No chunks and no load: a heartbeat (``liveness``);
+    every send, a load-only one too, proves the replica alive."""
+
+    batch: Batch
+    load: Load | None = None
 
 
 @dataclass(frozen=True)
@@ -63,17 +86,25 @@ class Outbox:
 
     Chunks wait here, merged per request, for the next send. Sends are at least ``window_s``
     apart, so tokens ride together, except that a request's first token goes out at once (time
-    to first token is never held back). ``requests`` maps each request on the channel to its
-    producer; `batches` ends after ``idle_s`` without one, or when `close` is called.
+    to first token is never held back). ``load`` (the replica's `ReplicaReporter.load`, None:
+    no load is pushed) is read at each send and goes with it; `load_changed` asks for a send
+    paced like a chunk's. ``requests`` maps each request on the channel to its producer; `sends`
+    ends after ``idle_s`` without one (a load-only send does not count), or at `close`.
     """
 
     def __init__(
-        self, window_s: float, idle_s: float = CHANNEL_IDLE_S, heartbeat_s: float = HEARTBEAT_S
+        self,
+        window_s: float,
+        idle_s: float = CHANNEL_IDLE_S,
+        heartbeat_s: float = HEARTBEAT_S,
+        load: Callable[[], Load] | None = None,
     ) -> None:
         self._window_s = window_s
         self._idle_s = idle_s
         self._heartbeat_s = min(heartbeat_s, idle_s)
+        self._load = load
         self._pending: dict[str, GenerateChunk] = {}
+        self._load_due = False  # the load changed since the last send
         self._ready = asyncio.Event()  # something is pending (or the channel is closing)
         self._urgent = asyncio.Event()  # a first token is pending: send without the window
         self.requests: dict[str, asyncio.Task] = {}
@@ -94,13 +125,24 @@ class Outbox:
         self._ready.set()
         self._urgent.set()
 
-    async def batches(self) -> AsyncIterator[Batch]:
-        """The batches to send, and an empty one (a heartbeat: ``liveness``) after
-        ``heartbeat_s`` with nothing to send."""
+    def load_changed(self) -> None:
+        """The replica's load changed: send it, at once after a quiet window, else at the
+        window's end (with whatever else changed by then)."""
+        if self._load is not None and not self.closed:
+            self._load_due = True
+            self._ready.set()
+
+    def _send(self, batch: Batch) -> ChannelSend:
+        self._load_due = False
+        return ChannelSend(batch, None if self._load is None else self._load())
+
+    async def sends(self) -> AsyncIterator[ChannelSend]:
+        """The sends: chunks and the load as it changes, and the load alone (or nothing: a
+        heartbeat, ``liveness``) after ``heartbeat_s`` with nothing to send."""
         last_send = float("-inf")
         busy_at = time.monotonic()  # when the channel last had a request or a chunk
         while not self.closed:
-            if not self._pending:
+            if not self._pending and not self._load_due:
                 self._ready.clear()
                 try:
                     # asyncio.timeout, not wait_for (Python 3.11's may swallow a cancellation
@@ -113,13 +155,16 @@ class Outbox:
                         busy_at = now
                     # A request may have ended while the wait gave up: its last chunk is then
                     # pending, and still goes out.
-                    if self._pending or self.closed:
+                    if self._pending or self._load_due or self.closed:
                         continue
                     if now - busy_at >= self._idle_s:
                         return  # idle: the caller reopens it when it next needs it
-                    yield []  # nothing to say for a while: the caller learns we are alive
+                    yield self._send([])  # nothing new for a while: the caller learns we live
                 continue
-            busy_at = time.monotonic()
+            if self._pending or self.requests:
+                busy_at = time.monotonic()
+            elif time.monotonic() - busy_at >= self._idle_s:
+                return  # only the load (other callers' requests) changed: idle all the same
             wait_s = self._window_s - (time.monotonic() - last_send)
             if wait_s > 0 and not self._urgent.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -131,7 +176,7 @@ class Outbox:
             self._pending.clear()
             self._urgent.clear()
             last_send = time.monotonic()
-            yield batch
+            yield self._send(batch)
 
 
 class Inboxes:

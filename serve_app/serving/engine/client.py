@@ -15,8 +15,8 @@ from ray.serve.exceptions import BackPressureError
 
 from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest, error_chunk
 from serve_app.protocol.errors import RateLimited
-from serve_app.routing.local_routers import await_reported
-from serve_app.serving.engine.channel import ChannelClosed, Inboxes, OnChannel
+from serve_app.routing.local_routers import await_reported, push_load
+from serve_app.serving.engine.channel import ChannelClosed, ChannelSend, Inboxes, OnChannel
 from serve_app.serving.engine.liveness import (
     Accepted,
     EngineSilent,
@@ -194,8 +194,9 @@ class HandleEngineClient:
         )
 
     async def _read_channel(self, replica: str) -> None:
-        """Deliver the channel's batches until it ends; then fail its requests still waiting
-        (none, unless the replica or the channel died)."""
+        """Deliver the channel's batches, and hand the replica's loads to this process's
+        routers (`push_load`), until it ends; then fail its requests still waiting (none,
+        unless the replica or the channel died)."""
         response = self._handle.channel.remote(self._caller, replica=replica)
         ended: Exception = ChannelClosed(f"the channel from engine replica {replica} closed")
         delivered = False
@@ -204,10 +205,14 @@ class HandleEngineClient:
         # transport does with the call, and the requests riding the channel fail.
         pulse = self._watchdog.watch(asyncio.current_task().cancel, replica)
         try:
-            async for batch in response:  # an empty batch is a heartbeat
+            async for send in response:  # no chunks and no load: a heartbeat
                 pulse.beat()
                 delivered = True
-                self._inboxes.deliver(batch)
+                if not isinstance(send, ChannelSend):
+                    raise TypeError(f"the channel carried a {type(send).__name__}")
+                self._inboxes.deliver(send.batch)
+                if send.load is not None:
+                    push_load(replica, send.load)
         except asyncio.CancelledError:
             if not pulse.silent:
                 raise

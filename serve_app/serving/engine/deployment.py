@@ -15,7 +15,8 @@ token) and aborts the requests of those no longer alive, and closes their channe
 
 A request's chunks go back on its own stream, or, once its caller has a channel open here
 (`channel`), on that channel with the chunks of the caller's other requests
-(``serve_app.serving.engine.channel``).
+(``serve_app.serving.engine.channel``). Every open channel also carries the replica's load as
+its prefill ledger changes (`EngineDeployment._ledger_changed`), for every ingress's router.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ from serve_app.serving import metrics
 from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS
 from serve_app.serving.engine.channel import (
     CHANNEL_IDLE_S,
-    Batch,
     ChannelClosed,
+    ChannelSend,
     OnChannel,
     Outbox,
 )
@@ -289,6 +290,7 @@ class EngineDeployment:
             len(request.prompt_token_ids),
             request.cache_ttl_s,  # reported: every router keeps the home that long
         )
+        self._ledger_changed()
         route = _Route(request.request_id, self._replica_id)
         producer = asyncio.create_task(self._produce_routed(request, route))
         self._watch(caller, request.request_id, producer)
@@ -329,9 +331,10 @@ class EngineDeployment:
             metrics.ENGINE_RUNNING.dec()
             await self._settle(caller, request.request_id, producer, finished)
 
-    async def channel(self, caller: str, replica: str) -> AsyncIterator[Batch]:
+    async def channel(self, caller: str, replica: str) -> AsyncIterator[ChannelSend]:
         """The channel from this replica to ``caller`` (an ingress replica's actor): the chunks
-        of its requests, one batch per send, until idle (`StreamingArgs.channel_idle_s`).
+        of its requests, one batch per send, and this replica's load as it changes, until idle
+        (`StreamingArgs.channel_idle_s`).
 
         ``replica``: the engine replica the caller asked for (the request router pins the call
         to it). Elsewhere (it is gone), or with a channel to the caller already open, the stream
@@ -339,13 +342,15 @@ class EngineDeployment:
         """
         if replica != self._replica_id or caller in self._outboxes:
             return
-        outbox = Outbox(self._window_s(), self._channel_idle_s(), self._heartbeat_s())
+        outbox = Outbox(
+            self._window_s(), self._channel_idle_s(), self._heartbeat_s(), self._reporter.load
+        )
         self._outboxes[caller] = outbox
         watch_key = _CHANNEL + caller
         self._callers.add(caller, watch_key)
         try:
-            async for batch in outbox.batches():
-                yield batch
+            async for send in outbox.sends():
+                yield send
         finally:
             # Before anything can await: no request is told to use a channel that has ended.
             if self._outboxes.get(caller) is outbox:
@@ -384,7 +389,7 @@ class EngineDeployment:
             self._callers.discard(caller, request_id)
             self._producers.pop(request_id, None)
         # The producer says so too, unless it was cancelled before it ever ran.
-        self._reporter.ended(request_id)
+        self._ended(request_id)
         if not finished:
             # Cancelled by the caller (client disconnect), or the caller died (the watch
             # stopped the producer): stop generating and free KV.
@@ -392,6 +397,15 @@ class EngineDeployment:
             with contextlib.suppress(asyncio.CancelledError):
                 await producer
             await self._engine.abort(request_id)
+
+    def _ended(self, request_id: str) -> None:
+        if self._reporter.ended(request_id):  # the second of its two ends changes nothing
+            self._ledger_changed()
+
+    def _ledger_changed(self) -> None:
+        """The prefill ledger changed: every open channel pushes the load (paced: a window)."""
+        for outbox in self._outboxes.values():
+            outbox.load_changed()
 
     async def _abort_orphan(self, request_id: str) -> None:
         """Stop a request whose caller died: its stream then ends here, and the engine frees
@@ -418,12 +432,13 @@ class EngineDeployment:
                 uncached = chunk.num_prompt_tokens - chunk.num_cached_tokens
                 at = arrived + chunk.engine_ttft_s
                 self._reporter.first_token(request.request_id, uncached, at)
+                self._ledger_changed()
             route.send(chunk, first_token)
 
         try:
             await self._produce(request, send)
         finally:
-            self._reporter.ended(request.request_id)
+            self._ended(request.request_id)
             route.queue.put_nowait(_END)  # for the own stream, if it is still reading
 
     async def _produce(

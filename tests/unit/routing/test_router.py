@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -25,8 +27,9 @@ from serve_app.engines.base import GenerateRequest, SamplingSettings
 from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.routing import metrics
-from serve_app.routing.directory import ServedConversations
-from serve_app.routing.local_routers import await_reported
+from serve_app.routing.directory import REPORTED_AT_KEY, ServedConversations
+from serve_app.routing.local_routers import await_reported, push_load
+from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY
 from serve_app.routing.router import PrefixAffinityRouter
 from tests.support import MODEL
 from tests.support.helpers import REPO
@@ -305,3 +308,47 @@ def test_the_local_config_waits_at_most_two_routing_stats_periods() -> None:
     )
     wait_s = router_config["request_router_kwargs"]["report_wait_s"]
     assert 0 < wait_s <= 2 * router_config["request_routing_stats_period_s"]
+
+
+# --- loads the engine replicas push over their channels ---------------------------------------
+
+
+def pushed(outcome: str) -> float:
+    return metrics.PUSHED_LOADS.labels(outcome).value
+
+
+def _load(queued: int, at: float) -> dict[str, Any]:
+    return {QUEUED_KEY: queued, RATE_KEY: 10_000.0, REPORTED_AT_KEY: at}
+
+
+async def test_a_load_pushed_from_another_thread_steers_the_next_new_conversation() -> None:
+    """Both replicas reported empty queues. The new conversation's ring owner then pushes
+    (from the ingress's event loop, another thread than the router's) a queue of 10 s of
+    prefill, which the other ingress replicas' turns made and no report shows yet: the next
+    new conversation goes to the other replica. A push older than the report is stale; two
+    pushes of one replica before a choice: the older superseded."""
+    router = make_router()
+    reported_at = time.time()
+    router.update_replicas(
+        [StandInReplica(unique_id, _load(0, reported_at)) for unique_id in ("a", "b")]
+    )
+    owner, other = list(router._placer.ring.walk("new-conversation"))[:2]
+    before = {outcome: pushed(outcome) for outcome in ("applied", "stale", "superseded")}
+
+    def ingress_loop() -> None:  # as `HandleEngineClient._read_channel` hands them on
+        push_load(owner, _load(50, reported_at + 0.5))  # superseded by the next
+        push_load(owner, _load(100_000, reported_at + 1))
+        push_load(other, _load(0, reported_at - 1))  # older than its report: stale
+
+    thread = threading.Thread(target=ingress_loop)
+    thread.start()
+    thread.join()
+    placed = await asyncio.wait_for(
+        route(router, pending("new-conversation", later_turn=False)), ROUTED_WITHIN_S
+    )
+    assert placed.replica_id.unique_id == other
+    assert {outcome: pushed(outcome) - before[outcome] for outcome in before} == {
+        "applied": 1,
+        "stale": 1,
+        "superseded": 1,
+    }

@@ -23,6 +23,8 @@ from ray.serve.exceptions import RequestCancelledError
 
 from serve_app.engines.base import EngineError, GenerateChunk, GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
+from serve_app.routing import local_routers
+from serve_app.routing.prefill import DECODING_KEY, QUEUED_KEY
 from serve_app.serving.engine import deployment as engine_deployment
 from serve_app.serving.engine.channel import ChannelClosed, Outbox
 from serve_app.serving.engine.client import HandleEngineClient
@@ -329,7 +331,7 @@ async def test_an_idle_channel_sends_a_last_chunk_that_came_as_it_gave_up_waitin
     outbox = Outbox(window_s=0, idle_s=0.01)
     outbox.requests["r1"] = asyncio.create_task(asyncio.sleep(0))
     outbox._ready = _LastChunkAsTheWaitGivesUp(outbox)
-    batches = [batch async for batch in outbox.batches() if batch]  # empty: heartbeats
+    batches = [send.batch async for send in outbox.sends() if send.batch]  # empty: heartbeats
     assert [[(rid, chunk.token_ids) for rid, chunk in batch] for batch in batches] == [
         [("r1", [7])]
     ]
@@ -564,9 +566,12 @@ async def test_requests_moving_onto_a_channel_as_they_end_each_end_once_on_their
     the event loop's, set by each plan's pace and delay). With a stream window, a request's
     queue fills while it waits, and it moves onto the channel holding chunks, a finish or an
     error chunk, and its end. Each request ends once with its own stream or its own error;
-    none hangs; nothing is left generating."""
+    none hangs; nothing is left generating; the replica's prefill ledger ends empty, and the
+    last load its channel pushed says so."""
     plans_by_id = {f"q{index}": plan for index, plan in enumerate(scenario)}
     replica, client = await _scripted(plans_by_id)
+    loads = _Loads()
+    local_routers.register(loads)
     with _stream_window(window_s):
         tasks = {
             request_id: asyncio.create_task(_play(client, request_id, plan))
@@ -595,10 +600,31 @@ async def test_requests_moving_onto_a_channel_as_they_end_each_end_once_on_their
         for request_id, outcome in outcomes.items():
             _check(request_id, plans_by_id[request_id], outcome)
         await _settled(replica, client)
+        assert replica._reporter.load()[DECODING_KEY] == 0
+        assert replica._reporter.load()[QUEUED_KEY] == 0
+        await asyncio.sleep(window_s + 0.05)  # the last change's push
+        # Each send carries the load as of then: the latest one, if any came, is of now.
+        if "engine-1" in client._channels and loads.latest:
+            assert loads.latest[QUEUED_KEY] == loads.latest[DECODING_KEY] == 0, loads.latest
         for outbox in list(replica._outboxes.values()):
             outbox.close()
         for reader in list(client._channels.values()):
             await reader
+
+
+class _Loads:
+    """A router that keeps the latest load pushed to it."""
+
+    report_wait_s = 0.0
+
+    def __init__(self) -> None:
+        self.latest: dict[str, Any] = {}
+
+    def placement_reported(self, key: str) -> bool:
+        return True
+
+    def push_load(self, replica: str, load: Any) -> None:
+        self.latest = dict(load)
 
 
 @contextlib.contextmanager

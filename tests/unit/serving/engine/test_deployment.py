@@ -238,7 +238,7 @@ async def test_an_unexpected_item_met_moving_onto_a_channel_fails_that_request_a
     await asyncio.sleep(0)
     assert producer.cancelled()  # so `_ride` reports it unfinished: the engine aborts it
     route.send(GenerateChunk(token_ids=[3]), False)  # dropped: it has ended
-    batch = dict(await anext(outbox.batches()))
+    batch = dict((await anext(outbox.sends())).batch)
     assert batch["r1"].token_ids == [1]
     assert (batch["r1"].finish_reason, batch["r1"].error_code) == ("error", "server_error")
     assert batch["r2"].token_ids == [9] and not other.done()  # the other request rides on
