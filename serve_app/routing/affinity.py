@@ -239,12 +239,7 @@ class ConversationPlacer:
         running fewest conversations (a turn within ``live_s``): their next turns are the work
         to come there, which the bound on conversations (counted over ``idle_s``, ended ones
         too) does not see. By the ring alone, the busiest replica did 1.13 times the mean
-        work in the replay against today's placer's 1.09 (docs/routing.md). Once the replicas
-        push their loads (`TTFTPredictor.pushed`), predictions seldom tie: a new conversation
-        goes to the replica running fewest conversations whatever its queue (a queue drains
-        within a second, a conversation's turns come for minutes), else the conversations
-        chase the shortest queue of the moment and the work comes uneven (docs/routing.md,
-        "Pushed load").
+        work in the replay against today's placer's 1.09 (docs/routing.md).
 
         The bounds are today's: a known conversation may stay home under ``spill_factor``
         times the mean ongoing requests (floor ``min_bound``) and go elsewhere under
@@ -268,13 +263,6 @@ class ConversationPlacer:
                 if loads.get(replica, 0) + 1 <= (stay if replica == home else bound)
             ]
         predictor = self.predictor
-        if home is None:
-            # A new conversation holds nothing anywhere: ties go to the replica running fewest
-            # conversations, whose next turns are the work to come, then the ring from the key.
-            live = self._live_conversations()
-            order = sorted(under or ring, key=lambda replica: live[replica])
-            if predictor.receives_pushes:
-                return Choice(order[0], spilled=False, balanced=order[0] != ring[0])
         uncached = {replica: predictor.uncached(replica, key, prompt_tokens) for replica in ring}
         fewest = min(uncached.values())
 
@@ -284,7 +272,12 @@ class ConversationPlacer:
                 ttft += (uncached[replica] - fewest) / predictor.rate(replica)
             return ttft
 
-        if home is not None:
+        if home is None:
+            # A new conversation holds nothing anywhere: ties go to the replica running fewest
+            # conversations, whose next turns are the work to come, then the ring from the key.
+            live = self._live_conversations()
+            order = sorted(under or ring, key=lambda replica: live[replica])
+        else:
             # Affinity breaks ties: the replica holding most of the conversation first (its
             # home, unless the home evicted it), then the home, then the ring from the key.
             order = sorted(under or ring, key=lambda replica: uncached[replica])

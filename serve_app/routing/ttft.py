@@ -106,9 +106,6 @@ class TTFTPredictor:
     _reports: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # the latest each
     # The latest load each replica pushed (`pushed`), kept while newer than its report.
     _pushes: dict[str, Mapping[str, Any]] = field(default_factory=dict)
-    # Whether the replicas push their loads to this router (it took one): it sees each queue
-    # as it is, the other routers' turns included (the placer places new conversations by it).
-    receives_pushes: bool = False
 
     def update(self, reports: Mapping[str, Mapping[str, Any]]) -> None:
         """The replicas' latest routing-stats reports. A replica listed without one (Serve
@@ -180,7 +177,6 @@ class TTFTPredictor:
         if at <= latest:
             return
         self._pushes[replica] = load
-        self.receives_pushes = True
         self._apply_push(replica, load)
 
     def _apply_push(self, replica: str, load: Mapping[str, Any]) -> None:

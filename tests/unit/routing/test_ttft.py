@@ -432,27 +432,3 @@ def test_the_placer_moves_a_turn_off_a_home_the_other_routers_filled_once_it_is_
     placers[0].predictor.pushed("r1", full)
     assert placers[0].choose("c", {"r1": 5, "r2": 0}, 5000).replica == "r2"
     assert placers[1].choose("c", {"r1": 5, "r2": 0}, 5000).replica == "r1"
-
-
-def test_once_loads_are_pushed_a_new_conversation_goes_where_fewest_run_whatever_its_queue() -> (
-    None
-):
-    """Pushed loads show every queue as it is, so predictions for a new conversation seldom
-    tie: it goes to the replica running fewest conversations even behind a queue (which
-    drains within a second; the conversation's turns come for minutes), not to the shortest
-    queue of the moment. A router that sees the same queue in a report places it by TTFT."""
-    clock = Clock()
-    placers = [_placer(clock) for _ in range(2)]
-    reports = {replica: _report_shared(clock, replica, 0, {}) for replica in ("r1", "r2")}
-    # As many conversations each over ``idle_s`` (the bound on them), but r2's ended.
-    reports["r1"][REPORT_KEY] = {stable_hash(f"running-{index}"): clock() for index in range(2)}
-    reports["r2"][REPORT_KEY] = {stable_hash(f"ended-{index}"): clock() - 60 for index in range(2)}
-    pushed, reported = placers
-    pushed.set_reports(reports)
-    clock.now += 0.1
-    pushed.predictor.pushed("r2", _pushed_load(clock, queued=2000))  # 0.4 s behind it
-    reported.set_reports({**reports, "r2": {**reports["r2"], QUEUED_KEY: 2000}})
-    loads = {"r1": 0, "r2": 0}
-    assert pushed.predictor.predict("r2", "new", 4860) > pushed.predictor.predict("r1", "new", 4860)
-    assert pushed.choose("new", loads, 4860).replica == "r2"
-    assert reported.choose("new", loads, 4860).replica == "r1"
