@@ -18,6 +18,10 @@ fed the replicas' routing-stats reports every ``--report-period``; a later turn 
 placer that does not know its conversation is placed at the next round of reports, as the
 request router waits, and its TTFT counts from then, as the engine's does) and the oracle. No
 scale events and no router overheads here: those are what the Ray benchmark is for.
+``--push-latency-s L`` adds the replicas' pushed load (``sim_push.py``): each change of a
+replica's prefill queue pushed to every placer by the deployment's rule (at once, or at the
+end of ``--push-window-s`` after the push before), reaching it L seconds later; the placers
+apply it as the request router does (``TTFTPredictor.pushed``).
 
 For analysis, not deployable: ``--clairvoyant-slack-s S`` adds today's placer with each later
 turn moved to any replica whose true TTFT (its real prefill queue and prefix cache, which no
@@ -52,6 +56,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_routing import Turn, add_placer_options, oracle, percentile, render_turns, row
+from sim_push import Load, LoadPushes
 from sim_steps import SteppedPrefill
 from sim_tiers import KV_TIERS, Served, TierConfig, peek, serve, shared_tier, tiered_cache
 from traces import Session, generate
@@ -122,6 +127,8 @@ class Ours:
         ingress_replicas: int = 1,
         report_period_s: float = 1.0,
         kv_load_tokens_per_s: float | None = None,
+        push_latency_s: float | None = None,
+        push_window_s: float = 0.02,
         **bounds: float | None,
     ) -> None:
         self.clock = SimClock()
@@ -140,6 +147,12 @@ class Ours:
         self.rng = random.Random(0)
         # Later turns waiting for a round of reports, by key: the placer they reached.
         self.waiting: dict[str, ConversationPlacer] = {}
+        # Each replica's prefill load pushed to every placer as it changes (None: reports only).
+        self.pushes = (
+            None
+            if push_latency_s is None
+            else LoadPushes(push_latency_s, push_window_s, self._load_at, self._deliver_at)
+        )
 
     def __call__(self, key: str, loads: Mapping[str, int], now: float, tokens: int) -> str:
         self._catch_up(now)
@@ -170,6 +183,15 @@ class Ours:
         reports = {member: reporter.report() for member, reporter in self.reporters.items()}
         for placer in self.placers:
             placer.set_reports(reports)
+
+    def _load_at(self, replica: str, at: float) -> Load:
+        self.clock.now = at  # the replica's clock when it takes the load
+        return self.reporters[replica].load()
+
+    def _deliver_at(self, replica: str, load: Load, at: float) -> None:
+        self.clock.now = at
+        for placer in self.placers:
+            placer.predictor.pushed(replica, load)
 
 
 @dataclass
@@ -287,11 +309,15 @@ class Replay:
         self.prefilling = 0.0  # engine seconds of prefill, over every replica
         # Only ours waits, for a later turn of a conversation its router does not know.
         self.ready_at: Callable[[str, float], float] | None = getattr(policy, "ready_at", None)
+        # Only ours, with --push-latency-s: each replica's load pushed as its ledger changes.
+        self.pushes: LoadPushes | None = getattr(policy, "pushes", None)
 
     def run(self) -> Result:
         started = now = self.events[0][0]
         while self.events:
             now, kind, index, turn_index, replica = heapq.heappop(self.events)
+            if self.pushes is not None:  # pushes due by now go out and arrive first
+                self.pushes.advance(now)
             if kind == _STEP_ENDS:
                 self._step_ends(replica, now)
             elif kind == _FIRST_TOKEN:
@@ -300,6 +326,7 @@ class Replay:
                 # them.
                 request_id = f"{index}/{turn_index}"
                 self.reporters[replica].first_token(request_id, self.computed.pop(request_id), now)
+                self._changed(replica, now)
             elif kind == _ENDS:
                 self._ends((index, turn_index), replica, now)
             else:
@@ -345,6 +372,7 @@ class Replay:
             self.reporters[replica].arrived(
                 f"{index}/{turn_index}", turn.routing_key, len(turn.token_ids)
             )
+            self._changed(replica, now)
         # The cache is looked up on arrival: the same here for every policy (the engine looks
         # up when the prefill starts). The output is cached too, as the engine does; it never
         # matches a later prompt.
@@ -376,6 +404,11 @@ class Replay:
         queued_s = queue.queued_tokens() / self.engine.prefill_tokens_per_s
         self.prefill_free_at[replica] = now + queued_s
         self._start_step(replica, now)
+
+    def _changed(self, replica: str, now: float) -> None:
+        """The replica's prefill ledger changed: pushed to the routers (with pushes)."""
+        if self.pushes is not None:
+            self.pushes.changed(replica, now)
 
     def _store(self, replica: str, turn: Turn, tokens: list[int]) -> Served:
         """Looks ``turn`` up in the replica's cache (and the tiers behind it) and stores
@@ -410,6 +443,7 @@ class Replay:
             uncached = len(self._turn(warmed).token_ids) - prefilling.hit
             self.reporters[replica].first_token(warm_id, uncached, now)
             self.reporters[replica].ended(warm_id)
+            self._changed(replica, now)
         self._start_step(replica, now)
 
     def _first_token(
@@ -437,6 +471,7 @@ class Replay:
         self.ongoing[replica] -= 1
         if replica in self.reporters:
             self.reporters[replica].ended(f"{index}/{turn_index}")
+            self._changed(replica, now)
         if self.warm_second_home:
             self._warm_up(request, replica, now)
         session = self.sessions[index]
@@ -460,6 +495,7 @@ class Replay:
         self.reporters[second].arrived(
             f"warm{index}/{turn_index}", turn.routing_key, len(turn.token_ids)
         )
+        self._changed(second, now)
         self.stepped[second].add(warm, len(turn.token_ids) - hit, float("inf"))
         self.prefilling_now[warm] = _Prefilling(now, None, hit, 0.0)
         self._start_step(second, now)
@@ -552,6 +588,19 @@ def parse_args() -> argparse.Namespace:
         help="shared tier -> GPU pull rate (default: 5.9x the prefill rate, llm-d's P2P pull)",
     )
     parser.add_argument(
+        "--push-latency-s",
+        type=float,
+        help="ours: each replica's prefill load pushed to every router as it changes, reaching "
+        "it this many seconds later (default: no pushes, the reports alone)",
+    )
+    parser.add_argument(
+        "--push-window-s",
+        type=float,
+        default=0.02,
+        help="with --push-latency-s: a change within this long of the replica's last push "
+        "goes out at the window's end",
+    )
+    parser.add_argument(
         "--report-period",
         type=float,
         default=1.0,
@@ -584,6 +633,7 @@ def main() -> None:
             tiers.pull_tokens_per_s if tiers.kind == "shared" else None
         ),
     }
+    push_options = {"push_latency_s": args.push_latency_s, "push_window_s": args.push_window_s}
     policies: dict[str, Callable[[], Policy]] = {
         "hash (Ray ConsistentHashRouter)": lambda: hash_owner(members),
         "pow2 (Ray default)": lambda: power_of_two(members),
@@ -602,6 +652,7 @@ def main() -> None:
                 min_bound=min_bound,
                 ttft_slack_s=None if slack < 0 else slack,
                 ingress_replicas=args.ingress_replicas,
+                **push_options,
                 **tier_options,
             )
     for slack in args.clairvoyant_slack_s:
@@ -614,6 +665,7 @@ def main() -> None:
             spill_factor=args.spill_factor,
             min_bound=args.min_bound[0],
             ingress_replicas=args.ingress_replicas,
+            **push_options,
             **tier_options,
         )
     steps = (
@@ -706,7 +758,13 @@ def main() -> None:
         f"SimulatedEngineConfig's defaults but prefill at {args.prefill_tokens_per_s:.0f} "
         f"tokens/s; ours: load_factor {args.load_factor}, "
         f"new_load_factor {args.new_load_factor}, spill_factor {args.spill_factor}, "
-        f"{args.ingress_replicas} ingress replica(s), reports every {args.report_period} s; "
+        f"{args.ingress_replicas} ingress replica(s), reports every {args.report_period} s"
+        + (
+            f", loads pushed {args.push_latency_s} s late, {args.push_window_s} s apart"
+            if args.push_latency_s is not None
+            else ""
+        )
+        + "; "
         f"KV tier {tiers.kind}"
         + (
             f" (CPU tier {tiers.cpu_tokens} tokens a replica, loads at "
