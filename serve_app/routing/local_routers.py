@@ -35,6 +35,11 @@ class LocalRouter(Protocol):
         """Whether every router can find where this one last placed conversation ``key``."""
         ...
 
+    @property
+    def wants_loads(self) -> bool:
+        """Whether it places by the loads the engine replicas push (its ``use_pushed_loads``)."""
+        ...
+
     def push_load(self, replica: str, load: Mapping[str, Any]) -> None:
         """Engine ``replica``'s load (`ReplicaReporter.load`), from another thread than the
         router's own event loop (Ray runs a handle's router on a loop of its own)."""
@@ -56,11 +61,20 @@ def _routers() -> list[LocalRouter]:
         return list(_ROUTERS)
 
 
+def wants_loads() -> bool:
+    """Whether a router in this process places by pushed loads: the serving code then asks
+    each engine replica for its load on the channel it opens (none are sent otherwise)."""
+    return any(router.wants_loads for router in _routers())
+
+
 def push_load(replica: str, load: Mapping[str, Any]) -> None:
-    """Hand the load engine ``replica`` pushed to every router in this process (each takes it
-    thread-safely, and applies it before its next choice). A push is advice: a router that
-    fails to take it is logged, never the channel's end (its requests ride on)."""
+    """Hand the load engine ``replica`` pushed to every router in this process that places by
+    them (each takes it thread-safely, and applies it before its next choice). A push is
+    advice: a router that fails to take it is logged, never the channel's end (its requests
+    ride on)."""
     for router in _routers():
+        if not router.wants_loads:
+            continue
         try:
             router.push_load(replica, load)
         except Exception:

@@ -68,15 +68,18 @@ def router_kwargs(config: dict[str, Any]) -> dict[str, Any]:
 
 def placer(config: dict[str, Any]) -> ConversationPlacer:
     """The placer the config's router builds (its kwargs but the router's own)."""
-    options = {k: v for k, v in router_kwargs(config).items() if k != "report_wait_s"}
+    router_own = {"report_wait_s", "use_pushed_loads"}
+    options = {k: v for k, v in router_kwargs(config).items() if k not in router_own}
     return ConversationPlacer(**options)
 
 
 def without_tiers(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` less its KV tier: the connector, its load rate, the shared pull rate."""
+    """``config`` less its KV tier: the connector, its load rate, the shared pull rate and
+    placing by pushed loads (what makes a move to a replica the queues show idle cheap)."""
     config = copy.deepcopy(config)
     (app,) = config["applications"]
     router_kwargs(config).pop("shared_kv_pull_tokens_per_s", None)
+    router_kwargs(config).pop("use_pushed_loads", None)
     options = app["args"]["engine"]["options"]
     options.pop("kv_transfer_config", None)
     options.pop("kv_load_tokens_per_s", None)

@@ -15,7 +15,7 @@ from ray.serve.exceptions import BackPressureError
 
 from serve_app.engines.base import Engine, GenerateChunk, GenerateRequest, error_chunk
 from serve_app.protocol.errors import RateLimited
-from serve_app.routing.local_routers import await_reported, push_load
+from serve_app.routing.local_routers import await_reported, push_load, wants_loads
 from serve_app.serving.engine.channel import ChannelClosed, ChannelSend, Inboxes, OnChannel
 from serve_app.serving.engine.liveness import (
     Accepted,
@@ -197,7 +197,8 @@ class HandleEngineClient:
         """Deliver the channel's batches, and hand the replica's loads to this process's
         routers (`push_load`), until it ends; then fail its requests still waiting (none,
         unless the replica or the channel died)."""
-        response = self._handle.channel.remote(self._caller, replica=replica)
+        # The replica's load rides the channel only if a router here places by it.
+        response = self._handle.channel.remote(self._caller, replica=replica, loads=wants_loads())
         ended: Exception = ChannelClosed(f"the channel from engine replica {replica} closed")
         delivered = False
         ENGINE_CHANNELS.inc()

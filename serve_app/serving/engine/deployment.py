@@ -331,10 +331,12 @@ class EngineDeployment:
             metrics.ENGINE_RUNNING.dec()
             await self._settle(caller, request.request_id, producer, finished)
 
-    async def channel(self, caller: str, replica: str) -> AsyncIterator[ChannelSend]:
+    async def channel(
+        self, caller: str, replica: str, loads: bool = False
+    ) -> AsyncIterator[ChannelSend]:
         """The channel from this replica to ``caller`` (an ingress replica's actor): the chunks
-        of its requests, one batch per send, and this replica's load as it changes, until idle
-        (`StreamingArgs.channel_idle_s`).
+        of its requests, one batch per send, and, with ``loads`` (a router of the caller places
+        by them), this replica's load as it changes, until idle (`StreamingArgs.channel_idle_s`).
 
         ``replica``: the engine replica the caller asked for (the request router pins the call
         to it). Elsewhere (it is gone), or with a channel to the caller already open, the stream
@@ -342,9 +344,8 @@ class EngineDeployment:
         """
         if replica != self._replica_id or caller in self._outboxes:
             return
-        outbox = Outbox(
-            self._window_s(), self._channel_idle_s(), self._heartbeat_s(), self._reporter.load
-        )
+        load = self._reporter.load if loads else None
+        outbox = Outbox(self._window_s(), self._channel_idle_s(), self._heartbeat_s(), load)
         self._outboxes[caller] = outbox
         watch_key = _CHANNEL + caller
         self._callers.add(caller, watch_key)

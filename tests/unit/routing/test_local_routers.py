@@ -15,6 +15,7 @@ from serve_app.routing import local_routers
 
 class _Router:
     report_wait_s = 0.0
+    wants_loads = True
 
     def __init__(self, fails: bool = False) -> None:
         self.fails = fails

@@ -28,7 +28,7 @@ from serve_app.harmony.render import render_request
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.routing import metrics
 from serve_app.routing.directory import REPORTED_AT_KEY, ServedConversations
-from serve_app.routing.local_routers import await_reported, push_load
+from serve_app.routing.local_routers import await_reported, push_load, wants_loads
 from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY
 from serve_app.routing.router import PrefixAffinityRouter
 from tests.support import MODEL
@@ -313,6 +313,35 @@ def test_the_local_config_waits_at_most_two_routing_stats_periods() -> None:
 # --- loads the engine replicas push over their channels ---------------------------------------
 
 
+def _serve_configs() -> list[tuple[str, dict]]:
+    """Every shipped Serve config: configs/*.yaml and the RayServices' serveConfigV2."""
+    configs = [
+        (f"configs/{path.name}", yaml.safe_load(path.read_text()))
+        for path in sorted((REPO / "configs").glob("*.yaml"))
+    ]
+    for manifest in ("k8s/rayservice.yaml", "k8s/shared-kv/rayservice.yaml"):
+        documents = yaml.safe_load_all((REPO / manifest).read_text())
+        service = next(doc for doc in documents if doc and doc["kind"] == "RayService")
+        configs.append((manifest, yaml.safe_load(service["spec"]["serveConfigV2"])))
+    return configs
+
+
+# Where routers place by pushed loads: the shared KV tier's configs, where a move off a queue is
+# cheap (docs/routing.md, "Pushed load"), and the CPU default, so the test app runs the path.
+PLACES_BY_PUSHED_LOADS = {
+    "configs/gpt-oss-shared-kv.yaml",
+    "k8s/shared-kv/rayservice.yaml",
+    "configs/local.yaml",
+}
+
+
+@pytest.mark.parametrize(("name", "config"), _serve_configs(), ids=lambda v: str(v)[:30])
+def test_every_configs_router_options_build_its_router(name: str, config: dict) -> None:
+    """Unknown options fail at deploy time; pushed loads are asked for where documented."""
+    router = make_router(**_engine_router_config(config)["request_router_kwargs"])
+    assert router.wants_loads == (name in PLACES_BY_PUSHED_LOADS), name
+
+
 def pushed(outcome: str) -> float:
     return metrics.PUSHED_LOADS.labels(outcome).value
 
@@ -321,13 +350,18 @@ def _load(queued: int, at: float) -> dict[str, Any]:
     return {QUEUED_KEY: queued, RATE_KEY: 10_000.0, REPORTED_AT_KEY: at}
 
 
-async def test_a_load_pushed_from_another_thread_steers_the_next_new_conversation() -> None:
+@pytest.mark.parametrize("use_pushed_loads", [True, False])
+async def test_a_load_pushed_from_another_thread_steers_the_next_new_conversation(
+    use_pushed_loads: bool,
+) -> None:
     """Both replicas reported empty queues. The new conversation's ring owner then pushes
     (from the ingress's event loop, another thread than the router's) a queue of 10 s of
     prefill, which the other ingress replicas' turns made and no report shows yet: the next
     new conversation goes to the other replica. A push older than the report is stale; two
-    pushes of one replica before a choice: the older superseded."""
-    router = make_router()
+    pushes of one replica before a choice: the older superseded. A router not placing by
+    pushed loads (the default) takes none: the conversation goes to its ring owner."""
+    router = make_router(use_pushed_loads=use_pushed_loads)
+    assert wants_loads() or not use_pushed_loads
     reported_at = time.time()
     router.update_replicas(
         [StandInReplica(unique_id, _load(0, reported_at)) for unique_id in ("a", "b")]
@@ -346,9 +380,10 @@ async def test_a_load_pushed_from_another_thread_steers_the_next_new_conversatio
     placed = await asyncio.wait_for(
         route(router, pending("new-conversation", later_turn=False)), ROUTED_WITHIN_S
     )
+    counted = {outcome: pushed(outcome) - before[outcome] for outcome in before}
+    if not use_pushed_loads:
+        assert placed.replica_id.unique_id == owner
+        assert counted == {"applied": 0, "stale": 0, "superseded": 0}
+        return
     assert placed.replica_id.unique_id == other
-    assert {outcome: pushed(outcome) - before[outcome] for outcome in before} == {
-        "applied": 1,
-        "stale": 1,
-        "superseded": 1,
-    }
+    assert counted == {"applied": 1, "stale": 1, "superseded": 1}

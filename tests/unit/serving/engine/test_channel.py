@@ -616,6 +616,7 @@ class _Loads:
     """A router that keeps the latest load pushed to it."""
 
     report_wait_s = 0.0
+    wants_loads = True
 
     def __init__(self) -> None:
         self.latest: dict[str, Any] = {}

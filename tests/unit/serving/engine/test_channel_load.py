@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ from serve_app.engines.simulated import SimulatedEngineConfig
 from serve_app.routing import local_routers, metrics
 from serve_app.routing.prefill import DECODING_KEY, QUEUED_KEY
 from serve_app.routing.router import PrefixAffinityRouter
+from serve_app.serving.engine import client as engine_client
 from serve_app.serving.engine.channel import ChannelSend, Outbox
 from serve_app.serving.engine.client import HandleEngineClient
 from tests.unit.routing.test_router import StandInReplica, make_router, pending, route
@@ -229,7 +231,7 @@ class _RouterThread:
 
     @staticmethod
     async def _make() -> PrefixAffinityRouter:
-        return make_router()
+        return make_router(use_pushed_loads=True)
 
     def run(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
@@ -243,6 +245,7 @@ class _Recorder:
     """A router that keeps every load handed to it, with the thread that handed it."""
 
     report_wait_s = 0.0
+    wants_loads = True
 
     def __init__(self) -> None:
         self.loads: list[tuple[str, dict[str, Any], int]] = []
@@ -320,3 +323,39 @@ async def test_a_replica_pushes_its_load_to_every_ingress_router_and_they_apply_
                 for reader in list(client._channels.values()):
                     await reader
             await replica._engine.shutdown()
+
+
+async def test_no_load_rides_a_channel_no_router_of_its_ingress_places_by(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Routers place by pushed loads only where configured (``use_pushed_loads``): an ingress
+    whose routers do not opens its channels without loads, and the replica sends none on them
+    (no item for a load nobody reads); its tokens ride as before."""
+    monkeypatch.setattr(engine_client, "wants_loads", lambda: False)
+    engine = _Recording(SimulatedEngineConfig(decode_tokens_per_s=200, default_output_tokens=20))
+    await engine.start()
+
+    async def both_alive() -> set[str]:
+        return {CALLER, "ingress-2"}
+
+    replica = _BareReplica.__new__(_BareReplica)
+    replica._serve(engine, "engine-1", both_alive, caller_check_period_s=0.1)
+    first = HandleEngineClient(_Handle(replica), caller=CALLER, channels=False)
+    second = HandleEngineClient(_Handle(replica), caller="ingress-2")
+    recorder = _Recorder()
+    local_routers.register(recorder)
+    try:
+        await _tokens(second, _request("open", 2))
+        await _channel_open(second)
+        await asyncio.gather(*(_tokens(first, _request(f"turn-{i}", 20)) for i in range(3)))
+        chunks = await _tokens(second, _request("more", 5))  # tokens ride as before
+        assert sum(len(chunk.token_ids) for chunk in chunks) == 5
+        await asyncio.sleep(0.1)
+        assert replica._outboxes.keys() == {"ingress-2"}
+        assert recorder.loads == []
+    finally:
+        for outbox in list(replica._outboxes.values()):
+            outbox.close()
+        for reader in list(second._channels.values()):
+            await reader
+        await replica._engine.shutdown()
