@@ -266,12 +266,9 @@ def _router_thread() -> Iterator[_RouterThread]:
         routers.stop()
 
 
-async def test_a_replica_pushes_its_load_to_every_ingress_router_and_they_apply_it() -> None:
-    """Two ingress replicas (two clients, each its caller name) use one engine replica; only
-    the first sends turns (on their own streams: it opens no channel), the second holds a
-    channel. The second's routers see those turns' prefill and decoding as they happen, under
-    the id their placer knows the replica by, and a router on its own event loop applies the
-    latest load at its next choice."""
+async def _one_replica_two_ingresses() -> tuple[Any, HandleEngineClient, HandleEngineClient]:
+    """An engine replica (the deployment's class, a simulated engine) and two ingress replicas'
+    clients: the first streams its requests on their own (no channel), the second opens one."""
     engine = _Recording(SimulatedEngineConfig(decode_tokens_per_s=200, default_output_tokens=20))
     await engine.start()
 
@@ -282,6 +279,16 @@ async def test_a_replica_pushes_its_load_to_every_ingress_router_and_they_apply_
     replica._serve(engine, "engine-1", both_alive, caller_check_period_s=0.1)
     first = HandleEngineClient(_Handle(replica), caller=CALLER, channels=False)
     second = HandleEngineClient(_Handle(replica), caller="ingress-2")
+    return replica, first, second
+
+
+async def test_a_replica_pushes_its_load_to_every_ingress_router_and_they_apply_it() -> None:
+    """Two ingress replicas (two clients, each its caller name) use one engine replica; only
+    the first sends turns (on their own streams: it opens no channel), the second holds a
+    channel. The second's routers see those turns' prefill and decoding as they happen, under
+    the id their placer knows the replica by, and a router on its own event loop applies the
+    latest load at its next choice."""
+    replica, first, second = await _one_replica_two_ingresses()
     recorder = _Recorder()
     with _router_thread() as routers:
         router = routers.router
@@ -332,16 +339,7 @@ async def test_no_load_rides_a_channel_no_router_of_its_ingress_places_by(
     whose routers do not opens its channels without loads, and the replica sends none on them
     (no item for a load nobody reads); its tokens ride as before."""
     monkeypatch.setattr(engine_client, "wants_loads", lambda: False)
-    engine = _Recording(SimulatedEngineConfig(decode_tokens_per_s=200, default_output_tokens=20))
-    await engine.start()
-
-    async def both_alive() -> set[str]:
-        return {CALLER, "ingress-2"}
-
-    replica = _BareReplica.__new__(_BareReplica)
-    replica._serve(engine, "engine-1", both_alive, caller_check_period_s=0.1)
-    first = HandleEngineClient(_Handle(replica), caller=CALLER, channels=False)
-    second = HandleEngineClient(_Handle(replica), caller="ingress-2")
+    replica, first, second = await _one_replica_two_ingresses()
     recorder = _Recorder()
     local_routers.register(recorder)
     try:
