@@ -288,6 +288,12 @@ class ToolArgs(BaseModel):
     # servers, so not held to `mcp_allow`; the timeouts and bounds above apply.
     browser_server_url: str | None = None
     python_server_url: str | None = None
+    # A `web_search` tool (or `web_search_preview`) without a browser server: Codex puts one in
+    # every request unless its user turns it off, so by default ("omit") the request is served
+    # without it (the model is told web search is unavailable; the answer's
+    # `x-serve-app-omitted-tools` header names it). "refuse": OpenAI's 400 for a model lacking
+    # the tool, naming `tools[i].type` (docs/protocol.md#the-tool-table).
+    web_search_without_browser: Literal["omit", "refuse"] = "omit"
 
     @model_validator(mode="after")
     def _allow_entries_are_urls(self) -> ToolArgs:

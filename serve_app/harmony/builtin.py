@@ -20,6 +20,7 @@ the real results and feeds them itself.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from openai_harmony import Author, Message, Role, SystemContent
 
@@ -33,6 +34,7 @@ from serve_app.protocol.builtin_tools import (
     SearchAction,
     WebSearchCallItem,
 )
+from serve_app.protocol.request_tools import OmittedTool
 
 BuiltinCallItem = WebSearchCallItem | CodeInterpreterCallItem
 # gpt-oss writes its own tools' calls as `<|channel|>analysis to=python code<|message|>`.
@@ -49,6 +51,17 @@ def with_builtin_tools(content: SystemContent, tools: ToolRegistry) -> SystemCon
     if "python" in kinds:
         content = content.with_python_tool()
     return content
+
+
+def with_unavailable_notes(content: SystemContent, tools: Sequence[object]) -> SystemContent:
+    """``content`` with one line per tool the request is served without (`OmittedTool`: a
+    web_search with no browser server), after the model's identity: the model, offered no
+    such tool, tells a user who asks for a search that it cannot, rather than invent one."""
+    notes = dict.fromkeys(tool.note for tool in tools if isinstance(tool, OmittedTool))
+    if not notes:
+        return content
+    identity = content.model_identity or SystemContent.new().model_identity
+    return content.with_model_identity("\n".join([identity or "", *notes]))
 
 
 def call_recipient(item: BuiltinCallItem) -> str:

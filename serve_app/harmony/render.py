@@ -154,8 +154,10 @@ def _system_message(request: ResponsesRequest, now: datetime, tools: ToolRegistr
         .with_reasoning_effort(_EFFORTS[request.effort])
         .with_conversation_start_date(now.date().isoformat())
     )
-    # gpt-oss's own browser and python tools are described here, as it was trained.
+    # gpt-oss's own browser and python tools are described here, as it was trained; a tool
+    # the request is served without is said to be unavailable here too.
     content = builtin.with_builtin_tools(content, tools)
+    content = builtin.with_unavailable_notes(content, request.tools)
     return Message.from_role_and_content(Role.SYSTEM, content)
 
 

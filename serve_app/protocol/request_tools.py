@@ -137,6 +137,28 @@ class HostedTool(BaseModel):
     type: str
 
 
+class OmittedTool(BaseModel):
+    """A tool of the request that this deployment cannot run and serves the request without
+    (tool_types.py, `omitted`: Codex's web_search with no browser server). Never parsed from a
+    body: the door puts it in place of the client's tool (serve_app.serving.admission.tools,
+    `omit_unavailable`). The model is not offered it and reads ``note`` instead; the Response
+    echoes the tool as sent."""
+
+    model_config = ConfigDict(frozen=True)
+    type: str
+    sent: dict[str, Any]
+    # The line of the system message that tells the model the tool is unavailable.
+    note: str
+
+    def echo(self) -> dict[str, Any]:
+        return self.sent
+
+
+def omitted_types(tools: list[Any]) -> list[str]:
+    """The types of a request's omitted tools, each once, in their order."""
+    return list(dict.fromkeys(tool.type for tool in tools if isinstance(tool, OmittedTool)))
+
+
 # The typed tool types (each a model above, gpt-oss's browser and python tagged by
 # `_tool_tag`); any other type is a `HostedTool`.
 TYPED_TOOLS = ("function", "custom", "namespace", "tool_search", "mcp", *CLIENT_TOOL_TYPES)

@@ -2,7 +2,9 @@
 
 Nothing a client sends in ``tools`` is silently dropped: each type is shown to the model (its
 calls go back to the client), run by the server (the tool loop, serve_app/serving/tools/), or
-refused with the 400 OpenAI answers for a model that lacks the tool. A branch that makes a type
+refused with the 400 OpenAI answers for a model that lacks the tool; a type clients send by
+default (Codex's web_search) that the deployment cannot run is served without (`omitted`), the
+model and the client told so. A branch that makes a type
 work changes that type's one row here (and types it in request_tools.py); docs/protocol.md's
 tool table says the same, row for row, and tests/unit/protocol/test_tool_types.py holds this
 table to the SDK's union, so a type the SDK adds fails until a row names it.
@@ -27,6 +29,10 @@ def _always(_: AppArgs) -> bool:
     return True
 
 
+def _never(_: AppArgs) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class ToolRow:
     handling: Handling
@@ -35,6 +41,13 @@ class ToolRow:
     configured: Callable[[AppArgs], bool] = _always
     # What the operator sets to configure it (said in the 400 when it is not).
     needs: str = ""
+    # Whether a request holding it, when it is not configured, is served without it rather
+    # than refused: for a type clients send by default, not on purpose (Codex's web_search).
+    omitted: Callable[[AppArgs], bool] = _never
+    # The line of the system message that tells the model it is unavailable, when omitted.
+    unavailable_note: str = ""
+    # What the client can do instead, said in the 400 when it is refused.
+    client_remedy: str = ""
 
 
 SHOWN = ToolRow(Handling.SHOWN)
@@ -44,6 +57,15 @@ BROWSER = ToolRow(
     Handling.RUN,
     configured=lambda args: bool(args.tools.browser_server_url),
     needs="browser tool server (the operator sets tools.browser_server_url)",
+    omitted=lambda args: args.tools.web_search_without_browser == "omit",
+    unavailable_note=(
+        "Web search is unavailable on this server: you cannot search or browse the web. "
+        "If asked to, say so."
+    ),
+    client_remedy=(
+        'leave the web search tool out of the request (Codex: web_search = "disabled" in '
+        "its config.toml)"
+    ),
 )
 PYTHON = ToolRow(
     Handling.RUN,
@@ -85,6 +107,13 @@ def missing(tool_type: str, args: AppArgs) -> str:
     if row is None or row.handling is Handling.REFUSED or row.configured(args):
         return ""
     return row.needs
+
+
+def omitted(tool_type: str, args: AppArgs) -> bool:
+    """Whether a tool of ``tool_type`` is left out of the request and the request served
+    without it (a type clients send by default whose tool server the operator has not set)."""
+    row = TOOL_TYPES.get(tool_type)
+    return row is not None and not accepted(tool_type, args) and row.omitted(args)
 
 
 def accepted(tool_type: str, args: AppArgs) -> bool:

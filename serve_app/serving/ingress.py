@@ -26,6 +26,7 @@ from serve_app.protocol.errors import (
     error_body,
 )
 from serve_app.protocol.prompt_cache import is_prewarm
+from serve_app.protocol.request_tools import omitted_types
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import dump_response
 from serve_app.protocol.sse import encode_event
@@ -58,6 +59,9 @@ from serve_app.store.sql import SqlResponseStore
 logger = logging.getLogger(__name__)
 
 _HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
+# Names the tools a request was served without (a web_search with no browser server), comma-
+# separated: what a client sent that the model was not offered (docs/protocol.md).
+OMITTED_TOOLS_HEADER = "x-serve-app-omitted-tools"
 
 
 def app_store(url: str, args: AppArgs) -> SqlResponseStore:
@@ -106,6 +110,13 @@ def create_api(
     @api.post("/v1/responses", response_model=None)
     async def create_response(body: ResponsesRequest, owner: Owner) -> Response:
         turn = await service.prepare(Ask(body, owner))
+        answer = await _answer(turn, body)
+        omitted = omitted_types(turn.request.tools)
+        if omitted:  # the tools the request was served without (AppArgs.tools)
+            answer.headers[OMITTED_TOOLS_HEADER] = ", ".join(omitted)
+        return answer
+
+    async def _answer(turn: Turn, body: ResponsesRequest) -> Response:
         if is_prewarm(body.prompt_cache_options):  # the WebSocket's prewarm too: one path
             return await _prewarm(service, turn, stream=bool(body.stream))
         if body.background:

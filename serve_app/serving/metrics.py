@@ -41,6 +41,12 @@ ROUTING_KEYS = Counter(
     "Requests by where their routing key came from (prompt_cache_key or derived prefix).",
     ["source"],
 )
+TOOLS_OMITTED = Counter(
+    "serve_app_tools_omitted",
+    "Requests served without a tool the client sent that this deployment cannot run (a "
+    "web_search with no browser tool server), by the tool's type.",
+    ["tool"],
+)
 WEBSOCKET_CONNECTIONS = Gauge(
     "serve_app_websocket_connections", "WebSocket connections open on this ingress replica."
 )

@@ -69,7 +69,7 @@ def check_request(args: AppArgs, request: ResponsesRequest, *, check_limits: boo
     if check_limits:
         _check_limits(args, request)
     tool_rules.check_tool_types(args, request)
-    tool_rules.check_hosted_tool_choice(request)
+    tool_rules.check_hosted_tool_choice(args, request)
     check_text(request)
     check_prewarm(request)
     check_context_management(request)

@@ -8,6 +8,7 @@ finds what does not compile)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,10 +23,12 @@ from serve_app.protocol.request_tools import (
     FunctionTool,
     NamedToolChoice,
     NamespaceTool,
+    OmittedTool,
     OtherToolChoice,
     ToolSearchTool,
     allowed_tools,
     client_tool_choice,
+    omitted_types,
 )
 from serve_app.protocol.requests import (
     InputItem,
@@ -34,11 +37,14 @@ from serve_app.protocol.requests import (
     ToolOutputItem,
 )
 from serve_app.protocol.strict_schema import StrictSchemaError, check_schema
-from serve_app.protocol.tool_types import TOOL_TYPES, accepted, missing
+from serve_app.protocol.tool_types import TOOL_TYPES, accepted, missing, omitted
+from serve_app.serving import metrics
 
 # Tool parameters nested deeper than this were a 400 when harmony parsed them (its JSON parser's
 # recursion limit); they stay one: the response could not echo much deeper ones back anyway.
 MAX_PARAMETERS_NESTING = 120
+
+logger = logging.getLogger(__name__)
 
 
 def check_tool_types(args: AppArgs, request: ResponsesRequest) -> None:
@@ -56,13 +62,10 @@ def check_tool_types(args: AppArgs, request: ResponsesRequest) -> None:
                 param=param,
                 code="invalid_value",
             )
+        if isinstance(tool, OmittedTool):
+            continue
         if not accepted(tool.type, args):
-            needs = missing(tool.type, args)
-            raise InvalidRequest(
-                f"Tool '{tool.type}' is not supported with {request.model}"
-                + (f": this server has no {needs}." if needs else "."),
-                param=param,
-            )
+            raise InvalidRequest(_unsupported(tool.type, request.model, args), param=param)
         searches += isinstance(tool, ToolSearchTool)
     if searches > 1:
         raise InvalidRequest("At most one 'tool_search' tool is allowed.", param="tools")
@@ -73,6 +76,54 @@ def check_tool_types(args: AppArgs, request: ResponsesRequest) -> None:
             "tool in 'tools'.",
             param=deferred,
         )
+
+
+def _unsupported(tool_type: str, model: str, args: AppArgs) -> str:
+    """OpenAI's words for a tool the model lacks, with what the operator lacks and what the
+    client can do instead, where the table says."""
+    message = f"Tool '{tool_type}' is not supported with {model}"
+    needs = missing(tool_type, args)
+    if not needs:
+        return message + "."
+    message += f": this server has no {needs}."
+    remedy = TOOL_TYPES[tool_type].client_remedy
+    return message + (f" To be served without it, {remedy}." if remedy else "")
+
+
+def omit_unavailable(args: AppArgs, request: ResponsesRequest) -> ResponsesRequest:
+    """``request`` with each tool this deployment cannot run but serves without (tool_types.py,
+    `omitted`) replaced by an `OmittedTool`, so every later step (the checks, the tools the
+    model is shown, the system message, the echo) sees it left out. Counted per type."""
+    if not any(omitted(tool.type, args) for tool in request.tools):
+        return request
+    tools: list[Any] = []
+    for tool in request.tools:
+        if omitted(tool.type, args):
+            sent = tool.model_dump(exclude_none=True, by_alias=True)
+            note = TOOL_TYPES[tool.type].unavailable_note
+            tool = OmittedTool(type=tool.type, sent=sent, note=note)
+        tools.append(tool)
+    for tool_type in omitted_types(tools):
+        metrics.TOOLS_OMITTED.labels(tool_type).inc()
+        _log_first_omission(tool_type, args)
+    return request.model_copy(update={"tools": tools})
+
+
+_LOGGED_OMISSIONS: set[str] = set()
+
+
+def _log_first_omission(tool_type: str, args: AppArgs) -> None:
+    """Once per type and process: the operator learns clients send a tool served without."""
+    if tool_type in _LOGGED_OMISSIONS:
+        return
+    _LOGGED_OMISSIONS.add(tool_type)
+    logger.warning(
+        "Requests with a %r tool are served without it: this server has no %s (set "
+        "tools.web_search_without_browser: refuse to answer them 400 instead); "
+        "serve_app_tools_omitted_total counts them",
+        tool_type,
+        missing(tool_type, args),
+    )
 
 
 def _first_deferred(request: ResponsesRequest) -> str | None:
@@ -98,17 +149,22 @@ _CHOICE_TYPES = {
 }
 
 
-def check_hosted_tool_choice(request: ResponsesRequest) -> None:
+def check_hosted_tool_choice(args: AppArgs, request: ResponsesRequest) -> None:
     """A ``tool_choice`` naming a hosted type (``{"type": "file_search"}``, ``mcp``,
-    ``shell``...) needs a tool of that type in ``tools``, as a named function choice does."""
+    ``shell``...) needs a tool of that type in ``tools``, as a named function choice does, and
+    one this server runs (not one it serves the request without)."""
     choice = request.tool_choice
     if not isinstance(choice, OtherToolChoice) or choice.type == "allowed_tools":
         return
     wanted = _CHOICE_TYPES.get(choice.type, (choice.type,))
-    if not any(tool.type in wanted for tool in request.tools):
+    chosen = [tool for tool in request.tools if tool.type in wanted]
+    if not chosen:
         raise InvalidRequest(
             f"Tool choice '{choice.type}' not found in 'tools' parameter.", param="tool_choice"
         )
+    if all(isinstance(tool, OmittedTool) for tool in chosen):
+        # Served without it, it cannot be the tool the model must call.
+        raise InvalidRequest(_unsupported(chosen[0].type, request.model, args), param="tool_choice")
 
 
 def check_tool_call_pairs(items: Sequence[InputItem], first_input: int = 0) -> None:

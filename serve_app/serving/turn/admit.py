@@ -11,6 +11,7 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.protocol.requests import ItemReference
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.admission.mcp import check_mcp
+from serve_app.serving.admission.tools import omit_unavailable
 from serve_app.serving.turn import history
 from serve_app.serving.turn.references import find_referenced, replace_references
 from serve_app.serving.turn.state import Ask, Context
@@ -40,9 +41,10 @@ class Door:
         return replace(context, tools=tools)
 
     async def context(self, ask: Ask) -> Context:
-        """The door's first half: the request alone checked, the items it continues loaded,
-        and the item references in both checked and replaced by the stored items they name."""
-        request = ask.request
+        """The door's first half: the request alone checked (the tools it is served without
+        left out first), the items it continues loaded, and the item references in both
+        checked and replaced by the stored items they name."""
+        request = omit_unavailable(self._args, ask.request)
         rules.check_request(self._args, request, check_limits=ask.check_limits)
         continued = await history.load(self._store, ask)
         if continued is None:

@@ -1,7 +1,8 @@
 """gpt-oss's browser and python as harmony shows them: the system message is harmony's own
 (`SystemContent.with_browser_tool()` / `.with_python_tool()`), token for token; recipients
 resolve to the tools; stored calls render as the call and the tool's answer; the translator
-opens their items (web_search_call, code_interpreter_call) with the SDK's events."""
+opens their items (web_search_call, code_interpreter_call) with the SDK's events; a tool the
+request is served without is one line of the system message."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.render import render_request
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
+from serve_app.protocol.request_tools import OmittedTool
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id
 from serve_app.protocol.sse import encode_event
@@ -230,3 +232,19 @@ def test_a_python_call_streams_its_code() -> None:
 def test_without_the_tool_a_browser_recipient_stays_a_function_call() -> None:
     wire = translate([], '<|channel|>analysis to=browser.search code<|message|>{"q":1}<|call|>')
     assert wire[-2]["item"]["type"] == "function_call"
+
+
+def test_a_tool_served_without_is_one_line_after_the_identity_said_once() -> None:
+    note = "Web search is unavailable on this server."
+    omitted = [
+        OmittedTool(type=kind, sent={"type": kind}, note=note)
+        for kind in ("web_search", "web_search_preview")
+    ]
+    content = builtin.with_unavailable_notes(SystemContent.new(), [*omitted, object()])
+    identity = SystemContent.new().model_identity
+    assert content.model_identity == f"{identity}\n{note}"
+    text = ENCODING.decode(ENCODING.render(Message.from_role_and_content(Role.SYSTEM, content)))
+    assert text.count(note) == 1
+    assert "# Tools" not in text  # no tool offered for it
+    # Nothing omitted: harmony's system message as it was.
+    assert builtin.with_unavailable_notes(SystemContent.new(), []) == SystemContent.new()

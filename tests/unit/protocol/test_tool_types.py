@@ -18,8 +18,9 @@ from fastapi import FastAPI
 from openai.types.responses import Tool
 from pydantic import BaseModel
 
-from serve_app.config import AppArgs
-from serve_app.protocol.tool_types import TOOL_TYPES, accepted, missing
+from serve_app.config import AppArgs, ToolArgs
+from serve_app.protocol.builtin_tools import WEB_SEARCH_TYPES
+from serve_app.protocol.tool_types import TOOL_TYPES, accepted, missing, omitted
 from tests.support import MODEL
 from tests.support.helpers import in_process_api, sdk_client
 
@@ -70,7 +71,12 @@ async def _post(api: FastAPI, body: dict[str, Any]) -> httpx.Response:
         return await http.post("/v1/responses", json=body)
 
 
-REFUSED = [name for name in SDK_TYPES if not accepted(name, AppArgs())]
+REFUSED = [
+    name for name in SDK_TYPES if not accepted(name, AppArgs()) and not omitted(name, AppArgs())
+]
+# Sent by clients by default (Codex's web_search): served without when not configured.
+OMITTED = [name for name in SDK_TYPES if omitted(name, AppArgs())]
+STRICT = AppArgs(tools=ToolArgs(web_search_without_browser="refuse"))
 
 
 def test_what_no_branch_handles_is_refused() -> None:
@@ -97,6 +103,35 @@ async def test_a_type_neither_shown_nor_run_is_refused(api: FastAPI, tool_type: 
     async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
         counted = await http.post("/v1/responses/input_tokens", json=body)
     assert counted.status_code == 400 and counted.json()["error"]["param"] == "tools[1].type"
+
+
+def test_only_the_web_search_types_are_served_without_by_default() -> None:
+    assert sorted(WEB_SEARCH_TYPES) == OMITTED
+    assert [name for name in SDK_TYPES if omitted(name, STRICT)] == []
+
+
+@pytest.mark.parametrize("tool_type", OMITTED)
+async def test_a_type_served_without_is_left_out_and_said(api: FastAPI, tool_type: str) -> None:
+    body = {"model": MODEL, "input": "SDK-TEXT", "tools": [BODIES["function"], {"type": tool_type}]}
+    response = await _post(api, body)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-serve-app-omitted-tools"] == tool_type
+    assert [tool["type"] for tool in response.json()["tools"]] == ["function", tool_type]
+
+
+@pytest.mark.parametrize("tool_type", OMITTED)
+async def test_an_operator_who_wants_the_strict_answer_refuses_them(
+    tmp_path: Path, tool_type: str
+) -> None:
+    body = {"model": MODEL, "input": "SDK-TEXT", "tools": [BODIES["function"], {"type": tool_type}]}
+    async with in_process_api(tmp_path / "strict.db", STRICT) as strict:
+        response = await _post(strict, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tools[1].type"
+    # The operator's remedy, then the client's.
+    assert "(the operator sets tools.browser_server_url)" in error["message"]
+    assert 'Codex: web_search = "disabled"' in error["message"]
 
 
 async def test_an_unknown_type_is_refused(api: FastAPI) -> None:
