@@ -37,9 +37,9 @@ PATH_CHARS = r"[A-Za-z0-9_.*/-]"
 
 
 def section(text: str, title: str) -> str:
-    """The text of the ``## title`` section."""
+    """The text of the ``## title`` section of a page."""
     match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    assert match, f"README has no section {title!r}"
+    assert match, f"no section {title!r}"
     return match.group(1)
 
 
@@ -237,10 +237,10 @@ def test_every_code_name_is_where_the_readme_says(part: str) -> None:
 
 
 def test_the_gpu_command_runs_production_closed_and_on_the_fast_path() -> None:
-    """The "On GPUs" command starts what the README calls production: Ray's fast path
-    (configs/fast-path.env exported before `serve run`) and API keys, without which
+    """The "On GPUs" command (docs/deploy.md) starts what the README calls production: Ray's
+    fast path (configs/fast-path.env exported before `serve run`) and API keys, without which
     configs/gpt-oss.yaml, listening on every interface, refuses to start."""
-    gpu = section(README.read_text(), "On GPUs")
+    gpu = section((REPO / "docs" / "deploy.md").read_text(), "On GPUs")
     (block,) = re.findall(r"```bash\n(.*?)```", gpu, re.S)[:1]
     lines = [line.split("#", 1)[0].strip() for line in block.splitlines()]
     run = next(i for i, line in enumerate(lines) if "serve run configs/gpt-oss.yaml" in line)
