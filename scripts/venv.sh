@@ -3,7 +3,8 @@
 # repository's root). `venv_ready [EXTRA]` makes .venv if it is missing (Python >= 3.11), puts it
 # first on PATH, and installs this checkout into it (`pip install -e .`, or `.[EXTRA]`) only when
 # that install was never done or pyproject.toml changed since: a stamp inside .venv per install
-# (the `test` extra's holds the base install too). SERVE_APP_VENV names another environment.
+# (the `test` extra's holds the base install too; delete them to force one). SERVE_APP_VENV names
+# another environment.
 
 venv_ready() {
   local extra=${1:-} venv=${SERVE_APP_VENV:-.venv}
