@@ -5,15 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
-fi
-# shellcheck disable=SC1091
-. .venv/bin/activate
-python -m pip install -q --upgrade pip
-python -m pip install -q -e '.[test]'
-# One distribution of harmony's module, in an environment kept from before too.
-./scripts/one_harmony.sh python
+# .venv with this checkout and its `test` extra, installed when missing or pyproject.toml changed.
+# shellcheck source=scripts/venv.sh
+. scripts/venv.sh
+venv_ready test
 
 # The Codex CLI versions the end-to-end tests drive (npm; the binary ships in the package).
 if [ ! -d tests/codex/node_modules ] || [ tests/codex/package-lock.json -nt tests/codex/node_modules ]; then
