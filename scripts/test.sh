@@ -14,6 +14,11 @@ venv_ready test
 if [ ! -d tests/codex/node_modules ] || [ tests/codex/package-lock.json -nt tests/codex/node_modules ]; then
   npm ci --prefix tests/codex --no-audit --no-fund --loglevel=error
 fi
+# The OpenCode CLI the end-to-end test drives (npm: its Linux x64 builds, the platform packages
+# of opencode-ai), and the plugin SDK OpenCode would otherwise install at start-up.
+if [ ! -d tests/opencode/node_modules ] || [ tests/opencode/package-lock.json -nt tests/opencode/node_modules ]; then
+  npm ci --prefix tests/opencode --no-audit --no-fund --loglevel=error
+fi
 # The JavaScript Responses clients (Vercel AI SDK, zod) the end-to-end tests drive.
 if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
   npm ci --prefix tests/js --no-audit --no-fund --loglevel=error

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import uvicorn
@@ -27,6 +27,9 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.serving.engine.client import InProcessEngineClient
 from serve_app.serving.ingress import app_store, create_api
 from tests.support import API_KEY, API_KEY_ENV, REPO
+
+if TYPE_CHECKING:
+    import httpx2
 
 # The JavaScript clients (npm, installed by scripts/test.sh): the AI SDK, zod.
 JS_DIR = REPO / "tests" / "js"
@@ -155,6 +158,28 @@ def run_locust(
         text=True,
         timeout=seconds + 120,
     )
+
+
+def recording_http_client(
+    bodies: list[dict[str, Any]], *, asynchronous: bool = False
+) -> httpx2.Client | httpx2.AsyncClient:
+    """An HTTP client that appends the JSON body of every request it sends to ``bodies``: the
+    transport to give a Python client built on the openai SDK (LangChain, pydantic-ai), to see
+    what it sent. It changes nothing of what is sent: it is the SDK's own kind of client
+    (httpx2, the transport of openai 3.5x; pydantic-ai needs it too)."""
+    import httpx2
+
+    def record(request: httpx2.Request) -> None:
+        if request.content:
+            bodies.append(json.loads(request.content))
+
+    if asynchronous:
+
+        async def record_async(request: httpx2.Request) -> None:
+            record(request)
+
+        return httpx2.AsyncClient(event_hooks={"request": [record_async]}, timeout=60)
+    return httpx2.Client(event_hooks={"request": [record]}, timeout=60)
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 20) -> bool:
