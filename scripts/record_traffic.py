@@ -15,6 +15,10 @@ the files that test made before; with no arguments, files whose test no longer e
 A test that failed keeps its old file and the command exits 1. The bodies are never edited:
 to change what a client sends, change its test.
 
+Last it writes the replay's table (client and version x transport x config: what
+tests/deploy/test_traffic_replay.py expects, from tests/fixtures/traffic/expected.yaml) into
+docs/testing.md; ``--table`` writes only that, after an edit of expected.yaml.
+
 ``--browser-server-url`` / ``--python-server-url``: gpt-oss's browser and python tool servers
 for the app (tests/support/toolserver.py starts the reference one), as ``tests.local_app``
 takes them.
@@ -37,10 +41,17 @@ from serve_app.config import ToolArgs  # noqa: E402
 from tests.local_app import local_api  # noqa: E402
 from tests.support.helpers import on_uvicorn  # noqa: E402
 from tests.support.mcp_app import PORTS  # noqa: E402  (sets $SERVE_APP_MCP_ALLOW when unset)
-from tests.support.traffic import CORPUS, corpus_files, load  # noqa: E402
+from tests.support.traffic import (  # noqa: E402
+    CORPUS,
+    DOCS,
+    corpus_files,
+    docs_with_table,
+    load,
+    replay_table,
+)
 from tests.support.traffic_plugin import RECORDER_ENV  # noqa: E402
 from tests.support.traffic_recorder import (  # noqa: E402
-    TestTraffic,
+    Scenario,
     TrafficRecorder,
     dumps,
     left_out,
@@ -50,7 +61,7 @@ from tests.support.traffic_recorder import (  # noqa: E402
 DEFAULT_TESTS = ["tests/clients/"]
 
 
-async def record(pytest_args: list[str], tools: ToolArgs) -> tuple[list[TestTraffic], int]:
+async def record(pytest_args: list[str], tools: ToolArgs) -> tuple[list[Scenario], int]:
     """Run the tests against the recording app: every test's traffic, and pytest's exit code."""
     async with local_api(decode_tokens_per_s=2000, tools=tools) as api:
         recorder = TrafficRecorder(api)
@@ -64,7 +75,7 @@ async def record(pytest_args: list[str], tools: ToolArgs) -> tuple[list[TestTraf
     return recorder.tests, code
 
 
-def write(traffic: list[TestTraffic], everything: bool) -> list[str]:
+def write(traffic: list[Scenario], everything: bool) -> list[str]:
     """Replace the corpus files of the tests that passed; the tests that failed, by node id."""
     roles = {f"http://127.0.0.1:{port}": role for role, port in PORTS.items()}
     today = datetime.date.today().isoformat()
@@ -98,16 +109,26 @@ def _gone(test: str) -> bool:
     return not path.exists() or f"def {name.split('[')[0]}(" not in path.read_text()
 
 
+def write_table() -> None:
+    DOCS.write_text(docs_with_table(DOCS.read_text(), replay_table(corpus_files())))
+    print(f"the replay table in {DOCS.relative_to(REPO)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--browser-server-url")
     parser.add_argument("--python-server-url")
+    parser.add_argument("--table", action="store_true", help="only write the docs' table")
     args, pytest_args = parser.parse_known_args()
+    if args.table:
+        write_table()
+        return
     tools = ToolArgs(
         browser_server_url=args.browser_server_url, python_server_url=args.python_server_url
     )
     traffic, code = asyncio.run(record(pytest_args or DEFAULT_TESTS, tools))
     failed = write(traffic, everything=not pytest_args)
+    write_table()
     if failed or code:
         print(f"not recorded (pytest exit {code}): {', '.join(failed) or 'none'}", file=sys.stderr)
         raise SystemExit(1)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fnmatch
 import hashlib
 import json
 import re
@@ -42,6 +43,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import yaml
 from openai.types import Model
 from openai.types.conversations import Conversation
 from openai.types.responses import (
@@ -65,6 +67,12 @@ from tests.support import REPO
 CORPUS = REPO / "tests" / "fixtures" / "traffic"
 # The outcome of each corpus file through each shipped config, where it is not the recording's.
 EXPECTED = CORPUS / "expected.yaml"
+# The configs that ship (configs/*.yaml), each replaying the corpus in the fast tier.
+SHIPPED = ("local.yaml", "gpt-oss.yaml", "gpt-oss-shared-kv.yaml")
+# Where docs/testing.md shows `replay_table` (scripts/record_traffic.py writes it there).
+DOCS = REPO / "docs" / "testing.md"
+TABLE_START = "<!-- replay table: scripts/record_traffic.py --table writes it -->"
+TABLE_END = "<!-- end of the replay table -->"
 
 # --- what the server mints -------------------------------------------------------------------
 
@@ -196,6 +204,83 @@ def body_bytes(exchange: Mapping[str, Any]) -> bytes:
 def transports(recording: Mapping[str, Any]) -> list[str]:
     """The transports a file's exchanges use (``http``, ``websocket``), in order."""
     return list(dict.fromkeys(exchange["transport"] for exchange in recording["exchanges"]))
+
+
+def file_id(path: Path) -> str:
+    return path.relative_to(CORPUS).as_posix()
+
+
+def refusals() -> list[dict[str, Any]]:
+    """The table of expected.yaml: what a shipped config refuses, and why."""
+    return yaml.safe_load(EXPECTED.read_text())["refusals"]
+
+
+def expected_refusal(path: Path, config: str) -> dict[str, Any] | None:
+    """The refusal of corpus file ``path`` the table gives ``config``; None: answered as
+    recorded."""
+    name = file_id(path)
+    for refusal in refusals():
+        files = refusal["files"]
+        if config in refusal["configs"] and any(fnmatch.fnmatch(name, f) for f in files):
+            return refusal
+    return None
+
+
+# --- the table docs/testing.md shows ----------------------------------------------------------
+
+
+def replay_table(files: Iterable[Path]) -> str:
+    """Client and version x transport, a row each, x the shipped configs and the session app:
+    how many files, and what each config answers them (expected.yaml)."""
+    rows: dict[tuple[str, str], list[Path]] = {}
+    for path in files:
+        recording = load(path)
+        key = (f"{recording['client']} {recording['version']}", " + ".join(transports(recording)))
+        rows.setdefault(key, []).append(path)
+    head = ["client and version", "transport", "files", *(f"`{c}`" for c in SHIPPED)]
+    lines = [_row([*head, "session app, fast path"]), _row(["---"] * (len(head) + 1))]
+    for (client, transport), paths in sorted(rows.items()):
+        cells = [_outcomes(paths, config) for config in SHIPPED]
+        lines.append(_row([client, transport, str(len(paths)), *cells, _outcomes(paths, None)]))
+    return "\n".join(lines)
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _outcomes(paths: list[Path], config: str | None) -> str:
+    """``200`` (every file answered as recorded, all 200), or each outcome with its count."""
+    counts: dict[str, int] = {}
+    for path in paths:
+        refusal = expected_refusal(path, config) if config else None
+        if refusal is None:
+            statuses = {exchange_status(e) for e in load(path)["exchanges"]}
+            outcome = "200" if statuses == {200} else "as recorded"
+        else:
+            outcome = f"{refusal['status']} `{refusal['param']}`"
+        counts[outcome] = counts.get(outcome, 0) + 1
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{outcome} ({count})" for outcome, count in sorted(counts.items()))
+
+
+def exchange_status(exchange: Mapping[str, Any]) -> int:
+    """An HTTP request's recorded status; a WebSocket's 200 when every response it asked for
+    completed (or ended as a response does), its first error's status otherwise."""
+    if exchange["transport"] == "http":
+        return exchange["answer"]["status"]
+    ends = [end for message in exchange["messages"] for end in message["answer"]["ends"]]
+    errors = [end.removeprefix("error ") for end in ends if end.startswith("error")]
+    if not errors:
+        return 200
+    return int(errors[0]) if errors[0].isdigit() else 0
+
+
+def docs_with_table(text: str, table: str) -> str:
+    """docs/testing.md's ``text`` with ``table`` between its markers."""
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    return f"{text[:start]}\n{table}\n{text[end:]}"
 
 
 # --- checking answers ------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def npm_version(package: str) -> str:
     return json.loads(manifest.read_text())["version"]
 
 
-def left_out(traffic: TestTraffic) -> list[str]:
+def left_out(traffic: Scenario) -> list[str]:
     """The User-Agents of the test's exchanges no known client sent (its own plumbing)."""
     return [
         dict(exchange.headers).get("user-agent", "(none)")
@@ -123,7 +123,9 @@ class Exchange:
 
 
 @dataclass
-class TestTraffic:
+class Scenario:
+    """One test's traffic: its node id, the distributions its module imports, its exchanges."""
+
     test: str
     imports: dict[str, str]
     exchanges: list[Exchange] = field(default_factory=list)
@@ -150,8 +152,8 @@ class TrafficRecorder:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.tests: list[TestTraffic] = []
-        self._current: TestTraffic | None = None
+        self.tests: list[Scenario] = []
+        self._current: Scenario | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(CONTROL):
@@ -172,7 +174,7 @@ class TrafficRecorder:
                 break
         notice = json.loads(body or b"{}")
         if scope["path"].endswith("/begin"):
-            self._current = TestTraffic(notice["test"], notice.get("imports", {}))
+            self._current = Scenario(notice["test"], notice.get("imports", {}))
             self.tests.append(self._current)
         elif self._current is not None:
             self._current.passed = bool(notice.get("passed"))
@@ -289,7 +291,7 @@ def _answer(seen: Seen, text: str, **outcome: Any) -> dict[str, Any]:
 
 
 def recording_files(
-    traffic: TestTraffic, mcp_roles: Mapping[str, str], recorded: str
+    traffic: Scenario, mcp_roles: Mapping[str, str], recorded: str
 ) -> dict[Path, dict[str, Any]]:
     """The corpus file of one test (by path; none when no known client spoke): its known
     clients' exchanges, under the client that sent the first."""
