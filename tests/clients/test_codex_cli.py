@@ -124,3 +124,17 @@ def test_codex_063_runs_shell_and_finishes(app_url: str, tmp_path: Path) -> None
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     assert (work / "marker.txt").read_text().strip() == "e2e-marker-063"
     assert "Done: marker.txt holds e2e-marker-063." in agent_messages(result.stdout)
+
+
+@pytest.mark.parametrize("websockets", [False, True], ids=["http", "websocket"])
+def test_codex_0169_without_the_catalog_runs_exec_command_and_finishes(
+    app_url: str, tmp_path: Path, websockets: bool
+) -> None:
+    """Without the model catalog Codex 0.169 knows nothing of gpt-oss (its default instructions
+    and tools, no apply_patch) and still runs its shell tool: the requests a user who skipped
+    the README's catalog step sends (recorded in tests/fixtures/traffic/ as such)."""
+    task = "E2E-EXEC-TASK: create the marker file"
+    result, work = run_codex("0.169", app_url, tmp_path, task, websockets=websockets)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    assert (work / "marker.txt").read_text().strip() == "e2e-marker-169"
+    assert "Done: marker.txt holds e2e-marker-169." in agent_messages(result.stdout)
