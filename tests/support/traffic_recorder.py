@@ -41,7 +41,7 @@ USER_AGENTS: list[tuple[re.Pattern[str], str]] = [
     # The Vercel AI SDK names its core (``ai/7.0.173``: generateText) or its OpenAI provider
     # (``ai-sdk-openai/4.0.118``: streamText), never both: its version is the installed core's.
     (re.compile(r"(?:^|\s)(?:ai|ai-sdk-openai)/\S+"), "ai-sdk"),
-    (re.compile(r"^OpenAI/Python (\S+)"), "openai-python"),
+    (re.compile(r"^(?:Async)?OpenAI/Python (\S+)"), "openai-python"),  # the class names itself
     (re.compile(r"^OpenAI/JS (\S+)"), "openai-node"),
 ]
 # Clients whose version their User-Agent does not say: the npm package tests/js installed.
