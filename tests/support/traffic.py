@@ -2,8 +2,8 @@
 
 The corpus, ``tests/fixtures/traffic/<client>-<version>/<scenario>.json``, is what real clients
 sent while the tests of tests/clients/ drove them (scripts/record_traffic.py records it: one
-file per test and client that sent its first request). Each file names its client, version,
-test and date, and holds the test's exchanges in the order they began:
+file per test, under the client that sent its first request). Each file names its client,
+version, test and date, and holds the test's exchanges in the order they began:
 
 - an HTTP request: method, path, query, the headers the client sent (less ``authorization``,
   ``host`` and ``content-length``), the raw body (``body``: the text when it is UTF-8,
@@ -11,11 +11,11 @@ test and date, and holds the test's exchanges in the order they began:
 - a WebSocket: the handshake's path, query and headers, and each message the client sent, its
   raw text, in order;
 
-and, for each request or message, what the recording server answered: its status (an SSE
-stream's or a WebSocket's terminal events), the ids it minted there (``minted``: every id of
-the server's prefixes, ``resp_``, ``msg_``, ``fc_``, ``call_``, ``mcpr_``..., first seen in that
-answer, in order) and the digests of the blobs it sealed there (``sealed``: each new
-``encrypted_content``).
+and, for each request or message, what the recording server answered: its status and end (an
+SSE stream's last event, a JSON response's status; a message's terminal events), the ids it
+minted there (``minted``: every id of the server's prefixes, ``resp_``, ``msg_``, ``fc_``,
+``call_``, ``mcpr_``..., first seen in that answer, in order) and the digests of the blobs it
+sealed there (``sealed``: each new ``encrypted_content``).
 
 `replay` plays a file against a base URL, in order, the recorded bytes changed only where they
 must be: the API key is the replay's; an id the recording server minted is replaced by the id

@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import packages_distributions, version
 from pathlib import Path
 from typing import Any
 
@@ -73,20 +74,9 @@ def npm_version(package: str) -> str:
     return json.loads(manifest.read_text())["version"]
 
 
-def left_out(traffic: Scenario) -> list[str]:
-    """The User-Agents of the test's exchanges no known client sent (its own plumbing)."""
-    return [
-        dict(exchange.headers).get("user-agent", "(none)")
-        for exchange in traffic.exchanges
-        if not client_of(exchange.headers, traffic.imports)[0]
-    ]
-
-
 def imported_distributions(module: Path) -> dict[str, str]:
     """The installed distributions (name: version) whose packages ``module`` imports, anywhere
     in it (some tests import inside a test function)."""
-    from importlib.metadata import packages_distributions, version
-
     names: set[str] = set()
     for node in ast.walk(ast.parse(module.read_text())):
         if isinstance(node, ast.Import):
@@ -130,6 +120,15 @@ class Scenario:
     imports: dict[str, str]
     exchanges: list[Exchange] = field(default_factory=list)
     passed: bool = False
+
+
+def left_out(traffic: Scenario) -> list[str]:
+    """The User-Agents of the test's exchanges no known client sent (its own plumbing)."""
+    return [
+        dict(exchange.headers).get("user-agent", "(none)")
+        for exchange in traffic.exchanges
+        if not client_of(exchange.headers, traffic.imports)[0]
+    ]
 
 
 def _headers(scope: Scope) -> list[tuple[str, str]]:
