@@ -21,7 +21,7 @@ import ipaddress
 import posixpath
 import re
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -38,6 +38,26 @@ METADATA_ADDRESSES = frozenset(
 )
 # Escapes that let one path read as another past a prefix match, once a server decodes them.
 _PATH_TRICKS = re.compile(r"%2e|%2f|%5c|\\", re.IGNORECASE)
+# Headers a request's `mcp` tool may not send: the hop-by-hop ones (RFC 9110, 7.6.1), which
+# the HTTP client writes itself, and those a proxy or ingress in front of an allowed server
+# routes or trusts by (`Host` picks its virtual host, `X-Forwarded-*` who is asking): a
+# request's credentials go to the server the operator allowed, never choose another behind it.
+_ROUTING_HEADERS = frozenset(
+    {
+        "host",
+        "connection",
+        "content-length",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "keep-alive",
+        "forwarded",
+        "via",
+        "x-real-ip",
+    }
+)
+_ROUTING_PREFIXES = ("proxy-", "x-forwarded-")
 
 
 @dataclass(frozen=True)
@@ -72,6 +92,27 @@ class ServerAddress:
             return True
         ip = self.ip
         return ip is not None and (ip.is_private or ip.is_loopback)
+
+
+def is_routing_header(name: str) -> bool:
+    """Whether a request may not set header ``name`` (any case, spaces around it ignored)."""
+    folded = name.strip().lower()
+    return folded in _ROUTING_HEADERS or folded.startswith(_ROUTING_PREFIXES)
+
+
+def check_headers(headers: Mapping[str, str] | None, param: str) -> None:
+    """A 400 naming ``{param}.{name}`` (``tools[0].headers.Host``) for the first header a
+    request may not set (`is_routing_header`)."""
+    for name in headers or {}:
+        if is_routing_header(name):
+            named = f"{param}.{name}"
+            raise InvalidRequest(
+                f"Invalid '{named}': hop-by-hop and routing headers (Host, Connection, "
+                "Content-Length, Transfer-Encoding, TE, Upgrade, Proxy-*, Forwarded, "
+                "X-Forwarded-*...) are set by this server's HTTP client, not by a request.",
+                param=named,
+                code="invalid_value",
+            )
 
 
 class UnsafeAddress(Exception):

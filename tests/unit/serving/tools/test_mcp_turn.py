@@ -14,7 +14,7 @@ from openai.types.responses.response_output_item import McpListToolsTool
 from serve_app.harmony.tools import ToolSpec
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.tools.contract import CancelScope, ToolCall
-from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpServer
+from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpClient, McpServer
 from serve_app.serving.tools.mcp_turn import McpRunner, McpTurns
 from serve_app.serving.turn.state import Context
 from tests.support import MODEL
@@ -241,3 +241,34 @@ async def test_credentials_reach_their_server_only_never_a_log_line_the_echo_nor
             assert secret not in shown.model_dump_json()
         for path in tmp_path.iterdir():
             assert secret.encode() not in path.read_bytes(), path.name
+
+
+async def test_a_request_cannot_pick_the_virtual_host_of_an_allowed_server(tmp_path) -> None:
+    """`headers: {"Host": "admin.internal"}` on an allowed server is a 400 naming the header,
+    and nothing with that Host reaches the server (its recorder sees every Host but its own)."""
+    from openai import BadRequestError
+
+    from serve_app.config import AppArgs
+    from serve_app.engines.simulated import SimulatedEngineConfig
+    from tests.support import ENGINE_SCRIPT
+    from tests.support.helpers import in_process_api, sdk_client
+    from tests.support.mcp_servers import mcp_server
+
+    with mcp_server("good") as server:
+        args = AppArgs.model_validate({"tools": {"mcp_allow": [server.origin]}})
+        engine = SimulatedEngineConfig(script=str(ENGINE_SCRIPT), decode_tokens_per_s=50_000)
+        async with in_process_api(tmp_path / "s.db", args, engine=engine) as api:
+            client = sdk_client(api)
+            tool = mcp(server_url=server.url, require_approval="never")
+            refused = None
+            try:
+                await client.responses.create(
+                    model=MODEL,
+                    input="MCP-ECHO-TASK",
+                    tools=[{**tool, "headers": {"Host": "admin.internal"}}],
+                )
+            except BadRequestError as error:
+                refused = error
+        seen = await McpClient(args.tools).call_tool(McpServer(server.url), "seen_headers", {})
+    assert refused is not None and refused.body["param"] == "tools[0].headers.Host"
+    assert seen.output == "[]"  # no Host but its own, no x-* header, ever reached it

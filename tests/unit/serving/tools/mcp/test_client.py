@@ -104,6 +104,22 @@ async def test_headers_go_to_their_server_only(good: McpTestServer) -> None:
         assert json.loads(elsewhere.output or "null") == []
 
 
+async def test_routing_headers_never_leave_even_past_the_door() -> None:
+    """The door refuses them (a 400); a server built around it anyway (a stored or background
+    request, a bug) still sends its own Host and no client's routing header."""
+    with mcp_server("good") as server:
+        client = McpClient(ToolArgs(mcp_allow=[server.origin]))
+        forged = {
+            "Host": "admin.internal",
+            "X-Forwarded-Host": "admin.internal",
+            "Forwarded": "host=admin.internal",
+            "Connection": "close, X-Tenant",
+            "X-Tenant": "t1",
+        }
+        seen = await client.call_tool(McpServer.for_tool(server.url, forged), "seen_headers", {})
+    assert json.loads(seen.output or "null") == ["x-tenant: t1"]
+
+
 async def test_a_token_is_never_logged_nor_in_an_error(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     with mcp_server("good", token="the-right-one") as guarded, mcp_server("drop") as drop:
