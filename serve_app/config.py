@@ -285,7 +285,9 @@ class ToolArgs(BaseModel):
     # `browser` (a request's web_search) and the one that runs `python` (code_interpreter), as
     # vLLM's --tool-server; streamable HTTP URLs (`http://127.0.0.1:8765/mcp`), one server may
     # be both. Unset (the default): a request offering that tool is a 400. The operator's own
-    # servers, so not held to `mcp_allow`; the timeouts and bounds above apply.
+    # servers, so not held to `mcp_allow`: reached at the name written here, also where it
+    # resolves to a private or loopback address (a cluster Service, a sidecar), never a
+    # link-local or metadata one; the timeouts and bounds above apply.
     browser_server_url: str | None = None
     python_server_url: str | None = None
     # A `web_search` tool (or `web_search_preview`) without a browser server: Codex puts one in
