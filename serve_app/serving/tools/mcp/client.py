@@ -276,6 +276,17 @@ class McpClient:
             block.model_dump(by_alias=True, exclude_none=True, mode="json")
             for block in result.content
         ]
+        text = _content_text(blocks)
+        if not blocks and result.structured_content is not None:
+            text = json.dumps(result.structured_content)
+        # An error is text the model reads too: held to the same bound (3 MB passed 1 KiB).
+        size = len(text.encode())
+        if size > self.args.mcp_max_output_bytes:
+            message = (
+                f"the tool's {'error' if result.is_error else 'output'} is {size} bytes, more "
+                f"than the {self.args.mcp_max_output_bytes} this server passes on"
+            )
+            return CallOutcome(error=_protocol_error(mcp_types.INTERNAL_ERROR, message))
         if result.is_error:  # an error the server wrote: it may echo what it was sent
             for block in blocks:
                 if isinstance(block.get("text"), str):
@@ -283,16 +294,6 @@ class McpClient:
             return CallOutcome(
                 error=McpToolExecutionError(type="mcp_tool_execution_error", content=blocks)
             )
-        text = _content_text(blocks)
-        if not blocks and result.structured_content is not None:
-            text = json.dumps(result.structured_content)
-        size = len(text.encode())
-        if size > self.args.mcp_max_output_bytes:
-            message = (
-                f"the tool's output is {size} bytes, more than the "
-                f"{self.args.mcp_max_output_bytes} this server passes on"
-            )
-            return CallOutcome(error=_protocol_error(mcp_types.INTERNAL_ERROR, message))
         structured = result.structured_content
         return CallOutcome(
             output=text, structured=structured if isinstance(structured, dict) else None

@@ -11,8 +11,10 @@ from typing import Any
 from openai.types.responses.mcp_tool_call_error import McpProtocolError
 from openai.types.responses.response_output_item import McpListToolsTool
 
+from serve_app.config import AppArgs
 from serve_app.harmony.tools import ToolSpec
 from serve_app.protocol.requests import ResponsesRequest
+from serve_app.serving.tools.bounds import OutputBounds
 from serve_app.serving.tools.contract import CancelScope, ToolCall
 from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpClient, McpServer
 from serve_app.serving.tools.mcp_turn import McpRunner, McpTurns
@@ -174,6 +176,36 @@ def test_an_approved_call_runs_before_the_model_and_is_rendered_after_the_input(
     deny = {**approve, "approve": False}
     prepare(servers, context([deny], history=[LISTED, ASKED]))
     assert servers.calls == []
+
+
+class HugeServers(FakeServers):
+    """Answers every call with ``output``."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__()
+        self.output = output
+
+    async def call_tool(
+        self, server: McpServer, name: str, arguments: str | Mapping[str, Any]
+    ) -> CallOutcome:
+        await super().call_tool(server, name, arguments)
+        return CallOutcome(output=self.output)
+
+
+def test_an_approved_calls_output_is_held_to_the_same_bounds_before_it_is_rendered() -> None:
+    """An approved call's result joins the prompt the render pool tokenizes: a run of one
+    letter (minutes of a worker's CPU) or an output past `tools.max_output_tokens` fails the
+    call there, and the model reads why."""
+    approve = {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": True}
+    bounds = OutputBounds(AppArgs.model_validate({"tools": {"max_output_tokens": 200}}))
+    for output, why in (("a" * 700_000, "700,000 characters"), ("word " * 2000, "tokens")):
+        ctx = context([approve], history=[LISTED, ASKED])
+        turns = McpTurns(HugeServers(output), bounds)
+        prepared = asyncio.run(turns.prepare(ctx.request, ctx.history, ctx.tools))
+        (shown,) = prepared.request.input_items[1:]
+        assert shown.type == "mcp_call" and shown.output is None
+        assert why in (shown.error or "") and "not passed on" in (shown.error or "")
+        assert len(shown.model_dump_json()) < 2000
 
 
 def call_of(kind: str, name: str, arguments: str, **tool: object) -> ToolCall:

@@ -213,6 +213,16 @@ async def test_a_result_over_the_output_bound_is_refused() -> None:
     assert small.output is not None and len(small.output) == int(0.05 * 1024 * 1024)
 
 
+async def test_an_error_result_is_held_to_the_output_bound_too() -> None:
+    """An ``isError`` result is text the model reads as well: 3 MB passed a 1 KiB bound."""
+    with mcp_server("good") as server:
+        client = _client(server, mcp_max_output_bytes=1024)
+        outcome = await client.call_tool(McpServer(server.url), "fail", {"message": "e" * 300_000})
+    assert isinstance(outcome.error, McpProtocolError)
+    assert "bytes, more than the 1024" in outcome.message
+    assert "eeee" not in outcome.message
+
+
 @pytest.mark.parametrize("transport", ["streamable-http", "sse"])
 async def test_a_server_closing_mid_call_is_an_error_at_once(transport: str) -> None:
     with mcp_server("drop", transport) as drop:  # type: ignore[arg-type]
