@@ -10,7 +10,9 @@ runner working concurrently with the others, each call's done events and ``outpu
 in the model's order as soon as it and every call before it finished. The continuation's prompt
 is the last prompt, the completion up to its last ``<|call|>``, the tools' messages and
 ``<|start|>assistant``: exactly the tokens the engine replica holds in its prefix cache, sent
-with the same session id and cache salt (so the same replica), nothing re-rendered.
+with the same session id and cache salt (so the same replica), nothing re-rendered. Each
+result is held to what the model may be given first (bounds.py: the piece limit, then tokens
+within what the context leaves), its message rendered there, off the event loop when large.
 """
 
 from __future__ import annotations
