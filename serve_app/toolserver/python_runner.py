@@ -81,12 +81,12 @@ class NoSandbox(RuntimeError):
 
 
 def resolve_isolation(
-    sandbox: SandboxChoice, network: NetworkIsolation, python: str = sys.executable
+    choice: SandboxChoice, network: NetworkIsolation, python: str = sys.executable
 ) -> Isolation:
     """``bwrap`` when asked for (the default) and this machine can make it (`NoSandbox`
     otherwise: no python tool at all rather than one without its sandbox); unsandboxed
     only when told (``none``), said loudly, isolated by ``network``'s means."""
-    if sandbox == "bwrap":
+    if choice == "bwrap":
         if bwrap_works(python):
             return "bwrap"
         raise NoSandbox(
