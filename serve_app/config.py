@@ -270,9 +270,19 @@ class ToolArgs(BaseModel):
     mcp_list_timeout_s: float = Field(default=30.0, gt=0)
     # One `tools/call` in all (connect and handshake included): past it the call fails.
     mcp_call_timeout_s: float = Field(default=60.0, gt=0)
-    # Text of one call's result the model is given; a longer result fails the call (the
-    # model reads why). Bytes of UTF-8.
+    # Text of one MCP call's result (its output or its error) kept at all; a longer result
+    # fails the call (the model reads why). Bytes of UTF-8: a memory bound, checked before
+    # anything counts tokens (what the model is given is bounded below, in tokens).
     mcp_max_output_bytes: int = Field(default=1024 * 1024, gt=0)
+    # Tokens of one server-run call's output (or error), as its harmony message, the model is
+    # given (every tool the server runs: MCP, browser, python, tool_search); never more than
+    # the context leaves less `output_reserve_tokens` (shared by a round's calls). Past it, or
+    # past the tokenizer's piece limit (harmony/pieces.py, checked first), the call fails and
+    # the model reads why (serve_app/serving/tools/bounds.py). 16k tokens (~64 KB of prose):
+    # a page or a program's output, with most of gpt-oss's 131k context left.
+    max_output_tokens: int = Field(default=16384, gt=0)
+    # Tokens of the context a tool's output never takes: the model's room to answer after it.
+    output_reserve_tokens: int = Field(default=8192, ge=0)
     # Bytes one HTTP response (or SSE event) from an MCP server may carry; more is cut off
     # as it arrives (never buffered whole) and fails the call or the listing.
     mcp_max_response_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
@@ -285,7 +295,9 @@ class ToolArgs(BaseModel):
     # `browser` (a request's web_search) and the one that runs `python` (code_interpreter), as
     # vLLM's --tool-server; streamable HTTP URLs (`http://127.0.0.1:8765/mcp`), one server may
     # be both. Unset (the default): a request offering that tool is a 400. The operator's own
-    # servers, so not held to `mcp_allow`; the timeouts and bounds above apply.
+    # servers, so not held to `mcp_allow`: reached at the name written here, also where it
+    # resolves to a private or loopback address (a cluster Service, a sidecar), never a
+    # link-local or metadata one; the timeouts and bounds above apply.
     browser_server_url: str | None = None
     python_server_url: str | None = None
     # A `web_search` tool (or `web_search_preview`) without a browser server: Codex puts one in

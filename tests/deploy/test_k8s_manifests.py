@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,9 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from serve_app.config import AppArgs
+from serve_app.config import MCP_ALLOW_ENV, AppArgs, ToolArgs
+from serve_app.serving.tools.builtin import tool_server_client
+from serve_app.serving.tools.mcp import McpClient, UnsafeAddress
 from tests.support.helpers import REPO
 
 # KubeRay's RayService CRD (ray.io/v1): its openAPIV3Schema as JSON Schema (Apache-2.0).
@@ -125,7 +129,6 @@ def test_gpu_workers_and_a_gpu_free_head() -> None:
 def test_dashboard_queries_only_metrics_the_app_exports() -> None:
     """Every ``ray_serve_app_`` name in the dashboard's queries is one the app's metrics show on
     Ray's metrics export (the running app's export: tests/app/test_metrics.py)."""
-    import re
 
     from serve_app import telemetry
     from serve_app.routing import metrics as routing_metrics
@@ -206,8 +209,6 @@ def _ray_containers(manifest: dict) -> list[dict]:
 
 def _secret_keys_created_by_the_readme() -> set[str]:
     """The keys of the `serve-app` Secret that k8s/README.md's `kubectl create secret` makes."""
-    import re
-
     readme = (REPO / "k8s" / "README.md").read_text()
     command = re.search(r"kubectl create secret generic serve-app((?:[^\n]*\\\n)*[^\n]*)", readme)
     assert command, "k8s/README.md no longer creates the serve-app Secret"
@@ -265,3 +266,65 @@ def test_a_rayservice_without_keys_would_not_start() -> None:
     assert None in api_key_sources(manifest)
     with pytest.raises(OpenApiRefused):
         api_access_on_the_cluster(manifest)
+
+
+# k8s/README.md's way to name the cluster's tool servers: `tools: {browser_server_url: URL,
+# python_server_url: URL}` under the app's args in serve_overrides.yaml.
+DOCUMENTED_TOOLS = re.compile(
+    r"`tools: \{browser_server_url: (?P<browser>\S+), python_server_url: (?P<python>\S+)\}`"
+)
+
+
+def _tools_overlay(path: Path) -> Path:
+    """The overrides k8s/README.md tells an operator to add, as a file render.py merges."""
+    readme = " ".join((REPO / "k8s" / "README.md").read_text().split())
+    documented = DOCUMENTED_TOOLS.search(readme)
+    assert documented is not None, "k8s/README.md no longer documents the tool servers' URLs"
+    tools = {
+        "browser_server_url": documented["browser"],
+        "python_server_url": documented["python"],
+    }
+    app = {"name": "serve_app", "args": {"tools": tools}}
+    path.write_text(yaml.safe_dump({"applications": [app]}))
+    return path
+
+
+def _rendered_tool_args(rendered: str) -> ToolArgs:
+    serve_config = yaml.safe_load(yaml.safe_load(rendered)["spec"]["serveConfigV2"])
+    (app,) = serve_config["applications"]
+    return AppArgs.model_validate(app["args"]).tools
+
+
+async def test_the_tool_servers_k8s_names_pass_the_policy_at_a_private_cluster_ip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The RayService rendered with k8s/README.md's tool servers (ClusterIP Services: their
+    names resolve to private addresses) reaches them; the shipped manifests' too, if any. A
+    request's `mcp` tool naming the same URL stays under `mcp_allow`: a name entry is no
+    licence for a private address."""
+    render = render_module()
+    overlay = _tools_overlay(tmp_path / "tools.yaml")
+    documented = _rendered_tool_args(render.render(render.CONFIG, (render.OVERRIDES, overlay)))
+    shipped = [_rendered_tool_args(RAYSERVICE.read_text()), documented]
+    urls = {
+        url
+        for tools in shipped
+        for url in (tools.browser_server_url, tools.python_server_url)
+        if url is not None
+    }
+    assert "http://serve-app-browser:8101/mcp" in urls
+    cluster_ips = iter(f"10.96.0.{n}" for n in range(10, 250))
+    resolved: dict[str, str] = {}
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        ip = resolved.setdefault(host, next(cluster_ips))
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.delenv(MCP_ALLOW_ENV, raising=False)  # the serve tier's (tests/conftest.py)
+    for url in sorted(urls):
+        _, ip = await tool_server_client(url, documented).reach(url)
+        assert ip.is_private, url
+        requests_client = McpClient(ToolArgs(mcp_allow=[url]))
+        with pytest.raises(UnsafeAddress, match="private"):
+            await requests_client.reach(url)

@@ -94,7 +94,10 @@ class EventLoop:
                 if terminal or not completion.tools_pending or self._tools is None:
                     break
                 # The completion's pending calls run; the response goes on, or ends here.
-                done = Round(client_called=client_calls(turn) > completion.client_calls)
+                done = Round(
+                    client_called=client_calls(turn) > completion.client_calls,
+                    context_tokens=len(turn.generate.prompt_token_ids) + len(completion.token_ids),
+                )
                 calls = translator.writer.pending_calls  # pending until each is closed
                 scope = CancelScope()
                 async with contextlib.aclosing(

@@ -30,6 +30,7 @@ from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
 from serve_app.serving.tools import tool_search
+from serve_app.serving.tools.bounds import OutputBounds
 from serve_app.serving.tools.builtin import register_builtin_runners
 from serve_app.serving.tools.contract import ToolRunners
 from serve_app.serving.tools.loop import ToolLoop
@@ -66,13 +67,15 @@ class ResponsesService:
         self._persistence = Persistence(store)
         # The runners of the tools the server runs, by kind (serving/tools/contract.py).
         self._tools = tools if tools is not None else ToolRunners()
+        # What the model is given of a tool's result; large ones counted in the render pool.
+        bounds = OutputBounds(args, self._renderer.pool)
         # MCP servers' tools: listed before the model runs, their calls run by the loop.
-        self._mcp = McpTurns(McpClient(args.tools))
+        self._mcp = McpTurns(McpClient(args.tools), bounds)
         self._mcp.register(self._tools)
         register_builtin_runners(self._tools, args.tools)  # gpt-oss's browser and python
         tool_search.register(self._tools)  # needs no configuration: always run
         self._engine = engine
-        self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools))
+        self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools, bounds))
 
     @property
     def tools(self) -> ToolRunners:
@@ -97,7 +100,7 @@ class ResponsesService:
             await self._door.admit(ask, generating=True), ask.owner
         )
         request, owner = context.request, ask.owner
-        mcp = await self._mcp.prepare(request, context.history, context.tools)
+        mcp = await self._mcp.prepare(request, context.history, context.tools, owner)
         context = replace(context, request=mcp.request, tools=mcp.tools)
         prompt = await self._renderer.render(context, owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
