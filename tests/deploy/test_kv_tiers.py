@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -210,8 +211,14 @@ def test_the_kv_server_matches_the_kubernetes_schemas() -> None:
 
 
 def test_the_image_installs_the_shared_tiers_connector() -> None:
+    """LMCache is the `shared-kv` extra, which the image's one install line names
+    (tests/deploy/test_image.py checks that line resolves as one)."""
+    shared_kv = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]["shared-kv"]
+    assert [re.match(r"[\w-]+", requirement)[0] for requirement in shared_kv] == ["lmcache"]
     dockerfile = (REPO / "docker" / "Dockerfile").read_text()
-    assert re.search(r'pip install --no-cache-dir "lmcache==[\d.]+"', dockerfile)
+    assert re.search(r'pip install --no-cache-dir "/tmp/serve_app\[[\w,-]*shared-kv', dockerfile)
 
 
 # --- tiers that degrade, and fit their hardware -----------------------------------------------
