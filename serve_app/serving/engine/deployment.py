@@ -42,7 +42,7 @@ from serve_app.engines.base import (
 )
 from serve_app.engines.factory import make_engine
 from serve_app.routing.replica_report import ReplicaReporter
-from serve_app.serving import metrics
+from serve_app.serving import logs, metrics
 from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS
 from serve_app.serving.engine.channel import (
     CHANNEL_IDLE_S,
@@ -222,6 +222,8 @@ class _Route:
 @serve.deployment(name="EngineDeployment", max_ongoing_requests=64)
 class EngineDeployment:
     async def __init__(self, engine: EngineConfig, streaming: StreamingArgs | None = None) -> None:
+        # The app's lines in this replica's Serve log, with their request's id (serving/logs.py).
+        logs.route_to_replica_log()
         # Same id the request router puts on its ring: lets the ingress attribute cache hits.
         self._serve(
             make_engine(engine),
@@ -284,6 +286,9 @@ class EngineDeployment:
 
         ``caller``: the name of the calling replica's actor, watched while the request runs.
         """
+        # This turn's lines name it where Serve's context does not (the tasks below copy it).
+        # Through the module: Serve ships this class by value, and a ContextVar cannot be.
+        logs.REQUEST_ID.set(request.request_id)
         self._reporter.arrived(
             request.request_id,
             request.session_id,
@@ -330,6 +335,14 @@ class EngineDeployment:
         finally:
             metrics.ENGINE_RUNNING.dec()
             await self._settle(caller, request.request_id, producer, finished)
+            # One line per turn in this replica's log, with the request's id (serving/logs.py).
+            logger.info(
+                "request %s: %s, %d prompt tokens",
+                request.request_id,
+                "generated to its end" if finished else "stopped (cancelled, failed or orphaned)",
+                len(request.prompt_token_ids),
+                extra={"response_id": request.request_id},
+            )
 
     async def channel(
         self, caller: str, replica: str, loads: bool = False
