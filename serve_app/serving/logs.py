@@ -23,7 +23,9 @@ SERVE_LOGGER = "ray.serve"
 # The attribute Serve's formatters print as the request's id (text: after the replica id).
 REQUEST_ID_ATTR = "request_id"
 # The request a line is about where Serve's request context names none (a task made in a
-# context of its own, or the app run without Serve): the response id.
+# context of its own, or the app run without Serve): the response id. A deployment class uses
+# it as `logs.REQUEST_ID`, through the module: Serve ships the class by value, and a ContextVar
+# it named directly would have to be pickled, which cannot be.
 REQUEST_ID: ContextVar[str | None] = ContextVar("serve_app_request_id", default=None)
 
 

@@ -222,8 +222,7 @@ class _Route:
 @serve.deployment(name="EngineDeployment", max_ongoing_requests=64)
 class EngineDeployment:
     async def __init__(self, engine: EngineConfig, streaming: StreamingArgs | None = None) -> None:
-        # The app's lines in this replica's Serve log, with their request's id (serving/logs.py).
-        logs.route_to_replica_log()
+        logs.route_to_replica_log()  # the app's lines in this replica's Serve log file
         # Same id the request router puts on its ring: lets the ingress attribute cache hits.
         self._serve(
             make_engine(engine),
@@ -286,9 +285,7 @@ class EngineDeployment:
 
         ``caller``: the name of the calling replica's actor, watched while the request runs.
         """
-        # This turn's lines name it where Serve's context does not (the tasks below copy it).
-        # Through the module: Serve ships this class by value, and a ContextVar cannot be.
-        logs.REQUEST_ID.set(request.request_id)
+        logs.REQUEST_ID.set(request.request_id)  # its lines' id where Serve's context has none
         self._reporter.arrived(
             request.request_id,
             request.session_id,
@@ -335,14 +332,6 @@ class EngineDeployment:
         finally:
             metrics.ENGINE_RUNNING.dec()
             await self._settle(caller, request.request_id, producer, finished)
-            # One line per turn in this replica's log, with the request's id (serving/logs.py).
-            logger.info(
-                "request %s: %s, %d prompt tokens",
-                request.request_id,
-                "generated to its end" if finished else "stopped (cancelled, failed or orphaned)",
-                len(request.prompt_token_ids),
-                extra={"response_id": request.request_id},
-            )
 
     async def channel(
         self, caller: str, replica: str, loads: bool = False
@@ -411,6 +400,8 @@ class EngineDeployment:
             with contextlib.suppress(asyncio.CancelledError):
                 await producer
             await self._engine.abort(request_id)
+        ended = "generated to its end" if finished else "stopped: cancelled, failed or orphaned"
+        logger.info("request %s: %s", request_id, ended, extra={"response_id": request_id})
 
     def _ended(self, request_id: str) -> None:
         if self._reporter.ended(request_id):  # the second of its two ends changes nothing
