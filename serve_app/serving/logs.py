@@ -38,6 +38,17 @@ def serve_request_id() -> str | None:
     return _get_serve_request_context().request_id or None
 
 
+def in_a_replica() -> bool:
+    """Whether this process runs a Serve replica (Serve sets its replica context before the
+    deployment's constructor runs). Not a driver, nor the tests' process, where importing
+    ray.serve alone gives Serve's logger a handler."""
+    try:
+        from ray.serve.context import _get_internal_replica_context
+    except ImportError:
+        return False
+    return _get_internal_replica_context() is not None
+
+
 class RequestIdFilter(logging.Filter):
     """Stamps a record with its request's id: Serve's, else `REQUEST_ID`'s (a record that names
     one already keeps it). Filters nothing out."""
@@ -65,11 +76,11 @@ class ToReplicaLog(logging.Handler):
 def route_to_replica_log() -> bool:
     """In a Serve replica: the app's log records go to the replica's log file, each with its
     request's id, at the level of the deployment's `logging_config` (its `log_level`, INFO by
-    default); Serve copies its lines to the worker's stderr too, as before. Where Serve has
-    not set its logger up (no replica here), nothing changes: returns False. Idempotent."""
+    default); Serve copies its lines to the worker's stderr too, as before. Outside a replica
+    (a driver, the tests' process) nothing changes: returns False. Idempotent."""
     serve_logger = logging.getLogger(SERVE_LOGGER)
     app_logger = logging.getLogger(APP_LOGGER)
-    if not serve_logger.handlers:
+    if not in_a_replica() or not serve_logger.handlers:
         return False
     if not any(isinstance(handler, ToReplicaLog) for handler in app_logger.handlers):
         handler = ToReplicaLog()

@@ -22,9 +22,10 @@ COMPONENT = "serve_app_EngineDeployment"
 
 
 @pytest.fixture
-def replica_log(tmp_path: Path) -> Iterator[callable]:
+def replica_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[callable]:
     """Sets Serve's logger up as in a replica, writing under ``tmp_path``, with the given
     encoding; the app's records routed to it. Both loggers restored after."""
+    monkeypatch.setattr(logs, "in_a_replica", lambda: True)
     serve_logger = logging.getLogger(logs.SERVE_LOGGER)
     app_logger = logging.getLogger(logs.APP_LOGGER)
     saved = [
@@ -88,16 +89,13 @@ def test_without_serves_context_the_line_names_the_response(replica_log) -> None
 
 
 def test_outside_a_replica_nothing_changes() -> None:
-    """No Serve logger set up (the app in one process, the tests): the app's records keep
-    their usual way."""
-    serve_logger = logging.getLogger(logs.SERVE_LOGGER)
-    saved = list(serve_logger.handlers)
-    serve_logger.handlers.clear()
-    try:
-        assert logs.route_to_replica_log() is False
-        assert logging.getLogger(logs.APP_LOGGER).propagate
-    finally:
-        serve_logger.handlers[:] = saved
+    """A driver or the tests' process (ResponsesIngress's constructor run in one:
+    tests/unit/serving/http/test_exposure.py), where importing ray.serve gave Serve's logger a
+    handler: the app's records keep their usual way (pytest's capture among them)."""
+    assert logging.getLogger(logs.SERVE_LOGGER).handlers  # ray.serve imported: Serve's default
+    assert logs.in_a_replica() is False
+    assert logs.route_to_replica_log() is False
+    assert logging.getLogger(logs.APP_LOGGER).propagate
 
 
 def test_the_app_logs_at_the_level_of_the_replicas_logging_config(replica_log) -> None:
