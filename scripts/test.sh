@@ -61,6 +61,12 @@ if command -v hadolint >/dev/null; then
 else
   echo "hadolint is not installed on this platform: docker/Dockerfile not linted"
 fi
+# The image's one install line (docker/Dockerfile) resolves for its platform and would pass pip
+# check: pip's resolver over the index's metadata, no Docker (about two minutes; it says SKIPPED
+# where the index cannot be reached). Not in the fast tier: it needs the network.
+if [ $# -eq 0 ]; then
+  python scripts/image_install_check.py
+fi
 # The property tests at full volume (tests/conftest.py: the `thorough` Hypothesis profile).
 python -m pytest --hypothesis-profile=thorough "$@"
 if [ $# -eq 0 ]; then

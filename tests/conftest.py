@@ -6,7 +6,8 @@ routing and the shared store are tested), small engine limits (so overload is re
 a response store in the session's temp folder; and two API keys (``API_KEY`` and
 ``OTHER_API_KEY`` of tests/support: two tenants), so the app runs closed, as on a cluster,
 and every test sends a key. One Ray start-up serves every app test (started,
-awaited, joined and stopped by tests/support/serve_run.py).
+awaited, joined and stopped by tests/support/serve_run.py), but one: tests/app/test_serve_deploy.py
+starts a Ray node of its own (`ray start`, then `serve deploy`, as operators run it).
 
 Two tiers, chosen by folder: every test under ``tests/app/`` and ``tests/clients/``
 (``SERVE_FOLDERS`` below) is marked ``serve`` at collection, so ``pytest -m "not serve"`` runs the

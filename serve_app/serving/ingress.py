@@ -44,6 +44,7 @@ from serve_app.serving.http.exposure import ApiAccess, Exposure, api_access, ser
 from serve_app.serving.http.keepalive import KeepAliveStreamingResponse
 from serve_app.serving.http.pagination import Paging
 from serve_app.serving.http.pagination import page as _page
+from serve_app.serving.logs import route_to_replica_log
 from serve_app.serving.readiness import Readiness, not_ready_body
 from serve_app.serving.reasoning_keys import shared_vault
 from serve_app.serving.retention import RetentionSweep
@@ -365,6 +366,8 @@ class ResponsesIngress:
     """Routes are built per replica: they need the engine handle and the app's args."""
 
     async def __init__(self, engine_handle, args: AppArgs) -> None:
+        # The app's lines in this replica's Serve log, with their request's id (serving/logs.py).
+        route_to_replica_log()
         store_url = args.store.resolved_url()
         nodes = alive_nodes()
         require_shared_store(store_url, nodes)

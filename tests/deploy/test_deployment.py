@@ -241,10 +241,10 @@ def kubernetes_validate(*paths: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_plain_manifests_match_the_kubernetes_schemas() -> None:
-    plain = [K8S / "models.yaml", K8S / "postgres.yaml", K8S / "service.yaml"]
+    plain = [K8S / "models.yaml", K8S / "postgres.yaml", K8S / "ingress.yaml"]
     result = kubernetes_validate(*plain)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("passed for resource") == 6, result.stdout
+    assert result.stdout.count("passed for resource") == 5, result.stdout
 
 
 def test_the_schemas_reject_an_unknown_field(tmp_path: Path) -> None:
@@ -253,3 +253,48 @@ def test_the_schemas_reject_an_unknown_field(tmp_path: Path) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump(statefulset))
     assert kubernetes_validate(path).returncode != 0
+
+
+# --- what `serve deploy` brings to the replicas -----------------------------------------------
+
+# The production configs, deployed with `serve deploy` onto a cluster `ray start` made.
+PRODUCTION = [REPO / "configs" / "gpt-oss.yaml", REPO / "configs" / "gpt-oss-shared-kv.yaml"]
+# What never goes in a config: the keys, the store's URL (it carries a password), tokens.
+SECRET_NAME = re.compile(r"KEY|TOKEN|PASSWORD|SECRET|STORE_URL", re.I)
+
+
+def runtime_env_vars(config: dict[str, Any]) -> dict[str, str]:
+    (app,) = config["applications"]
+    return app.get("runtime_env", {}).get("env_vars", {})
+
+
+@pytest.mark.parametrize("path", PRODUCTION, ids=lambda path: path.name)
+def test_a_production_config_brings_the_fast_path_its_replicas_read(path: Path) -> None:
+    """`serve deploy` of a production config onto a cluster runs its replicas with the
+    replica-side part of configs/fast-path.env whatever the nodes' environment: the config's
+    runtime_env has it, with the file's values, and HF_HUB_OFFLINE (the weights are on every
+    node already, docs/deploy.md). The cluster-wide part (HAProxy, direct ingress) stays out:
+    every Ray process, the controller included, must agree on it (serve_app/fast_path.py)."""
+    from serve_app.fast_path import CLUSTER_WIDE, replica_env
+
+    env = runtime_env_vars(yaml.safe_load(path.read_text()))
+    assert replica_env() and {name: env.get(name) for name in replica_env()} == replica_env()
+    assert env.get("HF_HUB_OFFLINE") == "1"
+    assert not CLUSTER_WIDE & set(env), CLUSTER_WIDE & set(env)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_no_config_carries_a_secret_or_a_fast_path_value_of_its_own(path: Path) -> None:
+    """A config's runtime_env holds no key, token or password (the API keys stay in the
+    environment or the Secret), and a fast-path variable it sets has configs/fast-path.env's
+    value: one place says what the fast path is."""
+    from serve_app.fast_path import CLUSTER_WIDE, read_env_file
+
+    env = runtime_env_vars(yaml.safe_load(path.read_text()))
+    assert not [name for name in env if SECRET_NAME.search(name)], env
+    fast_path = read_env_file()
+    assert {k: v for k, v in env.items() if k in fast_path} == {
+        k: fast_path[k] for k in env if k in fast_path
+    }
+    assert not CLUSTER_WIDE & set(env)
+    assert all(isinstance(value, str) for value in env.values())  # Ray takes strings only

@@ -122,8 +122,8 @@ def test_gpu_workers_and_a_gpu_free_head() -> None:
     (worker,) = spec["workerGroupSpecs"]
     limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert int(limits["nvidia.com/gpu"]) >= 2
-    services = list(yaml.safe_load_all((REPO / "k8s" / "service.yaml").read_text()))
-    assert {doc["kind"] for doc in services} == {"Service", "Ingress"}
+    (ingress,) = yaml.safe_load_all((REPO / "k8s" / "ingress.yaml").read_text())
+    assert ingress["kind"] == "Ingress"
 
 
 def test_dashboard_queries_only_metrics_the_app_exports() -> None:
@@ -197,8 +197,8 @@ def test_prometheus_scrapes_every_ray_pods_metrics_port_not_the_service() -> Non
         labels = doc.get("spec", {}).get("template", {}).get("metadata", {}).get("labels")
         if labels:
             assert not _matches(monitor["spec"]["selector"], labels)
-    services = list(yaml.safe_load_all((REPO / "k8s" / "service.yaml").read_text()))
-    assert "/metrics" not in json.dumps(services)
+    ingress = list(yaml.safe_load_all((REPO / "k8s" / "ingress.yaml").read_text()))
+    assert "/metrics" not in json.dumps(ingress)
 
 
 def _ray_containers(manifest: dict) -> list[dict]:
@@ -328,3 +328,139 @@ async def test_the_tool_servers_k8s_names_pass_the_policy_at_a_private_cluster_i
         requests_client = McpClient(ToolArgs(mcp_allow=[url]))
         with pytest.raises(UnsafeAddress, match="private"):
             await requests_client.reach(url)
+
+
+# --- KubeRay as KubeRay (v1.7.0, the CRD of tests/fixtures/k8s) expects it --------------------
+
+# The RayServices a user applies (k8s/README.md): the plain one and the shared-tier one.
+RAYSERVICES = [RAYSERVICE, REPO / "k8s" / "shared-kv" / "rayservice.yaml"]
+# KubeRay's `RayServiceUpgradeType` (ray-operator/apis/ray/v1/rayservice_types.go, v1.7.0): the
+# CRD types `upgradeStrategy.type` as a plain string, the operator's validation takes these.
+UPGRADE_TYPES = {"None", "NewCluster", "NewClusterWithIncrementalUpgrade"}
+# RayServiceSpec fields KubeRay marks "Deprecated: This field is not used anymore" (v1.7.0).
+DEPRECATED_SPEC_FIELDS = {"serviceUnhealthySecondThreshold", "deploymentUnhealthySecondThreshold"}
+# Ray 2.60's `ray start` handles SIGTERM by draining its node for this long at most
+# (ray/_private/node.py, `_drain_node_before_shutdown`; 30 s by default), then kills its
+# processes: Serve stops a draining node's replicas at the drain's deadline less their
+# graceful_shutdown_timeout_s.
+RAY_DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
+
+
+def _manifest(path: Path) -> dict:
+    (manifest,) = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return manifest
+
+
+def _pod_groups(manifest: dict) -> list[dict]:
+    cluster = manifest["spec"]["rayClusterConfig"]
+    return [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+
+
+def _gpus(group: dict) -> int:
+    (container,) = group["template"]["spec"]["containers"]
+    return int(container["resources"]["limits"].get("nvidia.com/gpu", 0))
+
+
+def cluster_gpus(manifest: dict) -> int:
+    """The GPUs one RayCluster of the RayService asks for at most: its worker groups'."""
+    workers = manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    return sum(group["maxReplicas"] * _gpus(group) for group in workers)
+
+
+def gpus_during_an_upgrade(manifest: dict) -> int:
+    """The GPUs a change to ``rayClusterConfig`` (a new image, say) needs while KubeRay applies
+    it, by the RayService's upgrade strategy (unset: `NewCluster`, KubeRay's default unless the
+    operator runs with ENABLE_ZERO_DOWNTIME=false). `NewCluster` starts a whole second RayCluster
+    beside the serving one and moves traffic once its app runs: at least its minimum workers,
+    more as its engines autoscale; the incremental upgrade scales the new one up by
+    `maxSurgePercent` of the capacity before the old one gives any back. `None` builds no
+    second cluster (rayservice_controller.go, `shouldPrepareNewCluster`)."""
+    total = cluster_gpus(manifest)
+    strategy = manifest["spec"].get("upgradeStrategy", {})
+    kind = strategy.get("type", "NewCluster")
+    workers = manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    if kind == "None":
+        return total
+    if kind == "NewCluster":
+        return total + sum(max(group["minReplicas"], 1) * _gpus(group) for group in workers)
+    surge = strategy.get("clusterUpgradeOptions", {}).get("maxSurgePercent", 100)
+    return total + -(-total * surge // 100)
+
+
+@pytest.mark.parametrize("path", RAYSERVICES, ids=lambda path: str(path.relative_to(REPO)))
+def test_an_upgrade_needs_no_gpus_beyond_what_the_cluster_asks_for(path: Path) -> None:
+    """The cluster asks for at most two 8-GPU workers: an upgrade strategy that needs a second
+    cluster's GPUs stalls (its pending cluster waits for nodes that do not exist) where those 16
+    are all there is. docs/deploy.md says what each kind of change costs under it."""
+    manifest = _manifest(path)
+    strategy = manifest["spec"].get("upgradeStrategy", {"type": "NewCluster"})
+    assert strategy["type"] in UPGRADE_TYPES
+    assert gpus_during_an_upgrade(manifest) <= cluster_gpus(manifest) == 16
+
+
+@pytest.mark.parametrize("path", RAYSERVICES, ids=lambda path: str(path.relative_to(REPO)))
+def test_no_field_kuberay_ignores(path: Path) -> None:
+    """Deprecated and unread since KubeRay 1.1 (kuberay issue 1685): a comment promising them
+    promised nothing. Nothing replaces them: KubeRay no longer restarts a cluster whose Serve
+    app is unhealthy, and its `ray.io/initializing-timeout` annotation, left unset, would
+    delete a cluster still loading its weights."""
+    manifest = _manifest(path)
+    assert not DEPRECATED_SPEC_FIELDS & set(manifest["spec"]), DEPRECATED_SPEC_FIELDS
+    assert "ray.io/initializing-timeout" not in manifest["metadata"].get("annotations", {})
+
+
+@pytest.mark.parametrize("path", RAYSERVICES, ids=lambda path: str(path.relative_to(REPO)))
+def test_a_ray_pod_being_deleted_lets_its_replicas_drain(path: Path) -> None:
+    """A node drained (or a pod deleted) sends SIGTERM: Ray drains its node for
+    RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, which must cover the longest Serve drain, so each
+    replica there gets its whole graceful_shutdown_timeout_s; and Kubernetes kills the pod
+    only after terminationGracePeriodSeconds (30 s by default), which must cover that drain."""
+    manifest = _manifest(path)
+    serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    (app,) = serve_config["applications"]
+    longest = max(d.get("graceful_shutdown_timeout_s", 20) for d in app["deployments"])
+    for group in _pod_groups(manifest):
+        spec = group["template"]["spec"]
+        (container,) = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        drain_s = float(env.get(RAY_DRAIN_ENV, 30))
+        assert drain_s >= longest + 30, (container["name"], drain_s, longest)
+        grace_s = spec.get("terminationGracePeriodSeconds", 30)
+        assert grace_s >= drain_s + 20, (container["name"], grace_s, drain_s)
+
+
+def _services_and_ingresses() -> list[dict]:
+    return [
+        doc
+        for path in sorted((REPO / "k8s").rglob("*.yaml"))
+        if path.name not in ("rayservice.template.yaml", "serve_overrides.yaml")
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc["kind"] in ("Service", "Ingress")
+    ]
+
+
+def test_the_ingress_sends_traffic_to_the_serving_cluster_only() -> None:
+    """KubeRay's serve service (`<rayservice>-serve-svc`) selects `ray.io/cluster` of the cluster
+    that serves and is switched by KubeRay once a new cluster's app runs
+    (ray-operator/controllers/ray/common/service.go, `BuildServeService`). A Service of our own
+    on `ray.io/serve: "true"` also selects a pending cluster's workers, whose proxies pass their
+    readiness probe before its app is up: half the traffic to a cluster still loading."""
+    (ingress,) = [doc for doc in _services_and_ingresses() if doc["kind"] == "Ingress"]
+    (rule,) = ingress["spec"]["rules"]
+    (path,) = rule["http"]["paths"]
+    backend = path["backend"]["service"]
+    for manifest in (_manifest(p) for p in RAYSERVICES):
+        assert backend["name"] == f"{manifest['metadata']['name']}-serve-svc"
+        head = manifest["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+        (container,) = head["containers"]
+        ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+        assert backend["port"]["number"] == ports["serve"]  # the port KubeRay's service has
+    ray_pod_labels = [
+        group["template"]["metadata"]["labels"]
+        for manifest in (_manifest(p) for p in RAYSERVICES)
+        for group in _pod_groups(manifest)
+    ]
+    for service in [doc for doc in _services_and_ingresses() if doc["kind"] == "Service"]:
+        selector = service["spec"].get("selector", {})
+        if any(_matches({"matchLabels": selector}, labels) for labels in ray_pod_labels):
+            assert "ray.io/cluster" in selector, service["metadata"]["name"]

@@ -61,6 +61,7 @@ def test_the_native_cpu_tier_is_accepted_by_vllm(checkpoint: Path) -> None:
     extra = built.kv_connector_extra_config
     assert extra["cpu_bytes_to_use"] == 128 << 30
     assert extra["self_describing_kv_events"] is True
+    assert built.kv_load_failure_policy == "recompute"  # a block it cannot load: recomputed
 
 
 def test_the_shared_tier_is_accepted_by_vllm(checkpoint: Path) -> None:
@@ -69,6 +70,8 @@ def test_the_shared_tier_is_accepted_by_vllm(checkpoint: Path) -> None:
     assert built.kv_connector == "LMCacheConnectorV1"
     assert built.is_kv_producer and built.is_kv_consumer  # kv_both: stores and loads
     assert built.get_from_extra_config("lmcache.remote_url", None).startswith("redis://")
+    # A chunk the shared server evicted before LMCache loaded it: recomputed, not a failed turn.
+    assert built.kv_load_failure_policy == "recompute"
     # LMCacheConnectorV1 is not SupportsHMA: vLLM turns the hybrid KV-cache manager off
     # (docs/vllm.md: the sliding-window layers then take full-length blocks).
     assert config.scheduler_config.disable_hybrid_kv_cache_manager is True

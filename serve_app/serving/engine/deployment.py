@@ -42,7 +42,7 @@ from serve_app.engines.base import (
 )
 from serve_app.engines.factory import make_engine
 from serve_app.routing.replica_report import ReplicaReporter
-from serve_app.serving import metrics
+from serve_app.serving import logs, metrics
 from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS
 from serve_app.serving.engine.channel import (
     CHANNEL_IDLE_S,
@@ -222,6 +222,7 @@ class _Route:
 @serve.deployment(name="EngineDeployment", max_ongoing_requests=64)
 class EngineDeployment:
     async def __init__(self, engine: EngineConfig, streaming: StreamingArgs | None = None) -> None:
+        logs.route_to_replica_log()  # the app's lines in this replica's Serve log file
         # Same id the request router puts on its ring: lets the ingress attribute cache hits.
         self._serve(
             make_engine(engine),
@@ -284,6 +285,7 @@ class EngineDeployment:
 
         ``caller``: the name of the calling replica's actor, watched while the request runs.
         """
+        logs.REQUEST_ID.set(request.request_id)  # its lines' id where Serve's context has none
         self._reporter.arrived(
             request.request_id,
             request.session_id,
@@ -398,6 +400,8 @@ class EngineDeployment:
             with contextlib.suppress(asyncio.CancelledError):
                 await producer
             await self._engine.abort(request_id)
+        ended = "generated to its end" if finished else "stopped: cancelled, failed or orphaned"
+        logger.info("request %s: %s", request_id, ended, extra={"response_id": request_id})
 
     def _ended(self, request_id: str) -> None:
         if self._reporter.ended(request_id):  # the second of its two ends changes nothing
