@@ -118,6 +118,8 @@ async def test_injected_output_resumes_the_response_in_place_and_is_stored_in_it
         await connection.response.inject(response_id=response_id, input=sent)
         after = await events_until(connection, is_terminal)
         assert engine.num_ongoing_requests() == 0
+        stored = await client.responses.retrieve(response_id)
+        inputs = await client.responses.input_items.list(response_id)
     events = before + after
     numbered_in_order(events)  # one stream: the inject's event numbered in it
     assert [e["type"] for e in events].count("response.created") == 1
@@ -128,7 +130,10 @@ async def test_injected_output_resumes_the_response_in_place_and_is_stored_in_it
         "sequence_number": created["sequence_number"],
     }
     placed = [e for e in after if e.get("item", {}).get("type") == "function_call_output"]
-    assert [e["type"] for e in placed] == ["response.output_item.added", "response.output_item.done"]
+    assert [e["type"] for e in placed] == [
+        "response.output_item.added",
+        "response.output_item.done",
+    ]
     assert placed[1]["item"]["call_id"] == call_id and placed[1]["item"]["status"] == "completed"
     assert placed[1]["item"]["id"].startswith("fco_")
     assert after.index(created) < after.index(placed[0])
@@ -146,9 +151,7 @@ async def test_injected_output_resumes_the_response_in_place_and_is_stored_in_it
     assert done.usage.input_tokens_details.cached_tokens > 0
     # One stored response, the injected output and the continued output in it; its input as
     # the client sent it.
-    stored = await client.responses.retrieve(response_id)
     assert stored.model_dump(mode="json") == done.model_dump(mode="json")
-    inputs = await client.responses.input_items.list(response_id)
     assert [item.type for item in inputs.data] == ["message"]
 
 
@@ -194,7 +197,7 @@ async def test_without_the_beta_header_inject_is_an_error_naming_the_beta(tmp_pa
         client.beta.responses.connect() as connection,
     ):
         # Without the beta a response ends with its call, as it always did.
-        before, response_id, call_id = await waiting_call(connection, store=False)
+        _, response_id, call_id = await waiting_call(connection, store=False)
         rest = await events_until(connection, is_terminal)
         assert rest[-1]["type"] == "response.completed"
         await connection.response.inject(response_id=response_id, input=[output(call_id)])
@@ -211,7 +214,7 @@ async def test_unwaited_response_ends_after_the_wait_and_continues_as_today(
         beta_app(tmp_path, wait_s=0.2) as (client, _),
         client.beta.responses.connect(extra_headers=BETA) as connection,
     ):
-        before, response_id, call_id = await waiting_call(connection, store=False)
+        _, response_id, call_id = await waiting_call(connection, store=False)
         rest = await events_until(connection, is_terminal)
         assert rest[-1]["type"] == "response.completed"
         assert [i["type"] for i in rest[-1]["response"]["output"]] == ["reasoning", "function_call"]
@@ -244,7 +247,7 @@ async def test_a_response_create_continuing_a_waiting_response_ends_its_wait(
         beta_app(tmp_path, wait_s=30) as (client, _),
         client.beta.responses.connect(extra_headers=BETA) as connection,
     ):
-        before, response_id, call_id = await waiting_call(connection, store=False)
+        _, response_id, call_id = await waiting_call(connection, store=False)
         # The client answers the old way: the waiting response completes with its call now,
         # and the continuation (queued behind it on the lane) runs.
         await connection.response.create(
@@ -292,7 +295,7 @@ async def test_an_invalid_inject_is_a_400_naming_the_item_and_commits_nothing(
         beta_app(tmp_path) as (client, _),
         client.beta.responses.connect(extra_headers=BETA) as connection,
     ):
-        before, response_id, call_id = await waiting_call(connection, store=False)
+        _, response_id, call_id = await waiting_call(connection, store=False)
         # Valid items beside an invalid one are not committed either (all or nothing).
         sent = [*items, output(call_id)] if items else items
         await connection.response.inject(response_id=response_id, input=sent)
@@ -326,8 +329,10 @@ async def test_an_inject_meeting_the_end_of_the_wait_is_committed_or_refused_nev
         await connection.response.inject(response_id=response_id, input=[output(call_id)])
         after = await events_until(
             connection,
-            lambda e: e["type"] == "response.inject.failed"
-            or (is_terminal(e) and e["response"]["output"][-1]["type"] == "message"),
+            lambda e: (
+                e["type"] == "response.inject.failed"
+                or (is_terminal(e) and e["response"]["output"][-1]["type"] == "message")
+            ),
         )
         stored = await client.responses.retrieve(response_id)
     kinds = [e["type"] for e in after]
@@ -358,7 +363,7 @@ async def test_two_injects_at_once_commit_once(tmp_path: Path, seed: int) -> Non
         beta_app(tmp_path) as (client, _),
         client.beta.responses.connect(extra_headers=BETA) as connection,
     ):
-        before, response_id, call_id = await waiting_call(connection, store=False)
+        _, response_id, call_id = await waiting_call(connection, store=False)
         first, second = output(call_id, "INJECTED-OUTPUT one"), output(call_id, "two")
         await connection.response.inject(response_id=response_id, input=[first])
         if rng.random() < 0.5:
@@ -388,7 +393,7 @@ async def test_an_inject_from_another_connection_finds_no_response(tmp_path: Pat
         client.beta.responses.connect(extra_headers=BETA) as owner,
         client.beta.responses.connect(extra_headers=BETA) as other,
     ):
-        before, response_id, call_id = await waiting_call(owner, store=False)
+        _, response_id, call_id = await waiting_call(owner, store=False)
         await other.response.inject(response_id=response_id, input=[output(call_id)])
         (failed,) = await events_until(other, lambda e: True)
         assert failed["type"] == "response.inject.failed"
@@ -403,7 +408,7 @@ async def test_an_inject_from_another_connection_finds_no_response(tmp_path: Pat
 async def test_an_inject_after_its_connection_closed_finds_no_response(tmp_path: Path) -> None:
     async with beta_app(tmp_path) as (client, engine):
         async with client.beta.responses.connect(extra_headers=BETA) as owner:
-            before, response_id, call_id = await waiting_call(owner, store=True)
+            _, response_id, call_id = await waiting_call(owner, store=True)
         # The connection closed mid-wait: the response was cancelled with it.
         async with client.beta.responses.connect(extra_headers=BETA) as other:
             await other.response.inject(response_id=response_id, input=[output(call_id)])
