@@ -120,6 +120,18 @@ async def test_injected_output_resumes_the_response_in_place_and_is_stored_in_it
         assert engine.num_ongoing_requests() == 0
         stored = await client.responses.retrieve(response_id)
         inputs = await client.responses.input_items.list(response_id)
+        # A later turn continues it as any response: the injected output is in its history.
+        await connection.response.create(
+            model=MODEL, input="SDK-TEXT: and then?", previous_response_id=response_id
+        )
+        later = await events_until(connection, is_terminal)
+        over_http = await client.responses.create(
+            model=MODEL, input="SDK-TEXT: and then?", previous_response_id=response_id
+        )
+    assert later[-1]["type"] == "response.completed"
+    assert over_http.status == "completed"
+    # The same history over the socket (its memory) and from the store.
+    assert later[-1]["response"]["usage"]["input_tokens"] == over_http.usage.input_tokens
     events = before + after
     numbered_in_order(events)  # one stream: the inject's event numbered in it
     assert [e["type"] for e in events].count("response.created") == 1
