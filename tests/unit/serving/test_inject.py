@@ -428,3 +428,43 @@ async def test_an_inject_after_its_connection_closed_finds_no_response(tmp_path:
         assert engine.num_ongoing_requests() == 0
     assert failed["type"] == "response.inject.failed"
     assert failed["error"]["code"] == "response_not_found"
+
+
+async def test_a_steer_while_waiting_ends_the_response_after_the_outputs(tmp_path: Path) -> None:
+    async with (
+        beta_app(tmp_path) as (client, _),
+        client.beta.responses.connect(extra_headers=BETA) as connection,
+    ):
+        _, response_id, call_id = await waiting_call(connection, store=False)
+        await connection.response.steer(previous_response_id=response_id, input="SDK-TEXT: stop")
+        (accepted,) = await events_until(connection, lambda e: True)
+        assert accepted["type"] == "response.steer.accepted"
+        await connection.response.inject(response_id=response_id, input=[output(call_id)])
+        steered = await events_until(connection, is_terminal)
+        successor = await events_until(connection, is_terminal)
+    assert steered[0]["type"] == "response.inject.created"
+    # At the first safe boundary after the outputs: they are in, nothing of the model's after.
+    assert steered[-1]["type"] == "response.incomplete"
+    assert steered[-1]["response"]["incomplete_details"] == {"reason": "steered"}
+    assert [i["type"] for i in steered[-1]["response"]["output"]] == [
+        "reasoning",
+        "function_call",
+        "function_call_output",
+    ]
+    assert successor[-1]["response"]["previous_response_id"] == response_id
+    assert successor[-1]["response"]["output"][-1]["type"] == "message"
+
+
+async def test_an_inject_naming_a_lane_is_a_400_naming_stream_id(tmp_path: Path) -> None:
+    async with (
+        beta_app(tmp_path) as (client, _),
+        client.beta.responses.connect(extra_headers=BETA) as connection,
+    ):
+        _, response_id, call_id = await waiting_call(connection, store=False)
+        event = {"type": "response.inject", "response_id": response_id, "input": [output(call_id)]}
+        await connection.send({**event, "stream_id": "elsewhere"})  # type: ignore[arg-type]
+        (error,) = await events_until(connection, lambda e: True)
+        assert error["type"] == "error" and error["error"]["param"] == "stream_id"
+        await connection.send(event)  # type: ignore[arg-type]
+        after = await events_until(connection, is_terminal)
+    assert after[0]["type"] == "response.inject.created"
