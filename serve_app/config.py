@@ -133,6 +133,11 @@ class Limits(BaseModel):
     # them; one more is `response.steer.failed` with `too_many_pending_steers`. Their bytes
     # count against `max_websocket_pending_bytes` too.
     max_websocket_steers_per_response: int = Field(default=8, gt=0)
+    # On a connection with the beta `OpenAI-Beta: responses_multi_agent=v1`: how long a
+    # response whose model called tools the client runs waits for their outputs
+    # (`response.inject`) before it completes with the calls, as without the beta. It holds no
+    # engine slot meanwhile; its lane waits (serve_app/serving/inject.py).
+    websocket_inject_wait_s: float = Field(default=30.0, gt=0)
     # Rendering off the event loop (serve_app/serving/turn/render_pool.py): a request with more
     # than this many characters of text (request and history) renders in a worker process;
     # up to it, on the loop, which it holds for a few ms at most (docs/reliability.md).

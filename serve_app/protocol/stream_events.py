@@ -375,6 +375,32 @@ class ResponseEventWriter(ToolCallEvents, ClientCallWriting):
             )
         )
 
+    # --- items the client put in (response.inject) ------------------------------------------
+
+    def place(self, items: Sequence[ResponseOutputItem]) -> None:
+        """Items the client committed into the response (a WebSocket ``response.inject``'s
+        tool outputs), whole already: each at the next output index, ``output_item.added``
+        then ``output_item.done`` with the same complete item, as every item is announced."""
+        for item in items:
+            index = self._output_index()
+            self._finished(index, item)
+            self._events.append(
+                ResponseOutputItemAddedEvent(
+                    type="response.output_item.added",
+                    output_index=index,
+                    item=item,
+                    sequence_number=self._seq(),
+                )
+            )
+            self._events.append(
+                ResponseOutputItemDoneEvent(
+                    type="response.output_item.done",
+                    output_index=index,
+                    item=item,
+                    sequence_number=self._seq(),
+                )
+            )
+
     # --- the end -------------------------------------------------------------------------
 
     def finish(

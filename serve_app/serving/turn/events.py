@@ -11,14 +11,18 @@ from dataclasses import dataclass, field
 
 from openai.types.responses import Response, ResponseStreamEvent
 
-from serve_app.engines.base import SERVER_ERROR, GenerateChunk
+from serve_app.engines.base import SERVER_ERROR, GenerateChunk, GenerateRequest
+from serve_app.harmony.render import tool_output_tokens
+from serve_app.protocol.client_tools import OWED_CALL_TYPES
 from serve_app.protocol.errors import RATE_LIMITED, APIError, RateLimited
 from serve_app.protocol.tool_items import tool_items
 from serve_app.routing import metrics as routing_metrics
 from serve_app.serving import metrics
 from serve_app.serving.engine.client import EngineClient
 from serve_app.serving.tools.contract import CancelScope
-from serve_app.serving.tools.loop import Round, ToolLoop, client_calls
+from serve_app.serving.tools.loop import Round, ToolLoop, after_last_call, client_calls
+from serve_app.serving.turn.client_outputs import Committed, owed_calls
+from serve_app.serving.turn.history import INPUT_ITEMS
 from serve_app.serving.turn.persistence import NOT_STORED_MESSAGE, NotStored, Persistence
 from serve_app.serving.turn.state import Turn
 
@@ -39,6 +43,8 @@ class _Completion:
     # How it ended: the response's terminal events, or calls of server-run tools pending.
     terminal: list[ResponseStreamEvent] = field(default_factory=list)
     tools_pending: bool = False
+    # It ended with calls of tools the client runs, whose outputs the response waits for.
+    awaits_client: bool = False
 
 
 class EventLoop:
@@ -91,6 +97,21 @@ class EventLoop:
                             yield [*opening, *batch]
                             opening = []
                 terminal = completion.terminal
+                if completion.awaits_client:
+                    # The client's outputs, injected while the response waits, continue it.
+                    resumed, placed = await self._client_outputs(turn, completion)
+                    if placed:
+                        yield placed
+                    if isinstance(resumed, str):
+                        terminal = translator.finish(
+                            resumed,
+                            prompt_tokens=turn.prompt_tokens,
+                            cached_tokens=turn.cached_tokens,
+                        )
+                        break
+                    turn.generate = resumed
+                    translator.begin_completion()
+                    continue
                 if terminal or not completion.tools_pending or self._tools is None:
                     break
                 # The completion's pending calls run; the response goes on, or ends here.
@@ -158,8 +179,9 @@ class EventLoop:
         turn.completions += 1
         completion.client_calls = client_calls(turn)
         # A continuation's prompt holds the completion's tokens: kept when tools may run.
-        keep_tokens = self._tools is not None and any(
-            tool_items(spec.kind) is not None for spec in turn.tools.tools
+        keep_tokens = self._tools is not None and (
+            turn.client_outputs is not None
+            or any(tool_items(spec.kind) is not None for spec in turn.tools.tools)
         )
         try:
             # Closed on leaving (a steered end breaks out early): that aborts the engine request.
@@ -197,6 +219,8 @@ class EventLoop:
                     if chunk.finish_reason is not None:
                         if chunk.finish_reason == "stop" and self._runs_pending(turn):
                             completion.tools_pending = True
+                        elif chunk.finish_reason == "stop" and self._awaits_client(turn):
+                            completion.awaits_client = True
                         else:
                             completion.terminal = self._finish(
                                 turn, completion, chunk.finish_reason
@@ -213,6 +237,49 @@ class EventLoop:
         """Calls of server-run tools are pending and this service runs tools (without the
         loop, the response ends and they close unrun)."""
         return self._tools is not None and bool(turn.translator.writer.pending_calls)
+
+    def _awaits_client(self, turn: Turn) -> bool:
+        """The response may wait for the client's outputs (`Turn.client_outputs`), and owes
+        some (without the tool loop it cannot go on, and ends as without the wait)."""
+        return (
+            self._tools is not None
+            and turn.client_outputs is not None
+            and bool(owed_calls(turn.translator.output_items))
+        )
+
+    async def _client_outputs(
+        self, turn: Turn, completion: _Completion
+    ) -> tuple[GenerateRequest | str, list[ResponseStreamEvent]]:
+        """The wait for the client's outputs after ``completion``: the engine request that
+        continues the response once every call has its output (else how it ends: ``stop``,
+        completed with the calls still owed, as without the wait; ``length``), and the events
+        placing the outputs committed meanwhile in the response."""
+        box, tools, translator = turn.client_outputs, self._tools, turn.translator
+        if box is None or tools is None:  # `_awaits_client` said yes: not reached
+            return "stop", []
+        committed = await box.collect(translator.output_items)
+        if not committed:
+            return "stop", []
+        translator.writer.place([item for batch in committed for item in batch.items])
+        placed = translator.writer.take_events()
+        cut = after_last_call(completion.token_ids)
+        if owed_calls(translator.output_items) or cut is None:
+            return "stop", placed
+        messages = self._output_messages(turn, committed)
+        return tools.continue_with(turn, completion.token_ids[:cut], messages), placed
+
+    @staticmethod
+    def _output_messages(turn: Turn, committed: list[Committed]) -> list[int]:
+        """The committed outputs as the tools' harmony messages, in commit order."""
+        calls = INPUT_ITEMS.validate_python(
+            [
+                item.model_dump(mode="json", exclude_none=True)
+                for item in turn.translator.output_items
+                if item.type in OWED_CALL_TYPES
+            ]
+        )
+        outputs = [output for batch in committed for output in batch.inputs]
+        return tool_output_tokens(outputs, calls, turn.tools)
 
     @staticmethod
     def _finish(turn: Turn, completion: _Completion, reason: str) -> list[ResponseStreamEvent]:

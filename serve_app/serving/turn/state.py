@@ -14,6 +14,7 @@ from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.prompt_cache_diagnostics import PromptFingerprint
 from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.serving.turn.client_outputs import ClientOutputs
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ class Turn:
     # at_safe_boundary`) as ``incomplete`` with reason ``steered``: a WebSocket steer waits
     # for it (serve_app.serving.steering). None: never.
     end_at_boundary: Callable[[], bool] | None = None
+    # Where a response whose model called tools the client runs waits for their outputs and
+    # goes on in place (a WebSocket with the ``response.inject`` beta: serve_app.serving.
+    # inject). None: such a response ends with the calls.
+    client_outputs: ClientOutputs | None = None
     # What runs after ``response.created`` and before the engine is asked for the answer
     # (a compaction, serve_app.serving.turn.context_management): its event batches; it may point
     # ``generate`` elsewhere. An `APIError` from it ends the turn failed.
