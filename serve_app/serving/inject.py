@@ -49,6 +49,7 @@ from serve_app.protocol.client_outputs import INJECTABLE_TYPES, OUTPUT_OF_CALL, 
 from serve_app.protocol.errors import APIError, InvalidRequest
 from serve_app.protocol.request_base import STRICT_TYPES
 from serve_app.protocol.requests import InputItem, ToolOutputItem
+from serve_app.serving.admission.responses import check_text
 from serve_app.serving.admission.websocket import LaneRefused
 from serve_app.serving.lanes import Outbox, PendingInput, with_stream_id
 from serve_app.serving.steering import Record, SteerDesk
@@ -284,6 +285,8 @@ def _offer(message: dict[str, Any], size: int) -> Offer:
             raise from_validation_errors(errors) from exc
         if not isinstance(item, ToolOutputItem):  # INJECTABLE_TYPES are all tool outputs
             raise InvalidRequest("Not a tool output.", param=f"input[{index}].type")
+        # Held to the piece limit a request's input is: it is rendered on the event loop.
+        check_text(item, f"input[{index}]")
         if item.call_id in seen:
             raise InvalidRequest(
                 f"Two outputs for call_id '{item.call_id}'.", param=f"input[{index}].call_id"

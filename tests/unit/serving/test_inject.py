@@ -297,8 +297,10 @@ async def test_an_unknown_response_is_not_found(tmp_path: Path) -> None:
         ([{"type": "message", "role": "user", "content": "hi"}], "input[0].type"),
         ([{"type": "function_call_output", "output": "no call id"}], "input[0].call_id"),
         ([], "input"),
+        # One tokenizer piece past the limit a request's input is held to: never tokenized.
+        ([output("call_not_made", "a" * 30_000)], "input[0].output"),
     ],
-    ids=["unknown call", "not a tool output", "malformed", "empty"],
+    ids=["unknown call", "not a tool output", "malformed", "empty", "a piece too long"],
 )
 async def test_an_invalid_inject_is_a_400_naming_the_item_and_commits_nothing(
     tmp_path: Path, items: list[dict[str, Any]], param: str
