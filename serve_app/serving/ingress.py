@@ -385,13 +385,14 @@ class ResponsesIngress:
         await self._store.start()
         streaming = args.streaming.resolved()
         vault = await shared_vault(args.secrets.resolved(), self._store)
+        actor_name = ray.get_runtime_context().get_actor_name()
         self._api = create_api(
             args,
             # Named so engine replicas abort this replica's requests should it die, and send
             # them its requests' chunks over one channel each (engine_channel).
             HandleEngineClient(
                 engine_handle,
-                caller=ray.get_runtime_context().get_actor_name(),
+                caller=actor_name,
                 channels=streaming.channels,
                 watchdog=Watchdog(
                     streaming.silence_s,
@@ -406,9 +407,10 @@ class ResponsesIngress:
             api_keys=api_keys,
             access=access,
             # The moderation model's deployment, when the app has one: its judgements are
-            # short, each on its own stream (no channel).
+            # short, each on its own stream (no channel); named, so a judgement of a replica
+            # that died is aborted there too.
             moderation=(
-                HandleEngineClient(moderation_handle, channels=False)
+                HandleEngineClient(moderation_handle, caller=actor_name, channels=False)
                 if moderation_handle is not None
                 else None
             ),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 
@@ -46,6 +47,7 @@ from serve_app.protocol.requests import (
     MessageItem,
     ResponsesRequest,
 )
+from serve_app.serving import metrics
 from serve_app.serving.engine.client import EngineClient
 
 logger = logging.getLogger(__name__)
@@ -68,8 +70,20 @@ class Moderator:
     def model(self) -> str:
         return self.args.model
 
-    async def judge(self, text: str, request_id: str) -> Judgement:
-        """``text`` judged under the policy; a `Failure` when it could not be."""
+    async def judge(self, text: str, request_id: str, side: str = "input") -> Judgement:
+        """``text`` judged under the policy; a `Failure` when it could not be. Counted by
+        ``side`` and outcome in the metrics."""
+        started = time.monotonic()
+        judgement = await self._judge(text, request_id)
+        if isinstance(judgement, Failure):
+            outcome = judgement.code
+        else:
+            outcome = "flagged" if judgement.flagged else "passed"
+            metrics.MODERATION_SECONDS.observe(time.monotonic() - started)
+        metrics.MODERATION_JUDGEMENTS.labels(side, outcome).inc()
+        return judgement
+
+    async def _judge(self, text: str, request_id: str) -> Judgement:
         if not text.strip():
             return judged.clean(self.categories)  # nothing to judge, nothing flagged
         try:
@@ -237,7 +251,8 @@ class TurnModeration:
         text = self._previous + self._pending
         self._previous, self._pending = self._pending, ""
         request_id = f"{self._response_id}-mod-output-{len(self._windows)}"
-        task = asyncio.create_task(self._moderator.judge(text, request_id), name="moderation")
+        judgement = self._moderator.judge(text, request_id, side="output")
+        task = asyncio.create_task(judgement, name="moderation output")
         self._windows.append(task)
 
     @property
@@ -245,7 +260,10 @@ class TurnModeration:
         """Under ``block``, a window judged so far was flagged: output stops here."""
         if self._options.output_mode != "block":
             return False
-        return any(task.done() and _flagged(task.result()) for task in self._windows)
+        return any(
+            task.done() and not task.cancelled() and _flagged(task.result())
+            for task in self._windows
+        )
 
     # --- the end -----------------------------------------------------------------------------
 

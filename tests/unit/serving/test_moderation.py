@@ -14,7 +14,9 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from openai import OpenAI
 from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses.responses_server_event import ResponsesServerEvent
 from pydantic import TypeAdapter
 
 from serve_app.config import AppArgs, EngineConfig, ModerationArgs
@@ -24,9 +26,11 @@ from serve_app.serving.engine.client import InProcessEngineClient
 from tests.support import MODEL, MODERATION_SCRIPT
 from tests.support.helpers import in_process_api, on_uvicorn, sdk_client
 from tests.support.traffic import sse_events
+from tests.support.websocket import connected, until_terminal
 
 RESPONSE: TypeAdapter[Any] = TypeAdapter(Response)
 EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(ResponsesServerEvent)
 CLASSIFIER = "gpt-oss-safeguard-20b"
 WINDOW = 32
 # A long answer with a violent passage in its middle and a sentinel at its end: a flagged
@@ -149,6 +153,46 @@ async def test_the_results_are_stored_with_the_response(tmp_path: Path) -> None:
     assert stored["moderation"] == response["moderation"]
 
 
+def test_the_python_sdk_streams_and_websockets_moderation(tmp_path: Path) -> None:
+    """The openai SDK's own stream helper and its WebSocket mode (``responses.connect``): a
+    blocked input, read as the SDK types it (every WebSocket event validated as its server
+    event). Sync SDK over real HTTP in a thread; the app on uvicorn in this test's loop."""
+    policy = {"input": {"mode": "block"}}
+    moderation = {"model": CLASSIFIER, "policy": policy}
+
+    def play(url: str) -> tuple[Any, list[Any]]:
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+        with client.responses.stream(
+            model=MODEL, input="MOD-VIOLENT: I will hurt him.", moderation=moderation
+        ) as stream:
+            # The helper's get_final_response() takes `response.completed` only: the
+            # terminal event says it here.
+            streamed = [event for event in stream][-1].response
+        with connected(client) as connection:
+            connection.response.create(
+                model=MODEL, input="MOD-VIOLENT: I will hurt him.", moderation=moderation
+            )
+            events = until_terminal(connection)
+        return streamed, events
+
+    async def serve() -> tuple[Any, list[Any]]:
+        async with (
+            in_process_api(tmp_path / "db", moderated(), engine=main_engine()) as api,
+            on_uvicorn(api) as url,
+        ):
+            return await asyncio.to_thread(play, url)
+
+    streamed, events = asyncio.run(serve())
+    for response in (streamed, events[-1].response):
+        assert response.status == "incomplete"
+        assert response.incomplete_details.reason == "content_filter"
+        assert response.output == []
+        assert response.moderation.input.type == "moderation_result"
+        assert response.moderation.input.flagged
+    for event in events:
+        SERVER_EVENT.validate_python(event.model_dump(mode="json", exclude_unset=True))
+
+
 # --- score: results only -------------------------------------------------------------------
 
 
@@ -262,14 +306,14 @@ class Timed:
 
 async def test_the_input_is_judged_beside_the_prefill(tmp_path: Path) -> None:
     """The engine request starts with the judgement, not after it: under `block`, time to
-    first token is the longer of the two (about 0.5 s and 0.8 s here), not their sum. Over
+    first token is the longer of the two (about 0.7 s and 0.8 s here), not their sum. Over
     real HTTP (uvicorn): the in-process transport hands over a body only once it is whole."""
     from serve_app.engines.simulated import SimulatedEngine
 
     classifier = SimulatedEngine(SimulatedEngineConfig(script=str(MODERATION_SCRIPT)))
     await classifier.start()
     timed = Timed(InProcessEngineClient(classifier))
-    slow_prefill = main_engine(prefill_tokens_per_s=150)  # 72 prompt tokens: ~0.5 s
+    slow_prefill = main_engine(prefill_tokens_per_s=100)  # 72 prompt tokens: ~0.7 s
     async with (
         in_process_api(tmp_path / "db", moderated(), engine=slow_prefill, moderation=timed) as api,
         on_uvicorn(api) as url,
@@ -286,7 +330,7 @@ async def test_the_input_is_judged_beside_the_prefill(tmp_path: Path) -> None:
     assert first_text is not None
     assert timed.started[0] - sent < 0.2  # judged from the start
     # Held until the verdict (block), and released with it: not a prefill after it.
-    assert judgement <= first_text < judgement + 0.3
+    assert judgement <= first_text < judgement + 0.45
 
 
 # --- failures: an error result, never a failed or hung response ------------------------------
@@ -307,6 +351,8 @@ async def test_a_failed_judgement_is_an_error_result(tmp_path: Path, text: str, 
         response = await create(api, body(text, input_mode="block", output_mode="block"))
         elapsed = time.monotonic() - started
         engine = api.state.moderation_engine
+        async with http(api) as client:
+            scraped = (await client.get("/metrics")).text
     assert response["status"] == "completed"  # an error result does not block
     assert output_text(response) == "Hello there, happy to help."
     assert response["moderation"]["input"]["type"] == "error"
@@ -314,6 +360,9 @@ async def test_a_failed_judgement_is_an_error_result(tmp_path: Path, text: str, 
     assert response["moderation"]["input"]["message"]
     assert response["moderation"]["output"]["type"] == "moderation_result"
     assert elapsed < 5
+    # Counted for the operator, by side and outcome.
+    counted = f'serve_app_moderation_judgements_total{{outcome="{code}",side="input"}}'
+    assert counted in scraped
     await asyncio.sleep(0)
     assert engine.num_ongoing_requests() == 0  # a timed-out judgement was aborted
 
