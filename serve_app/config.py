@@ -332,6 +332,45 @@ class ToolArgs(BaseModel):
         return ToolArgs.model_validate({**self.model_dump(), "mcp_allow": entries})
 
 
+class ModerationArgs(BaseModel):
+    """The moderation model (a request's ``moderation``, docs/protocol.md#moderation):
+    gpt-oss-safeguard served as its own engine deployment (``ModerationEngine``) in the same
+    Serve application, the operator's policy its prompt. Unset (the default): a request asking
+    for moderation is a 400 naming ``moderation``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The name results carry in `model`, and the names a request's `moderation.model` may use
+    # (OpenAI's default name among them, so clients written for OpenAI work unchanged; the
+    # results still name this model, the one that judged).
+    model: str = "gpt-oss-safeguard-20b"
+    model_aliases: list[str] = Field(default_factory=lambda: ["omni-moderation-latest"])
+    # The classifier's engine: vLLM with gpt-oss-safeguard's weights on GPUs, or the simulated
+    # engine (a script plays the classifier: tests, laptops).
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    # The policy the classifier is given (a text file); unset: the shipped default, OpenAI's
+    # moderation categories (serve_app/protocol/moderation_policy.md). Its categories are the
+    # bullets that start with a backticked name; its output format is one JSON object.
+    policy_file: str | None = None
+    # gpt-oss-safeguard's reasoning effort (harmony's system message): low answers fastest.
+    reasoning_effort: Literal["low", "medium", "high"] = "low"
+    # A category scored at least this is flagged.
+    threshold: float = Field(default=0.5, gt=0, le=1)
+    # Output is judged every this many tokens of output text (each judgement sees the window
+    # before it too, so content split across two windows is judged whole).
+    output_window_tokens: int = Field(default=128, gt=0)
+    # One judgement taking longer is an error result (`moderation_timeout`): the most
+    # moderation can add to a response's time to first token (with `block` on the input).
+    timeout_s: float = Field(default=5.0, gt=0)
+    # The classifier's output budget (its reasoning and the JSON answer), and the most tokens
+    # of content one judgement reads (an input's last ones).
+    max_answer_tokens: int = Field(default=1024, gt=0)
+    max_content_tokens: int = Field(default=8192, gt=0)
+
+    def served_names(self) -> set[str]:
+        return {self.model, *self.model_aliases}
+
+
 class AppArgs(BaseModel):
     """What ``serve_app.app:build_app`` takes (validated by Ray Serve from the YAML ``args``)."""
 
@@ -347,6 +386,8 @@ class AppArgs(BaseModel):
     streaming: StreamingArgs = Field(default_factory=StreamingArgs)
     secrets: SecretArgs = Field(default_factory=SecretArgs)
     tools: ToolArgs = Field(default_factory=ToolArgs)
+    # The moderation model, when the app serves one (None: moderation is refused).
+    moderation: ModerationArgs | None = None
     # An app reachable beyond this machine (Serve's http_options.host not loopback, as in
     # configs/gpt-oss.yaml, or a Ray cluster of several nodes) refuses to start without API
     # keys (serve_app/serving/http/exposure.py); true serves it open to anyone who reaches it,

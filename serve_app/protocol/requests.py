@@ -36,6 +36,7 @@ from serve_app.protocol.client_tools import (
     ShellCallItem,
     ShellCallOutputItem,
 )
+from serve_app.protocol.moderation import ModerationOptions
 from serve_app.protocol.prompt_cache import (
     BREAKPOINT_PART_TYPES,
     PromptCacheBreakpoint,
@@ -331,6 +332,9 @@ class ResponsesRequest(Lenient):
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     prompt_cache_options: PromptCacheOptions | None = None
     context_management: list[ContextManagement] | None = None
+    # Judged by the moderation model the app serves (serve_app/protocol/moderation.py); null
+    # or absent: not moderated.
+    moderation: ModerationOptions | None = None
 
     @field_validator("metadata")
     @classmethod

@@ -169,6 +169,9 @@ def initial_response(request: ResponsesRequest, *, response_id: str, model: str)
         # Null unless the request names a comparison (serve_app/serving/turn/cache_diagnostics.py).
         "prompt_cache_diagnostics": None,
     }
+    if request.moderation is not None:
+        # Null until the terminal event, which carries both sides' results.
+        fields["moderation"] = None
     if request.conversation_id is not None:  # only then: OpenAI leaves it out otherwise
         fields["conversation"] = {"id": request.conversation_id}
     return Response(**fields)

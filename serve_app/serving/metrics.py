@@ -77,3 +77,14 @@ ENGINE_RUNNING = Gauge(
     "Engine requests this engine replica is serving now (Serve's own ongoing count also holds "
     "the open channels, which generate nothing).",
 )
+MODERATION_JUDGEMENTS = Counter(
+    "serve_app_moderation_judgements",
+    "Judgements of the moderation model (a request's `moderation`), by side (input or output) "
+    "and outcome (passed, flagged, or the error result's code).",
+    ["side", "outcome"],
+)
+MODERATION_SECONDS = Histogram(
+    "serve_app_moderation_judgement_seconds",
+    "One judgement of the moderation model, from the ingress: its prefill, reasoning and answer.",
+    buckets=_LATENCY_BUCKETS,
+)

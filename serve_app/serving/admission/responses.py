@@ -73,10 +73,32 @@ def check_request(args: AppArgs, request: ResponsesRequest, *, check_limits: boo
     check_text(request)
     check_prewarm(request)
     check_context_management(request)
+    check_moderation(args, request)
     builtin.check_builtin_tools(request)
     if request.conversation_id is not None and request.previous_response_id is not None:
         raise InvalidRequest(
             "Use `conversation` or `previous_response_id`, not both.", param="conversation"
+        )
+
+
+def check_moderation(args: AppArgs, request: ResponsesRequest) -> None:
+    """``moderation`` only where the app serves a moderation model, by one of its names."""
+    asked = request.moderation
+    if asked is None:
+        return
+    served = args.moderation
+    if served is None:
+        raise InvalidRequest(
+            "Moderation is not available on this server: it serves no moderation model.",
+            param="moderation",
+        )
+    if asked.model not in served.served_names():
+        names = ", ".join(sorted(served.served_names()))
+        raise InvalidRequest(
+            f"The moderation model `{asked.model}` does not exist (this server moderates "
+            f"with: {names}).",
+            param="moderation.model",
+            code="model_not_found",
         )
 
 

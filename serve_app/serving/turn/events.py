@@ -70,6 +70,24 @@ class EventLoop:
         return turn.response
 
     async def event_batches(self, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]:
+        """`_event_batches`; a moderated turn's input is judged from now on, beside the engine
+        request it makes at once (serve_app/serving/moderation.py), and no judgement outlives
+        the turn."""
+        moderation = turn.moderation
+        if moderation is None:
+            async with contextlib.aclosing(self._event_batches(turn)) as batches:
+                async for batch in batches:
+                    yield batch
+            return
+        moderation.begin()
+        try:
+            async with contextlib.aclosing(self._event_batches(turn)) as batches:
+                async for batch in batches:
+                    yield batch
+        finally:
+            moderation.cancel()
+
+    async def _event_batches(self, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]:
         """``events``, as one non-empty list per engine chunk: what a transport sends in one
         write (one ASGI message costs the same whether it carries one event or ten).
 
@@ -103,6 +121,8 @@ class EventLoop:
                     if placed:
                         yield placed
                     if isinstance(resumed, str):
+                        if await self._settle(turn, wait=True):
+                            resumed = "content_filter"
                         terminal = translator.finish(
                             resumed,
                             prompt_tokens=turn.prompt_tokens,
@@ -131,6 +151,8 @@ class EventLoop:
                 if not isinstance(following, str) and steer is not None and steer():
                     following = "steered"  # between two completions: a safe boundary
                 if isinstance(following, str):
+                    if await self._settle(turn, wait=True):
+                        following = "content_filter"
                     terminal = translator.finish(
                         following,
                         prompt_tokens=turn.prompt_tokens,
@@ -140,6 +162,7 @@ class EventLoop:
                 turn.generate = following
                 translator.begin_completion()
             if not terminal:
+                await self._settle(turn, wait=False)
                 terminal = translator.fail("The engine stream ended early.", "server_error")
         except RateLimited as busy:
             # Every engine replica is full and the queue too (the engine client's word for
@@ -149,11 +172,14 @@ class EventLoop:
             logger.warning("response %s: engines at capacity", turn.response.id)
             if opening and not turn.announced:
                 raise
+            await self._settle(turn, wait=False)
             terminal = translator.fail(busy.message, RATE_LIMITED)
         except APIError as error:  # what runs before the answer could not be done
+            await self._settle(turn, wait=False)
             terminal = translator.fail(error.message, error.code or SERVER_ERROR)
         except Exception as exc:  # a replica died or the handle failed: never hang the client
             logger.exception("response %s: engine call failed", turn.response.id)
+            await self._settle(turn, wait=False)
             terminal = translator.fail(f"The engine failed: {type(exc).__name__}", "server_error")
         try:
             # Stored before the terminal event, so a client chaining right after it finds it,
@@ -200,18 +226,26 @@ class EventLoop:
                         metrics.TIME_TO_FIRST_TOKEN.observe(turn.first_token_at - turn.arrived_at)
                     if turn.end_at_boundary is not None and turn.end_at_boundary():
                         fed, read = translator.feed_to_boundary(chunk.token_ids, chunk.logprobs)
+                        _observe(turn, fed)
                         yield fed
                         # At a boundary with the completion not over: end here. (Its last token
                         # read and the engine done: it ended on its own, as below.)
                         over = read == len(chunk.token_ids) and chunk.finish_reason is not None
                         if translator.at_safe_boundary and not over:
-                            completion.terminal = self._finish(turn, completion, "steered")
+                            completion.terminal = await self._end(turn, completion, "steered")
                             return
                     else:
-                        yield translator.feed(chunk.token_ids, chunk.logprobs)
+                        fed = translator.feed(chunk.token_ids, chunk.logprobs)
+                        _observe(turn, fed)
+                        yield fed
+                    if turn.moderation is not None and turn.moderation.output_blocked:
+                        # A flagged output window under `block`: no more output.
+                        completion.terminal = await self._end(turn, completion, "content_filter")
+                        return
                     if chunk.finish_reason == "error":
                         # The engine's code says whose fault it was (invalid_prompt: the client's).
                         code = chunk.error_code or SERVER_ERROR
+                        await self._settle(turn, wait=False)
                         completion.terminal = translator.fail(
                             chunk.error or "The engine failed.", code
                         )
@@ -222,7 +256,7 @@ class EventLoop:
                         elif chunk.finish_reason == "stop" and self._awaits_client(turn):
                             completion.awaits_client = True
                         else:
-                            completion.terminal = self._finish(
+                            completion.terminal = await self._end(
                                 turn, completion, chunk.finish_reason
                             )
                         return
@@ -281,6 +315,28 @@ class EventLoop:
         outputs = [output for batch in committed for output in batch.inputs]
         return tool_output_tokens(outputs, calls, turn.tools)
 
+    async def _end(
+        self, turn: Turn, completion: _Completion, reason: str
+    ) -> list[ResponseStreamEvent]:
+        """`_finish`, with the turn's moderation settled first: a flagged `block` side makes
+        it ``content_filter`` (a cancelled response stays cancelled, judged no further)."""
+        # Blocked or cancelled: no judgement still running is waited for.
+        wait = reason not in ("abort", "content_filter")
+        if await self._settle(turn, wait=wait) and reason != "abort":
+            reason = "content_filter"
+        return self._finish(turn, completion, reason)
+
+    @staticmethod
+    async def _settle(turn: Turn, *, wait: bool) -> bool:
+        """The turn's moderation results onto the Response its terminal event carries (made
+        next); whether a `block` side was flagged. ``wait`` false: a failed or cancelled
+        response does not wait for judgements still running (error results)."""
+        moderation = turn.moderation
+        if moderation is None:
+            return False
+        turn.translator.writer.moderation = await moderation.settle(wait=wait)
+        return moderation.blocked
+
     @staticmethod
     def _finish(turn: Turn, completion: _Completion, reason: str) -> list[ResponseStreamEvent]:
         """The terminal event for ``reason``, usage summed over the response's completions."""
@@ -293,7 +349,10 @@ class EventLoop:
     async def _engine_chunks(self, turn: Turn) -> AsyncIterator[GenerateChunk]:
         """The engine's chunks, until the translator has made the ``max_tool_calls`` calls
         allowed: then a ``stop`` in place of the rest, and the engine request is aborted."""
-        async with contextlib.aclosing(self._engine.stream(turn.generate)) as chunks:
+        stream = self._engine.stream(turn.generate)
+        if turn.moderation is not None:  # under `block`, output waits for the input's verdict
+            stream = turn.moderation.gate(stream)
+        async with contextlib.aclosing(stream) as chunks:
             async for chunk in chunks:
                 yield chunk
                 if chunk.finish_reason is not None:
@@ -302,6 +361,12 @@ class EventLoop:
                     # Closing the engine stream unfinished cancels the engine request.
                     yield GenerateChunk(finish_reason="stop")
                     return
+
+
+def _observe(turn: Turn, events: list[ResponseStreamEvent]) -> None:
+    """The output text of ``events`` to the turn's output moderation, if it has any."""
+    if turn.moderation is not None and events:
+        turn.moderation.observe(events)
 
 
 def _record(turn: Turn) -> None:

@@ -29,6 +29,7 @@ from serve_app.routing.keys import cache_salt, key_digest, routing_key
 from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
+from serve_app.serving.moderation import Moderator, TurnModeration, input_text
 from serve_app.serving.tools import tool_search
 from serve_app.serving.tools.bounds import OutputBounds
 from serve_app.serving.tools.builtin import register_builtin_runners
@@ -58,8 +59,11 @@ class ResponsesService:
         vault: ReasoningVault,
         store: ResponseStore,
         tools: ToolRunners | None = None,
+        moderator: Moderator | None = None,
     ) -> None:
         self._args = args
+        # The moderation model's client, when the app serves one (`AppArgs.moderation`).
+        self._moderator = moderator
         self._vault = vault
         self._door = Door(args, store, vault)
         self._store = store
@@ -154,6 +158,7 @@ class ResponsesService:
             request=request,
             generate=generate,
             translator=translator,
+            moderation=self._moderation(request, response.id),
             owner=owner,
             prompt=kept,
             comparison=compared if isinstance(compared, PromptFingerprint) else None,
@@ -165,6 +170,12 @@ class ResponsesService:
                 else None
             ),
         )
+
+    def _moderation(self, request: ResponsesRequest, response_id: str) -> TurnModeration | None:
+        """The turn's moderation, when it asked (the door made sure the app serves it)."""
+        if request.moderation is None or self._moderator is None:
+            return None
+        return TurnModeration(self._moderator, request.moderation, response_id, input_text(request))
 
     async def retarget(self, turn: Turn, request: ResponsesRequest) -> None:
         """Point ``turn``'s engine request at ``request`` rendered after ``turn.history`` (a

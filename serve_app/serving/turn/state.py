@@ -14,6 +14,7 @@ from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.prompt_cache_diagnostics import PromptFingerprint
 from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.serving.moderation import TurnModeration
 from serve_app.serving.turn.client_outputs import ClientOutputs
 
 
@@ -88,6 +89,8 @@ class Turn:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
+    # The request's moderation (input beside the prefill, output in windows), when it asked.
+    moderation: TurnModeration | None = None
 
     @property
     def response(self) -> Response:
