@@ -63,6 +63,16 @@ class GenerateRequest:
     # the conversation's home for at least the ttl (docs/routing.md).
     cache_breakpoints: tuple[int, ...] = ()
     cache_ttl_s: int | None = None
+    # Scheduling (issue 49). An engine serves the requests waiting for it earliest deadline
+    # first, this request's deadline being its arrival plus ``deadline_s`` (ties: arrival).
+    # With a deadline fixed at arrival, a waiting request's effective priority improves with
+    # its wait (one second a second), so a request with a later deadline is never starved: it
+    # is passed only by requests arriving less than the difference of the two deadlines after
+    # it. ``priority`` is the caller's class of the request, lower more urgent (vLLM's
+    # convention; 0 the default): engines label what they report by it, and do not schedule
+    # by it otherwise.
+    priority: int = 0
+    deadline_s: float = 0.0
 
 
 @dataclass
