@@ -102,6 +102,10 @@ class GenerateChunk:
     # and transport in front of it. An engine that models its time (the simulated one) sets it
     # from its model; otherwise the deployment measures it.
     engine_ttft_s: float | None = None
+    # Of ``engine_ttft_s``, the seconds the request waited before its prefill started (for
+    # other requests' prefills, or for a decode slot), on the same chunk; None: the engine
+    # does not say (issue 49: the queue wait by tier).
+    engine_queue_s: float | None = None
     # One entry per id of ``token_ids`` when the request asked for logprobs, else None (the
     # common case pays nothing per token).
     logprobs: list[TokenLogprob] | None = None
@@ -130,6 +134,8 @@ class GenerateChunk:
         self.replica = self.replica or later.replica
         if self.engine_ttft_s is None:
             self.engine_ttft_s = later.engine_ttft_s
+        if self.engine_queue_s is None:
+            self.engine_queue_s = later.engine_queue_s
         if later.logprobs is not None:
             # A chunk without logprobs (e.g. the last one, with no tokens) adds none.
             if self.logprobs is None:
