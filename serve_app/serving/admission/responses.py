@@ -40,6 +40,7 @@ from serve_app.protocol.request_base import OPAQUE
 from serve_app.protocol.request_tools import HostedTool
 from serve_app.protocol.requests import CompactionItem, InputItem, ItemReference, ResponsesRequest
 from serve_app.protocol.service_tiers import served_tier
+from serve_app.serving import metrics
 from serve_app.serving.admission import builtin
 from serve_app.serving.admission import tools as tool_rules
 
@@ -173,6 +174,7 @@ def service_tier(args: AppArgs, request: ResponsesRequest, owner: str | None) ->
     policy = args.service_tiers.policy(owner)
     tier = served_tier(request.service_tier, policy)
     if tier not in policy.allowed:
+        metrics.TIER_REQUESTS.labels(tier, "rejected").inc()
         asked = request.service_tier or "auto"
         served = "" if asked == tier else f" (served as '{tier}')"
         allowed = ", ".join(f"'{name}'" for name in policy.allowed)

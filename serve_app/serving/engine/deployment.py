@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,9 +42,10 @@ from serve_app.engines.base import (
     error_chunk,
 )
 from serve_app.engines.factory import make_engine
+from serve_app.protocol.service_tiers import tier_of
 from serve_app.routing.replica_report import ReplicaReporter
 from serve_app.serving import metrics
-from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS
+from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS, TIERS, tier_metric
 from serve_app.serving.engine.channel import (
     CHANNEL_IDLE_S,
     ChannelClosed,
@@ -64,6 +66,11 @@ CALLER_CHECK_PERIOD_S = 2.0
 # (bench_stream.py: 1.04-1.15 tokens per chunk). This is its value for a replica built without
 # app args (the tests' bare replicas, which may set it); a deployed replica takes the app's.
 STREAM_WINDOW_S = StreamingArgs().resolved().window_s
+
+
+def _tier_label(request: GenerateRequest) -> str:
+    """The service tier of an engine request, by its rank ("other": a rank no tier has)."""
+    return tier_of(request.priority) or "other"
 
 
 def _live_actor_names() -> set[str]:
@@ -255,6 +262,9 @@ class EngineDeployment:
         if subscribe is None or not subscribe(self._reporter.held):
             logger.info("the engine publishes no KV-cache events; routers get none from here")
         self._producers: dict[str, asyncio.Task] = {}
+        # The requests in flight here by service tier (issue 49): for the autoscaling policy,
+        # which may leave a tier out, and the metrics.
+        self._by_tier: Counter[str] = Counter()
         self._outboxes: dict[str, Outbox] = {}  # caller -> its open channel (engine_channel)
         self._callers = CallerWatch(
             self._abort_orphan, live_callers or self._live_callers, caller_check_period_s
@@ -295,8 +305,11 @@ class EngineDeployment:
         producer = asyncio.create_task(self._produce_routed(request, route))
         self._watch(caller, request.request_id, producer)
         finished = accepted = False
+        tier = _tier_label(request)
         metrics.ENGINE_REQUESTS.inc()
         metrics.ENGINE_RUNNING.inc()
+        self._by_tier[tier] += 1
+        metrics.ENGINE_RUNNING_BY_TIER.labels(tier).inc()
         try:
             while not finished:
                 outbox = self._outboxes.get(caller) if caller else None
@@ -329,6 +342,8 @@ class EngineDeployment:
                     await asyncio.sleep(window_s)
         finally:
             metrics.ENGINE_RUNNING.dec()
+            self._by_tier[tier] -= 1
+            metrics.ENGINE_RUNNING_BY_TIER.labels(tier).dec()
             await self._settle(caller, request.request_id, producer, finished)
 
     async def channel(
@@ -429,6 +444,8 @@ class EngineDeployment:
         arrived = self._reporter.now()
 
         def send(chunk: GenerateChunk, first_token: bool) -> None:
+            if first_token and chunk.engine_queue_s is not None:
+                metrics.ENGINE_QUEUE_WAIT.labels(_tier_label(request)).observe(chunk.engine_queue_s)
             if first_token and chunk.engine_ttft_s is not None:  # to the prefill ledger
                 uncached = chunk.num_prompt_tokens - chunk.num_cached_tokens
                 at = arrived + chunk.engine_ttft_s
@@ -483,10 +500,13 @@ class EngineDeployment:
         return self._reporter.report()
 
     async def record_autoscaling_stats(self) -> dict[str, int]:
-        """Ray Serve's custom autoscaling metric: the requests the engine holds, which the
-        engine deployment's policy scales on (``serve_app.serving.engine.autoscaling``). Serve's own
-        ongoing count also holds the open channels, which generate nothing."""
-        return {GENERATING_REQUESTS: self._engine.num_ongoing_requests()}
+        """Ray Serve's custom autoscaling metrics: the requests the engine holds, which the
+        engine deployment's policy scales on (``serve_app.serving.engine.autoscaling``), and
+        those of each service tier, which it may leave out. Serve's own ongoing count also
+        holds the open channels, which generate nothing."""
+        stats = {GENERATING_REQUESTS: self._engine.num_ongoing_requests()}
+        stats.update({tier_metric(tier): self._by_tier[tier] for tier in TIERS})
+        return stats
 
     async def check_health(self) -> None:
         await self._engine.check_health()

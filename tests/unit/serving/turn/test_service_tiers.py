@@ -16,6 +16,7 @@ import openai
 import pytest
 from fastapi import FastAPI
 from openai.types.responses import Response, ResponseStreamEvent
+from prometheus_client import REGISTRY
 from pydantic import TypeAdapter
 
 from serve_app.config import AppArgs, ServiceTierArgs, TierPolicy
@@ -150,3 +151,34 @@ async def test_without_tier_settings_every_tier_is_served_as_asked(tmp_path: Pat
                 service_tier=asked_tier,  # type: ignore[arg-type]
             )
             assert response.service_tier == served
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_requests_and_time_to_first_token_are_counted_per_tier(api: FastAPI) -> None:
+    before = {
+        tier: (
+            _sample("serve_app_tier_requests_total", tier=tier, status="completed"),
+            _sample("serve_app_tier_time_to_first_token_seconds_count", tier=tier),
+        )
+        for tier in ("priority", "default", "flex")
+    }
+    client = sdk_client(api, CODEX_KEY)
+    for tier in ("priority", "flex", "flex"):
+        await client.responses.create(model=MODEL, input="hi", service_tier=tier)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError):
+        await sdk_client(api, BATCH_KEY).responses.create(
+            model=MODEL, input="hi", service_tier="priority"
+        )
+    counted = {
+        tier: (
+            _sample("serve_app_tier_requests_total", tier=tier, status="completed") - requests,
+            _sample("serve_app_tier_time_to_first_token_seconds_count", tier=tier) - ttfts,
+        )
+        for tier, (requests, ttfts) in before.items()
+    }
+    assert counted == {"priority": (1, 1), "default": (0, 0), "flex": (2, 2)}
+    # The refusal is counted by the tier it asked to be served at, as rejected.
+    assert _sample("serve_app_tier_requests_total", tier="priority", status="rejected") >= 1
