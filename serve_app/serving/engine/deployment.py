@@ -299,6 +299,8 @@ class EngineDeployment:
             request.session_id,
             len(request.prompt_token_ids),
             request.cache_ttl_s,  # reported: every router keeps the home that long
+            deadline_s=request.deadline_s,  # the queue ahead of each tier (issue 49)
+            priority=request.priority,
         )
         self._ledger_changed()
         route = _Route(request.request_id, self._replica_id)
