@@ -17,5 +17,5 @@ def build_app(args: AppArgs) -> Application:
     Deployment options (replicas, autoscaling, placement groups, request router) come from
     the Serve config's ``deployments`` section, keyed by deployment name.
     """
-    engine = EngineDeployment.bind(args.engine, args.streaming)
+    engine = EngineDeployment.bind(args.engine, args.streaming, args.service_tiers)
     return ResponsesIngress.bind(engine, args)

@@ -366,6 +366,11 @@ class ServiceTierArgs(BaseModel):
     keys: dict[str, TierPolicy] = Field(default_factory=dict)
     # Seconds after its arrival at an engine by which a request of each tier is due.
     deadline_s: dict[ServedTier, float] = Field(default_factory=_default_deadlines)
+    # Per engine replica: at most this many of a tier's requests in the engine at once; the
+    # rest wait in the replica (serve_app/serving/engine/tier_gate.py), so a flex flood cannot
+    # fill the engine's batch (its decode slots, its KV cache) and make a priority turn wait
+    # for a flex request to end. Unset: no cap.
+    max_running: dict[ServedTier, int] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _keys_are_digests_and_tiers_ordered(self) -> ServiceTierArgs:
@@ -378,6 +383,8 @@ class ServiceTierArgs(BaseModel):
         missing = [tier for tier in SERVED_TIERS if tier not in self.deadline_s]
         if missing:
             raise ValueError(f"service_tiers.deadline_s names no deadline for {missing}")
+        if any(limit < 1 for limit in self.max_running.values()):
+            raise ValueError("service_tiers.max_running: each at least 1")
         deadlines = [self.deadline_s[tier] for tier in SERVED_TIERS]
         if any(deadline < 0 for deadline in deadlines) or deadlines != sorted(deadlines):
             raise ValueError(

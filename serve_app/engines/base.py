@@ -70,7 +70,8 @@ class GenerateRequest:
     # is passed only by requests arriving less than the difference of the two deadlines after
     # it. ``priority`` is the caller's class of the request, lower more urgent (vLLM's
     # convention; 0 the default): engines label what they report by it, and do not schedule
-    # by it otherwise.
+    # by it otherwise. ``deadline_s`` may be negative: the request waited before it reached
+    # the engine (in the engine replica's tier gate) and is due already.
     priority: int = 0
     deadline_s: float = 0.0
 

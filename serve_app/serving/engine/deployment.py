@@ -33,7 +33,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from serve_app.config import EngineConfig, StreamingArgs
+from serve_app.config import EngineConfig, ServiceTierArgs, StreamingArgs
 from serve_app.engines.base import (
     SERVER_ERROR,
     Engine,
@@ -54,6 +54,7 @@ from serve_app.serving.engine.channel import (
     Outbox,
 )
 from serve_app.serving.engine.liveness import HEARTBEAT, HEARTBEAT_S, Accepted, Heartbeat
+from serve_app.serving.engine.tier_gate import TierGate
 
 logger = logging.getLogger(__name__)
 
@@ -228,13 +229,19 @@ class _Route:
 
 @serve.deployment(name="EngineDeployment", max_ongoing_requests=64)
 class EngineDeployment:
-    async def __init__(self, engine: EngineConfig, streaming: StreamingArgs | None = None) -> None:
+    async def __init__(
+        self,
+        engine: EngineConfig,
+        streaming: StreamingArgs | None = None,
+        tiers: ServiceTierArgs | None = None,
+    ) -> None:
         # Same id the request router puts on its ring: lets the ingress attribute cache hits.
         self._serve(
             make_engine(engine),
             serve.get_replica_context().replica_id.unique_id,
             # Resolved here: the environment overrides are this node's.
             streaming=(streaming or StreamingArgs()).resolved(),
+            tiers=tiers,
         )
         await self._engine.start()
 
@@ -245,11 +252,15 @@ class EngineDeployment:
         live_callers: Callable[[], Awaitable[set[str]]] | None = None,
         caller_check_period_s: float = CALLER_CHECK_PERIOD_S,
         streaming: StreamingArgs | None = None,
+        tiers: ServiceTierArgs | None = None,
     ) -> None:
         """The replica's state around ``engine`` (the tests build one without Serve so;
-        ``streaming`` None: the module's `STREAM_WINDOW_S` and `CHANNEL_IDLE_S`)."""
+        ``streaming`` None: the module's `STREAM_WINDOW_S` and `CHANNEL_IDLE_S`; ``tiers``
+        None: no tier capped in the engine)."""
         self._streaming = streaming
         self._engine = engine
+        # At most max_running of a tier's requests in the engine at once (issue 49).
+        self._gate = TierGate((tiers or ServiceTierArgs()).max_running)
         self._replica_id = replica_id
         # What the routers are told (record_routing_stats): conversations served, the prefix
         # cache per conversation from the engine's own KV-cache events, queued prefill.
@@ -456,7 +467,8 @@ class EngineDeployment:
             route.send(chunk, first_token)
 
         try:
-            await self._produce(request, send)
+            async with self._gate.admitted(request) as admitted:
+                await self._produce(admitted, send)
         finally:
             self._ended(request.request_id)
             route.queue.put_nowait(_END)  # for the own stream, if it is still reading
@@ -506,7 +518,9 @@ class EngineDeployment:
         engine deployment's policy scales on (``serve_app.serving.engine.autoscaling``), and
         those of each service tier, which it may leave out. Serve's own ongoing count also
         holds the open channels, which generate nothing."""
-        stats = {GENERATING_REQUESTS: self._engine.num_ongoing_requests()}
+        # Those held at the tier gate are load too, the engine's queue in all but name.
+        generating = self._engine.num_ongoing_requests() + self._gate.waiting()
+        stats = {GENERATING_REQUESTS: generating}
         stats.update({tier_metric(tier): self._by_tier[tier] for tier in TIERS})
         return stats
 
