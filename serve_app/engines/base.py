@@ -71,7 +71,7 @@ class GenerateRequest:
     # it. ``priority`` is the caller's class of the request, lower more urgent (vLLM's
     # convention; 0 the default): engines label what they report by it, and do not schedule
     # by it otherwise. ``deadline_s`` may be negative: the request waited before it reached
-    # the engine (in the engine replica's tier gate) and is due already.
+    # the engine (held by its caller) and is due already.
     priority: int = 0
     deadline_s: float = 0.0
 
