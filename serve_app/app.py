@@ -20,7 +20,7 @@ def build_app(args: AppArgs) -> Application:
     Deployment options (replicas, autoscaling, placement groups, request router) come from
     the Serve config's ``deployments`` section, keyed by deployment name.
     """
-    engine = EngineDeployment.bind(args.engine, args.streaming)
+    engine = EngineDeployment.bind(args.engine, args.streaming, args.service_tiers)
     if args.moderation is None:
         return ResponsesIngress.bind(engine, args)
     # gpt-oss-safeguard on engine replicas of its own (the same engine contract): its own

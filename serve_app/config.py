@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -371,6 +372,87 @@ class ModerationArgs(BaseModel):
         return {self.model, *self.model_aliases}
 
 
+# The tiers a request is served at (issue 49), most urgent first: every value of the API's
+# `service_tier` resolves to one of them (serve_app/protocol/service_tiers.py).
+ServedTier = Literal["priority", "default", "flex"]
+SERVED_TIERS: tuple[ServedTier, ...] = ("priority", "default", "flex")
+# An owner digest: what `ApiKeys.owner` makes of a key (serve_app/serving/http/auth.py).
+_OWNER_DIGEST = re.compile(r"[0-9a-f]{32}")
+
+
+class TierPolicy(BaseModel):
+    """What one API key's requests may be served at: a request whose ``service_tier`` resolves
+    to a tier not in ``allowed`` is a 400 naming ``service_tier``; ``auto`` (and a request
+    that sets none) is served at ``auto``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    allowed: list[ServedTier] = Field(default_factory=lambda: list(SERVED_TIERS), min_length=1)
+    auto: ServedTier = "default"
+
+    @model_validator(mode="after")
+    def _auto_is_allowed(self) -> TierPolicy:
+        if self.auto not in self.allowed:
+            raise ValueError(f"auto tier {self.auto!r} is not among the allowed {self.allowed}")
+        return self
+
+
+def _default_deadlines() -> dict[ServedTier, float]:
+    return {"priority": 0.0, "default": 5.0, "flex": 60.0}
+
+
+class ServiceTierArgs(BaseModel):
+    """Service tiers (issue 49, docs/protocol.md#service-tiers): which tiers each API key may
+    use, and how the engines order the tiers' requests.
+
+    Every engine serves its waiting requests earliest deadline first, a request's deadline
+    being its arrival at the engine plus its tier's ``deadline_s`` (ties: arrival). So a
+    priority request goes ahead of the default and flex requests waiting, and a waiting
+    request's effective priority improves with its wait: a flex request is never passed by a
+    request arriving more than ``deadline_s["flex"] - deadline_s[its tier]`` seconds after it,
+    which is how long flex can be held back by the other tiers (no starvation).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Keys not listed in `keys`, and everyone when the API is open (no keys).
+    default: TierPolicy = Field(default_factory=TierPolicy)
+    # By owner digest: the 32 hex characters `python -m serve_app.serving.http.auth` prints for
+    # a key (keys are secrets: a config names their digests, as the store does).
+    keys: dict[str, TierPolicy] = Field(default_factory=dict)
+    # Seconds after its arrival at an engine by which a request of each tier is due.
+    deadline_s: dict[ServedTier, float] = Field(default_factory=_default_deadlines)
+    # Per engine replica: at most this many of a tier's requests in the engine at once; the
+    # rest wait in the replica (serve_app/serving/engine/tier_gate.py), so a flex flood cannot
+    # fill the engine's batch (its decode slots, its KV cache) and make a priority turn wait
+    # for a flex request to end. Unset: no cap.
+    max_running: dict[ServedTier, int] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _keys_are_digests_and_tiers_ordered(self) -> ServiceTierArgs:
+        for digest in self.keys:
+            if not _OWNER_DIGEST.fullmatch(digest):
+                raise ValueError(
+                    f"service_tiers.keys: {digest!r} is not a key's digest (32 hex characters: "
+                    "python -m serve_app.serving.http.auth prints it); never the key itself"
+                )
+        missing = [tier for tier in SERVED_TIERS if tier not in self.deadline_s]
+        if missing:
+            raise ValueError(f"service_tiers.deadline_s names no deadline for {missing}")
+        if any(limit < 1 for limit in self.max_running.values()):
+            raise ValueError("service_tiers.max_running: each at least 1")
+        deadlines = [self.deadline_s[tier] for tier in SERVED_TIERS]
+        if any(deadline < 0 for deadline in deadlines) or deadlines != sorted(deadlines):
+            raise ValueError(
+                "service_tiers.deadline_s: each 0 or more, priority's <= default's <= flex's"
+            )
+        return self
+
+    def policy(self, owner: str | None) -> TierPolicy:
+        """The policy of the key whose digest is ``owner`` (None: the API is open)."""
+        return self.keys.get(owner, self.default) if owner is not None else self.default
+
+
 class AppArgs(BaseModel):
     """What ``serve_app.app:build_app`` takes (validated by Ray Serve from the YAML ``args``)."""
 
@@ -388,6 +470,7 @@ class AppArgs(BaseModel):
     tools: ToolArgs = Field(default_factory=ToolArgs)
     # The moderation model, when the app serves one (None: moderation is refused).
     moderation: ModerationArgs | None = None
+    service_tiers: ServiceTierArgs = Field(default_factory=ServiceTierArgs)
     # An app reachable beyond this machine (Serve's http_options.host not loopback, as in
     # configs/gpt-oss.yaml, or a Ray cluster of several nodes) refuses to start without API
     # keys (serve_app/serving/http/exposure.py); true serves it open to anyone who reaches it,

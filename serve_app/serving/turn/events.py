@@ -223,7 +223,9 @@ class EventLoop:
                         completion.token_ids.extend(chunk.token_ids)
                     if chunk.token_ids and turn.first_token_at is None:
                         turn.first_token_at = time.monotonic()
-                        metrics.TIME_TO_FIRST_TOKEN.observe(turn.first_token_at - turn.arrived_at)
+                        ttft_s = turn.first_token_at - turn.arrived_at
+                        metrics.TIME_TO_FIRST_TOKEN.observe(ttft_s)
+                        metrics.TIER_TIME_TO_FIRST_TOKEN.labels(turn.tier).observe(ttft_s)
                     if turn.end_at_boundary is not None and turn.end_at_boundary():
                         fed, read = translator.feed_to_boundary(chunk.token_ids, chunk.logprobs)
                         _observe(turn, fed)
@@ -372,6 +374,7 @@ def _observe(turn: Turn, events: list[ResponseStreamEvent]) -> None:
 def _record(turn: Turn) -> None:
     response = turn.response
     metrics.REQUESTS.labels(response.status or "unknown").inc()
+    metrics.TIER_REQUESTS.labels(turn.tier, response.status or "unknown").inc()
     metrics.E2E_LATENCY.observe(time.monotonic() - turn.arrived_at)
     usage = response.usage
     if usage is not None:

@@ -108,7 +108,9 @@ class ResponsesService:
         context = replace(context, request=mcp.request, tools=mcp.tools)
         prompt = await self._renderer.render(context, owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
-        response = initial_response(request, response_id=new_response_id(), model=request.model)
+        response = initial_response(
+            request, response_id=new_response_id(), model=request.model, service_tier=context.tier
+        )
         kept = cache_diagnostics.fingerprint(
             request, context.history, prompt.token_ids, self._args.model
         )
@@ -137,6 +139,8 @@ class ResponsesService:
             max_tokens=max_tokens,
             session_id=key,
             cache_salt=cache_salt(owner),
+            tier=context.tier,
+            tiers=self._args.service_tiers,
         )
         translator = ResponseStreamTranslator(
             response,
@@ -164,6 +168,7 @@ class ResponsesService:
             comparison=compared if isinstance(compared, PromptFingerprint) else None,
             history=context.history,
             tools=prompt.tools,
+            tier=context.tier,
             before_answer=(
                 functools.partial(context_management.compact_first, self)
                 if context_management.due(self._args, request, len(prompt.token_ids))
@@ -180,7 +185,7 @@ class ResponsesService:
     async def retarget(self, turn: Turn, request: ResponsesRequest) -> None:
         """Point ``turn``'s engine request at ``request`` rendered after ``turn.history`` (a
         compacted context: serve_app.serving.turn.context_management)."""
-        context = Context(request, turn.history, tools=turn.tools)
+        context = Context(request, turn.history, tools=turn.tools, tier=turn.tier)
         prompt = await self._renderer.render(context, turn.owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=turn.owner)
@@ -201,6 +206,8 @@ class ResponsesService:
             max_tokens=max_tokens,
             session_id=key,
             cache_salt=cache_salt(turn.owner),
+            tier=turn.tier,
+            tiers=self._args.service_tiers,
         )
 
     async def render(self, ask: Ask) -> RenderedPrompt:

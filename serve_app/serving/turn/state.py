@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from openai.types.responses import Response, ResponseStreamEvent
 
+from serve_app.config import ServedTier
 from serve_app.engines.base import GenerateRequest
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
@@ -44,6 +45,8 @@ class Context:
     request: ResponsesRequest
     history: list[InputItem]
     tools: ToolRegistry | None = None
+    # The tier it is served at: its `service_tier` as its key's policy resolves it (issue 49).
+    tier: ServedTier = "default"
 
 
 @dataclass
@@ -57,6 +60,8 @@ class Turn:
     history: list[InputItem] = field(default_factory=list)
     # Who made the request (a digest of their API key; None when the API is open).
     owner: str | None = None
+    # The tier it is served at (issue 49): every engine request of the turn is scheduled so.
+    tier: ServedTier = "default"
     # What it keeps of its rendered prompt for prompt-cache diagnostics (None: nothing).
     prompt: PromptFingerprint | None = None
     # The fingerprint of the response its diagnostics compare with, when one was found (a
