@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 from openai.types import Model
+from openai.types.beta.beta_responses_server_event import BetaResponsesServerEvent
 from openai.types.conversations import Conversation
 from openai.types.responses import (
     CompactedResponse,
@@ -299,6 +300,9 @@ class CompactedAnswer(CompactedResponse):
 
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(ResponsesServerEvent)
+# A WebSocket opened with a beta's header is answered with that beta's events too: as the SDK's
+# beta client reads them (``response.inject.created`` / ``.failed``: responses_multi_agent=v1).
+BETA_SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(BetaResponsesServerEvent)
 ERROR: TypeAdapter[Any] = TypeAdapter(ErrorObject)
 # A JSON answer's type, by method and path (a path segment ``*`` is any id).
 JSON_ANSWERS: dict[tuple[str, str], TypeAdapter[Any]] = {
@@ -491,11 +495,15 @@ class Replay:
         headers = [(name, self.subs.apply(value)) for name, value in recorded]
         headers.append(("authorization", f"Bearer {self.api_key}"))
         options = {"additional_headers": headers, "user_agent_header": None}
+        beta = any(name.lower() == "openai-beta" for name, _ in recorded)
+        events = BETA_SERVER_EVENT if beta else SERVER_EVENT
         async with connect(url, open_timeout=self.timeout_s, **options) as socket:
             for index, message in enumerate(exchange["messages"]):
-                await self._message(socket, f"{at}.{index}", message)
+                await self._message(socket, f"{at}.{index}", message, events)
 
-    async def _message(self, socket: Any, at: str, message: Mapping[str, Any]) -> None:
+    async def _message(
+        self, socket: Any, at: str, message: Mapping[str, Any], events: TypeAdapter[Any]
+    ) -> None:
         text = self.subs.apply(message["text"])
         self.seen.sent(text)
         await socket.send(text)
@@ -505,7 +513,7 @@ class Replay:
         while len(ends) < len(recorded["ends"]):
             received.append(await _recv(socket, self.timeout_s))
             event = json.loads(received[-1])
-            valid(SERVER_EVENT, event, at)
+            valid(events, event, at)
             if event["type"] in TERMINAL:
                 ends.append(ws_end(event))
                 if ends[-1] != recorded["ends"][len(ends) - 1]:
