@@ -71,8 +71,8 @@ fi
 if [ $# -eq 0 ]; then
   # The tests without Ray on both cores (pytest-xdist), then the serve tier in one process: its
   # session app is started once and its tests share it.
-  python -m pytest --hypothesis-profile=thorough -m "not serve" -n 2
-  python -m pytest --hypothesis-profile=thorough -m serve
+  python -m pytest --hypothesis-profile=thorough -m "not serve" -n 2 --durations=15
+  python -m pytest --hypothesis-profile=thorough -m serve --durations=30
 else
   python -m pytest --hypothesis-profile=thorough "$@"
 fi
