@@ -50,9 +50,11 @@ ENGINE_RESOURCE = "engine"  # a worker node's stand-in for its GPUs: one per eng
 ENGINE_SLOTS = 3  # engine replicas a worker node can hold
 HEAD_CPUS = 4  # logical CPUs the head gives out (two ingress replicas take 0.5 each)
 START_TIMEOUT_S = 240  # the app RUNNING after a deploy (replicas start slowly here)
-# The engine's answer to a turn the script does not match, in tokens: about a second of decode
-# at 200 tokens/s, so that turns overlap and a replica's generating count means something.
+# The engine's answer to a turn the script does not match, in tokens, and its decode rate: two
+# seconds a turn, so that turns overlap, a replica's generating count means something, and a
+# replica stopped under load has turns to drain.
 OUTPUT_TOKENS = 200
+DECODE_TOKENS_PER_S = 100
 # A conversation an engine replica served this recently counts as on it (engine_sample).
 RECENT_S = 30.0
 
@@ -69,6 +71,7 @@ def app_config(port: int, store_url: str, engine: Mapping[str, Any] | None = Non
     options = app["args"]["engine"]["options"]
     options["script"] = str(ENGINE_SCRIPT)
     options["default_output_tokens"] = OUTPUT_TOKENS
+    options["decode_tokens_per_s"] = DECODE_TOKENS_PER_S
     app["args"]["store"] = {"url": store_url}
     for deployment in app["deployments"]:
         if deployment["name"] == INGRESS:
