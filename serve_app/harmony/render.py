@@ -289,6 +289,21 @@ def _history_messages(
     return messages
 
 
+def tool_output_tokens(
+    outputs: Sequence[ToolOutputItem], calls: list[InputItem], tools: ToolRegistry
+) -> list[int]:
+    """The harmony tokens of client tools' outputs, each the tool's message as a re-rendered
+    history would have it (`_tool_output_message`): what a response resumed in place with
+    injected outputs reads after its last ``<|call|>``, so a later turn's prompt continues the
+    same tokens the engine holds. ``calls``: the items that hold the calls they answer."""
+    recipients = _call_recipients(calls, tools)
+    encoding = get_encoding()
+    tokens: list[int] = []
+    for item in outputs:
+        tokens.extend(encoding.render(_tool_output_message(item, recipients[item.call_id])))
+    return tokens
+
+
 def _compaction_message(
     item: CompactionItem, vault: ReasoningVault | None, owner: str | None
 ) -> Message:

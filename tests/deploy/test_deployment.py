@@ -298,3 +298,62 @@ def test_no_config_carries_a_secret_or_a_fast_path_value_of_its_own(path: Path) 
     }
     assert not CLUSTER_WIDE & set(env)
     assert all(isinstance(value, str) for value in env.values())  # Ray takes strings only
+
+
+# --- the moderation model (a commented block in each shipped config) -------------------------
+
+# A line of a config's moderation block: `#~ ` then the YAML it holds once uncommented. One
+# right after a line setting the same key replaces that line (the value with moderation on).
+MODERATION_LINE = re.compile(r"^(\s*)#~ ?(.*)$")
+
+
+def with_moderation(text: str) -> str:
+    """``text`` with its moderation block uncommented, as an operator turns it on."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        found = MODERATION_LINE.match(line)
+        if found is None:
+            lines.append(line)
+            continue
+        indent, content = found[1], found[2]
+        key = content.split(":", 1)[0]
+        previous = lines[-1] if lines else ""
+        if previous.startswith(indent + key + ":") and not content.startswith("-"):
+            lines[-1] = indent + content
+        else:
+            lines.append(indent + content)
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_moderation_is_off_unless_asked(path: Path) -> None:
+    config = yaml.safe_load(path.read_text())
+    (app,) = config["applications"]
+    assert AppArgs.model_validate(app["args"]).moderation is None
+    assert "ModerationEngine" not in deployments(config)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_each_configs_moderation_block_fits_its_hardware(path: Path) -> None:
+    """Uncommented, the block is a valid config whose moderation model and engine replicas
+    all fit the GPUs its `# hardware:` line says (no replica waits for GPUs forever)."""
+    text = path.read_text()
+    assert "#~ moderation:" in text, f"{path.name} has no commented moderation block"
+    config = yaml.safe_load(with_moderation(text))
+    (app,) = config["applications"]
+    args = AppArgs.model_validate(app["args"])
+    assert args.moderation is not None
+    found = HARDWARE.search(text)
+    assert found
+    nodes, gpus_per_node = int(found[1]), int(found[2])
+    placed = deployments(config)
+    moderation = placed["ModerationEngine"]
+    used = sum(
+        max_replicas(placed[name]) * gpus_per_replica(placed[name])
+        for name in ("EngineDeployment", "ModerationEngine")
+    )
+    assert used <= nodes * gpus_per_node, f"{path.name}: {used} GPUs of {nodes * gpus_per_node}"
+    if args.moderation.engine.kind == "vllm":
+        options = args.moderation.engine.options
+        assert gpus_per_replica(moderation) == options.get("tensor_parallel_size", 1)
+        assert "safeguard" in options["model"]

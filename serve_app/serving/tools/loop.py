@@ -171,16 +171,27 @@ class ToolLoop:
         translator = turn.translator
         if done.awaits_client or translator.call_limit.refused or not done.calls:
             return "stop"
-        cut = _after_last_call(completion)
+        cut = after_last_call(completion)
         if cut is None or done.client_called:
             return "stop"
         if turn.completions >= self._runners.max_rounds:
             logger.warning("response %s: tool rounds at their bound", turn.response.id)
             return "stop"
+        return self.continue_with(turn, completion[:cut], _tool_messages(done))
+
+    def continue_with(
+        self, turn: Turn, completion: Sequence[int], tool_messages: Sequence[int]
+    ) -> GenerateRequest | Literal["length"]:
+        """The engine request that continues the response after ``completion`` (cut after its
+        last ``<|call|>``) with the tools' messages: the last prompt, the completion, the
+        messages and ``<|start|>assistant``, the same session id and cache salt (so the same
+        replica, its prefix cached); ``length`` when no output tokens are left. The server's
+        tool rounds continue this way, and so does a response resumed with the outputs the
+        client injected (serving/turn/client_outputs.py)."""
         prompt = [
             *turn.generate.prompt_token_ids,
-            *completion[:cut],
-            *_tool_messages(done),
+            *completion,
+            *tool_messages,
             *_ASSISTANT_START,
         ]
         max_tokens = self.output_left(turn, len(prompt))
@@ -224,7 +235,7 @@ def _spec(turn: Turn, item: OpenItem) -> ToolSpec:
     return spec or ToolSpec(name=item.name, kind=item.tool_kind or "", namespace=item.namespace)
 
 
-def _after_last_call(completion: Sequence[int]) -> int | None:
+def after_last_call(completion: Sequence[int]) -> int | None:
     """Where the completion is cut for the continuation: after its last ``<|call|>`` (None:
     it has none; its calls were cut short, not made)."""
     for index in range(len(completion) - 1, -1, -1):

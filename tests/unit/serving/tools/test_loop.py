@@ -265,13 +265,12 @@ async def test_the_stored_response_holds_every_item_also_when_run_in_the_backgro
 async def test_two_slow_calls_take_about_one_calls_time(tmp_path: Path) -> None:
     runner = EchoRunner(delays={"slow1": 0.6, "slow2": 0.6})
     async with loop_app(tmp_path, runner) as app:
-        started = time.monotonic()
         events = await app.stream(input="TWO-SLOW")
-        took = time.monotonic() - started
     assert final(events)["status"] == "completed"
     (_, end1), (start2, _) = sorted(runner.times)
-    assert start2 < end1  # both ran at once
-    assert took < 1.1, took  # one call's time (0.6 s), not two
+    # Both ran at once: the second began before the first ended (so the two took one call's
+    # time; said by the calls' own times, not a wall-clock bound a loaded machine breaks).
+    assert start2 < end1
 
 
 async def test_items_close_in_the_models_order_whatever_order_the_calls_finish(
@@ -560,10 +559,11 @@ async def test_an_output_of_one_huge_piece_fails_before_anything_tokenizes_it(
     refused by its length alone now, in milliseconds."""
     runner = BigRunner(outputs={"big": "a" * 700_000})
     async with loop_app(tmp_path, runner) as app:
-        started = time.monotonic()
+        before = time.thread_time()
         response = final(await app.stream(input="BIG-ONE"))
-        elapsed = time.monotonic() - started
-    assert elapsed < 10
+        loop_cpu = time.thread_time() - before
+    # The event loop's CPU time (other processes do not change it): 184 s before.
+    assert loop_cpu < 2, loop_cpu
     call_item = response["output"][0]
     assert call_item["status"] == "failed"
     assert "700,000 characters" in call_item["error"]["message"]
@@ -598,25 +598,17 @@ async def test_the_bound_is_never_more_than_the_context_leaves(tmp_path: Path) -
 
 async def test_large_tool_messages_render_off_the_event_loop(tmp_path: Path) -> None:
     """Two 900 KB outputs: counted and rendered in the render pool's workers, not on the
-    ingress's event loop (which went 1.1 s without a turn before)."""
+    ingress's event loop (which went 1.1 s without a turn before). Judged by the CPU time of
+    the event loop's thread, which other processes on a loaded machine do not change (a wall
+    clock bound failed at a load average of 40): the whole response costs it about 0.02 s;
+    with the outputs' prefixes tokenized on it, 0.14 s; whole, 0.9 s."""
     big = (WORDS * 15_000)[:900_000]
     runner = BigRunner(outputs={"big1": big, "big2": big})
     async with loop_app(tmp_path, runner) as app:
         app.api.state.service.warm()  # as an ingress replica starts its render workers
         await app.stream(input="ONE-CALL warm " + "word " * 1000)  # rendered in a worker
-        stalls: list[float] = []
-        stop = asyncio.Event()
-
-        async def tick() -> None:
-            last = time.perf_counter()
-            while not stop.is_set():
-                await asyncio.sleep(0.005)
-                stalls.append(time.perf_counter() - last)
-                last = time.perf_counter()
-
-        ticker = asyncio.create_task(tick())
+        before = time.thread_time()
         response = final(await app.stream(input="BIG-TWO"))
-        stop.set()
-        await ticker
+        loop_cpu = time.thread_time() - before
     assert [item["status"] for item in response["output"][:2]] == ["failed", "failed"]
-    assert max(stalls) < 0.3, max(stalls)
+    assert loop_cpu < 0.07, loop_cpu
