@@ -77,6 +77,11 @@ def app_config(port: int, store_url: str, engine: Mapping[str, Any] | None = Non
         if deployment["name"] == INGRESS:
             deployment["num_replicas"] = 2
             deployment["ray_actor_options"] = {"num_cpus": 0.5}
+        elif deployment["name"] != ENGINE:
+            # Another model's deployment (the ModerationEngine, when the config has one): no
+            # CPU asked (as tests/conftest.py gives it), so the head's CPUs are the ingress
+            # replicas' only, and no engine slot.
+            deployment["ray_actor_options"] = {"num_cpus": 0}
         else:
             deployment["ray_actor_options"] = {"num_cpus": 0, "resources": {ENGINE_RESOURCE: 1}}
             # 16 generations, plus each ingress replica's channel (as the configs count them).
