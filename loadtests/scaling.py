@@ -59,7 +59,10 @@ AUTOSCALING = {
 }
 # Users by stage (end in seconds, users): some load, a rise to four times it, a lower load
 # (replicas drain while it goes on), then none.
-SHAPE = "5:3,40:12,65:5"
+SHAPE = "3:3,24:12,44:5"
+# The fixed-size run the autoscaled one is compared with: as many replicas as the rolling
+# upgrade's first case runs next in the cluster stage (no replica to start between them).
+FIXED_REPLICAS = 2
 TIME_SCALE = 0.1  # think time between turns, a tenth of the traces'
 TURN_TIMEOUT_S = 90.0  # a turn without its terminal event by then is hung
 
@@ -224,7 +227,10 @@ def replay_and_sample(
             if sampler.samples and settle(sampler.samples[-1]):
                 break
             time.sleep(1)
-    return Run(name, turns, sampler.samples, replay.started, time.time(), replay.errors())
+    # The load shape's time starts as locust's first users start (seconds after its process
+    # does, under load): at the first turn.
+    start = min((turn["started_at"] for turn in turns), default=replay.started)
+    return Run(name, turns, sampler.samples, start, time.time(), replay.errors())
 
 
 def at_minimum(sample: dict[str, Any]) -> bool:
@@ -291,7 +297,7 @@ def main() -> None:
     parser.add_argument("mode", choices=["autoscale"])
     parser.add_argument("--out", type=Path, required=True, help="path prefix of what it writes")
     parser.add_argument("--shape", default=SHAPE, help="users by stage: end_s:users,...")
-    parser.add_argument("--fixed", type=int, default=AUTOSCALING["max_replicas"])
+    parser.add_argument("--fixed", type=int, default=FIXED_REPLICAS)
     args = parser.parse_args()
     from tests.support.cluster import cluster_app
 

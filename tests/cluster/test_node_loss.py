@@ -60,8 +60,8 @@ USERS = 6
 ENGINE_REPLICAS = 3
 LONG_STREAMS = 4  # long streams at least; more until both worker nodes serve some
 MAX_LONG_STREAMS = 10
-WARM_TURNS = 20  # turns acknowledged before the node is lost
-AFTER_S = 15.0  # of load once the replicas are back
+WARM_TURNS = 12  # turns acknowledged before the node is lost
+AFTER_S = 12.0  # of load once the replicas are back
 RECOVERY_TIMEOUT_S = 180.0
 
 

@@ -6,7 +6,7 @@ Serve takes for new code, as a new image or new ``args`` would be: every replica
 deployments is replaced by Serve's rolling update (a fifth of a deployment at a time, one at
 least: the old replica stops taking requests, finishes its streams within its
 ``graceful_shutdown_timeout_s``, then its replacement starts). Meanwhile a background response
-(the scripted 12-second turn) is started every two seconds, so that some run on an ingress
+(a scripted 5-second turn) is started every two seconds, so that some run on an ingress
 replica while it is replaced.
 
 Twice: with the engine's two replicas on one worker node (the new ones land there too), then
@@ -53,8 +53,8 @@ import scaling
 import timeline
 
 VERSION_VAR = "SERVE_APP_TEST_VERSION"
-USERS = 6
-WARM_TURNS = 20  # turns acknowledged before the upgrade is deployed
+USERS = 10  # so that enough turns follow the rollout within AFTER_S
+WARM_TURNS = 12  # turns acknowledged before the upgrade is deployed
 AFTER_S = 10.0  # of load on the new version before the replay stops
 ROOM = 2  # engine replicas a worker node has room for across nodes (the rest of it held)
 # How far the hit rate of turns after the rollout may fall below the one before it (measured:

@@ -465,8 +465,8 @@ def _generating(_replica_actor: object) -> int:
 
 @dataclass
 class BackgroundRuns:
-    """Background responses (``background: true``) of the scripted long turn (CLUSTER-LONG in
-    tests/fixtures/engine_script.yaml: about 12 s), one started every ``every_s`` in a thread of
+    """Background responses (``background: true``) of a scripted long turn (CLUSTER-BACKGROUND
+    in tests/fixtures/engine_script.yaml: about 5 s), one started every ``every_s`` in a thread of
     its own until ``stop``; ``finish`` polls each to its end. Each run: its id, the ingress
     replica that runs it (``x-serve-app-replica``), when it was created, and its final state (or
     why it could not be created)."""
@@ -490,7 +490,7 @@ class BackgroundRuns:
             number = len(self.runs)
             body = {
                 "model": "gpt-oss-120b",
-                "input": f"CLUSTER-LONG: background job {number}",
+                "input": f"CLUSTER-BACKGROUND: job {number}",
                 "background": True,
                 "prompt_cache_key": f"background-{number}-{time.time()}",
             }
