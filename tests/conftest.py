@@ -13,10 +13,14 @@ as operators run it).
 
 Two tiers, chosen by folder: every test under ``tests/app/`` and ``tests/clients/``
 (``SERVE_FOLDERS`` below) is marked ``serve`` at collection, so ``pytest -m "not serve"`` runs the
-rest without starting Ray, and plain ``pytest`` runs all. A test elsewhere that asks for the
-running app (``APP_FIXTURES``) is a collection error, unless it is marked ``serve`` itself
-(tests/vllm_cpu, a stage of its own). With ``SERVE_APP_TEST_URL`` set, the ``app_url`` tests run
-against an app already running there (``python -m tests.local_app``) without Ray too.
+rest without starting Ray, and plain ``pytest`` runs all but ``tests/cluster/``, a stage of its
+own (a Ray cluster of several nodes, tests/cluster/conftest.py): marked ``serve`` and ``cluster``,
+run only by a session that runs nothing else (``pytest tests/cluster``), since this process joins
+that cluster as a driver as it joins the session app's, and a process joins one cluster. A test
+elsewhere that asks for the running app (``APP_FIXTURES``) is a collection error, unless it is
+marked ``serve`` itself (tests/vllm_cpu, a stage of its own). With ``SERVE_APP_TEST_URL`` set,
+the ``app_url`` tests run against an app already running there (``python -m tests.local_app``)
+without Ray too.
 
 With ``SERVE_APP_TEST_ENGINE=vllm`` (the vLLM stage of scripts/test.sh, in its own environment
 with vllm-cpu) the engine is the real vLLM engine instead, on a tiny random gpt-oss checkpoint
@@ -31,6 +35,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -217,24 +222,32 @@ def engine_handle(app_cluster: None):
     return serve.get_deployment_handle("EngineDeployment", app_name="serve_app")
 
 
-# The folders (under tests/) whose tests run against the running app: the `serve` tier.
+# The folders (under tests/) whose tests run against the running app: the `serve` tier; and
+# the cluster stage's (a Ray cluster of several nodes: tests/cluster/), `serve` and `cluster`.
 SERVE_FOLDERS = frozenset({"app", "clients"})
+CLUSTER_FOLDER = "cluster"
 # The fixtures that reach the running app (directly or through a fixture of their own).
-APP_FIXTURES = frozenset({"app_url", "app_cluster", "engine_handle", "_serve_run"})
+APP_FIXTURES = frozenset({"app_url", "app_cluster", "engine_handle", "_serve_run", "cluster"})
 TESTS = Path(__file__).parent
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks every test in a serve folder as ``serve``, so ``pytest -m "not serve"`` is the tier
     that never starts Ray; a test elsewhere that needs the app is misplaced: it would start Ray
     in the fast tier. So is a test module directly in tests/: the folders say what a test is
-    (docs/testing.md). Fault tests kill replicas of the shared app: run them last."""
-    needs_app, loose = [], set()
+    (docs/testing.md). Fault tests kill replicas of the shared app: run them last. The cluster
+    stage's tests run only in a session of their own (``pytest tests/cluster``): beside any
+    other test they are deselected, and the summary says so."""
+    needs_app, loose, cluster = [], set(), []
     for item in items:
         parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
         if len(parts) == 1:
             loose.add(parts[0])
-        if parts and parts[0] in SERVE_FOLDERS:
+        if parts and parts[0] == CLUSTER_FOLDER:
+            item.add_marker(pytest.mark.serve)
+            item.add_marker(pytest.mark.cluster)
+            cluster.append(item)
+        elif parts and parts[0] in SERVE_FOLDERS:
             item.add_marker(pytest.mark.serve)
         elif item.get_closest_marker("serve") is None and APP_FIXTURES.intersection(
             getattr(item, "fixturenames", ())  # the fixture closure: fixtures built on app_url too
@@ -251,4 +264,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             "in tests/unit/<package>/test_<module>.py, the running app's in tests/app/, the "
             "real clients' in tests/clients/ (docs/testing.md)"
         )
+    if cluster and len(cluster) < len(items):
+        config.hook.pytest_deselected(items=cluster)
+        items[:] = [item for item in items if item not in cluster]
+        config.stash[_CLUSTER_DESELECTED] = len(cluster)
     items.sort(key=lambda item: item.get_closest_marker("faults") is not None)
+
+
+_CLUSTER_DESELECTED = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if deselected := config.stash.get(_CLUSTER_DESELECTED, 0):
+        terminalreporter.write_line(
+            f"{deselected} cluster-stage tests deselected: they run in a session of their own "
+            "(pytest tests/cluster; scripts/test.sh runs it as a stage)"
+        )
