@@ -435,10 +435,14 @@ def serve_app_ready(server: Server, timeout_s: float = START_TIMEOUT_S) -> str |
     the node (where the engine replicas' vLLM metrics are exported), if it has one."""
     import ray
     from ray import serve
+    from ray.serve import context
 
     wait_ready(server, "/health", timeout_s)
     run = serve_run.ServeRun(server.process, server.url, server.log)
     serve_run.join(run, log_to_driver=False)
+    # Serve keeps its client of the first cluster joined (the controller of an earlier part's
+    # cluster, gone): forget it, so the status asked is this cluster's.
+    context._set_global_client(None)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
