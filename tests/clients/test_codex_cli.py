@@ -134,4 +134,3 @@ def test_codex_063_runs_shell_and_finishes(app_url: str, tmp_path: Path) -> None
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     assert (work / "marker.txt").read_text().strip() == "e2e-marker-063"
     assert "Done: marker.txt holds e2e-marker-063." in agent_messages(result.stdout)
-
