@@ -1,12 +1,15 @@
 """Session fixtures: the app runs once per test session, exactly as users start it.
 
-`serve run` is given configs/local.yaml with five changes only: a free port, the scripted
+`serve run` is given configs/local.yaml with six changes only: a free port, the scripted
 engine turns in tests/fixtures/engine_script.yaml, two replicas of each deployment (so
-routing and the shared store are tested), small engine limits (so overload is reachable) and
-a response store in the session's temp folder; and two API keys (``API_KEY`` and
-``OTHER_API_KEY`` of tests/support: two tenants), so the app runs closed, as on a cluster,
-and every test sends a key. One Ray start-up serves every app test (started,
-awaited, joined and stopped by tests/support/serve_run.py).
+routing and the shared store are tested), small engine limits (so overload is reachable), a
+response store in the session's temp folder, and the moderation model its config comments out
+(the simulated engine playing gpt-oss-safeguard, tests/fixtures/moderation_script.yaml);
+and two API keys (``API_KEY`` and ``OTHER_API_KEY`` of tests/support: two tenants), so the app
+runs closed, as on a cluster, and every test sends a key. One Ray start-up serves every app
+test (started, awaited, joined and stopped by tests/support/serve_run.py), but one:
+tests/app/test_serve_deploy.py starts a Ray node of its own (`ray start`, then `serve deploy`,
+as operators run it).
 
 Two tiers, chosen by folder: every test under ``tests/app/`` and ``tests/clients/``
 (``SERVE_FOLDERS`` below) is marked ``serve`` at collection, so ``pytest -m "not serve"`` runs the
@@ -39,6 +42,7 @@ from tests.support import (
     API_KEY,
     ENGINE_SCRIPT,
     MCP_TEST_BOUNDS,
+    MODERATION_SCRIPT,
     OTHER_API_KEY,
     REPO,
     # Imported for its effect: it names the MCP test servers' ports in $SERVE_APP_MCP_ALLOW
@@ -86,7 +90,20 @@ def _test_config(tmp: Path, port: int, store_url: str) -> dict:
         app["args"]["engine"]["options"]["script"] = str(ENGINE_SCRIPT)
     app["args"]["store"] = {"url": store_url}
     app["args"]["tools"] = MCP_TEST_BOUNDS
+    # The moderation model (tests/app/test_moderation.py), the simulated engine playing
+    # gpt-oss-safeguard on a deployment of its own: one replica that reserves no CPU (the
+    # ingress and engine replicas reserve the machine's two cores; a tenth more left the second
+    # ingress replica unscheduled, and every two-replica test ran on one).
+    app["args"]["moderation"] = {
+        "engine": {"kind": "simulated", "options": {"script": str(MODERATION_SCRIPT)}},
+        "timeout_s": 10,
+    }
+    app["deployments"].append(
+        {"name": "ModerationEngine", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}
+    )
     for deployment in app["deployments"]:
+        if deployment["name"] == "ModerationEngine":
+            continue
         deployment["num_replicas"] = REPLICAS
         if deployment["name"] == "EngineDeployment":  # small, so overload is reachable
             # ENGINE_MAX_ONGOING generations, plus each ingress replica's channel (as the
@@ -141,10 +158,22 @@ def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[serve_run.S
     try:
         config = _test_config(tmp, serve_run.free_port(), store_url)
         with serve_run.running(config, tmp, env) as run:
+            _every_ingress_replica_answers(run)
             yield run
     finally:
         if postgres_data is not None:
             postgres.stop(postgres_data)
+
+
+def _every_ingress_replica_answers(run: serve_run.ServeRun) -> None:
+    """`/health` answers once one ingress replica does; the tests that need two would fail one
+    by one, far from the cause (a replica the cluster cannot place): the session fails here."""
+    from tests.support.replicas import wait_for_ingress_replicas
+
+    try:
+        wait_for_ingress_replicas(run.url, REPLICAS, timeout_s=90)
+    except AssertionError as error:
+        pytest.fail(f"{error} at start (resources?):\n{run.log_tail()}")
 
 
 @pytest.fixture

@@ -76,13 +76,23 @@ async def in_process_api(
 
     ``db``: an SQLite file, or a store URL (e.g. the session's PostgreSQL). ``engine``: the
     simulated engine's config (default: fast and unscripted); the engine itself is the app's
-    ``state.engine``, for tests that look inside it. ``options`` go to ``create_api``.
+    ``state.engine``, for tests that look inside it. With ``args.moderation``, its engine (the
+    simulated one, playing gpt-oss-safeguard) runs here too, as ``state.moderation_engine``,
+    unless ``options`` bring a ``moderation`` client of their own. ``options`` go to
+    ``create_api``.
     """
     args = args or AppArgs()
     store = app_store(db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}", args)
     await store.start()
     simulated = SimulatedEngine(engine or SimulatedEngineConfig(decode_tokens_per_s=50_000))
     await simulated.start()
+    classifier = None
+    if args.moderation is not None and "moderation" not in options:
+        classifier = SimulatedEngine(
+            SimulatedEngineConfig.model_validate(args.moderation.engine.options)
+        )
+        await classifier.start()
+        options["moderation"] = InProcessEngineClient(classifier)
     try:
         api = create_api(
             args,
@@ -92,12 +102,15 @@ async def in_process_api(
             **options,
         )
         api.state.engine = simulated
+        api.state.moderation_engine = classifier
         try:
             yield api
         finally:
             api.state.service.close()
     finally:
         await simulated.shutdown()
+        if classifier is not None:
+            await classifier.shutdown()
         await store.close()
 
 

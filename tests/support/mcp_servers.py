@@ -12,7 +12,8 @@ port, started and stopped by the test.
 Kinds (`KINDS`), each also listing `echo` unless said otherwise:
 - ``good``: ``echo(text)``, ``add(a, b)``, ``slow(seconds)`` (sleeps, then says so),
   ``fail(message)`` (an ``isError`` result with that message), ``seen_headers()`` (the
-  ``authorization`` and ``x-*`` header values every HTTP request to this server carried, JSON);
+  ``authorization`` and ``x-*`` header values every HTTP request to this server carried, and
+  any ``Host`` but its own loopback address, ``Forwarded``, ``Via`` or ``Proxy-*``, JSON);
 - ``hang``: ``hang()`` never answers;
 - ``huge``: ``huge(mib=10)`` answers that many MiB of text;
 - ``drop``: ``drop()`` ends the server's process mid-call (connections closed, no answer);
@@ -226,6 +227,14 @@ def _echo_as(text: str) -> str:
 _SEEN_HEADERS: set[str] = set()
 
 
+def _foreign(name: str, value: str) -> bool:
+    """A routing header a client should never have chosen: a ``Host`` other than this
+    server's own loopback address, or any ``Forwarded``/``Via``/``Proxy-*``."""
+    if name == "host":
+        return not value.startswith(("127.0.0.1:", "localhost:"))
+    return name in ("forwarded", "via") or name.startswith("proxy-")
+
+
 def _guarded(app: Any, token: str | None) -> Any:
     """The ASGI app, noting the headers each request carries and, with a token, refusing
     requests without it."""
@@ -234,7 +243,7 @@ def _guarded(app: Any, token: str | None) -> Any:
         if scope["type"] == "http":
             headers = {name.decode().lower(): value.decode() for name, value in scope["headers"]}
             for name, value in headers.items():
-                if name == "authorization" or name.startswith("x-"):
+                if name == "authorization" or name.startswith("x-") or _foreign(name, value):
                     _SEEN_HEADERS.add(f"{name}: {value}")
             if token is not None and headers.get("authorization") != f"Bearer {token}":
                 await send({"type": "http.response.start", "status": 401, "headers": []})

@@ -1,6 +1,8 @@
 """The rules on a request's ``mcp`` tools and MCP items, before any server is reached: each
 tool names a server by ``server_url`` (no connectors or tunnels), under the operator's
-allowlist (serve_app.serving.tools.mcp.policy), by a label no other tool uses; every
+allowlist (serve_app.serving.tools.mcp.policy), by a label no other tool uses, with no
+hop-by-hop or routing header among its ``headers`` (a request never picks the virtual host
+behind an allowed address); every
 ``mcp_approval_response`` answers an approval request of its context."""
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from serve_app.config import ToolArgs
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.mcp_items import McpApprovalRequestItem, McpApprovalResponseItem, McpTool
 from serve_app.protocol.requests import InputItem, ResponsesRequest
-from serve_app.serving.tools.mcp.policy import check_server_url
+from serve_app.serving.tools.mcp.policy import check_headers, check_server_url
 
 
 def check_mcp(
@@ -51,6 +53,7 @@ def check_mcp_tools(request: ResponsesRequest, args: ToolArgs) -> None:
                 code="missing_required_parameter",
             )
         check_server_url(tool.server_url, f"{param}.server_url", args.mcp_allow)
+        check_headers(tool.headers, f"{param}.headers")
 
 
 def check_approvals(items: Sequence[InputItem], first_input: int) -> None:

@@ -30,6 +30,7 @@ from serve_app.protocol.mcp_items import (
 from serve_app.protocol.requests import InputItem, ResponsesRequest
 from serve_app.protocol.stream_events import ResponseEventWriter
 from serve_app.protocol.tool_events import ToolCallEvents
+from serve_app.serving.tools.bounds import OutputBounds
 from serve_app.serving.tools.contract import ToolCall, ToolResult, ToolRunners
 from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpServer
 
@@ -149,11 +150,16 @@ class McpPrelude:
 
 
 async def prelude(
-    servers: McpServers, request: ResponsesRequest, context: Sequence[InputItem]
+    servers: McpServers,
+    request: ResponsesRequest,
+    context: Sequence[InputItem],
+    bounds: OutputBounds | None = None,
+    owner: str | None = None,
 ) -> McpPrelude:
     """Each server's tools (listed concurrently, within the client's list timeout; reused
     when ``context``, the history and the input, holds a listing of its label), then the calls
-    the context approves, run concurrently. Never raises: a failure is in an item."""
+    the context approves, run concurrently, each result within ``bounds`` (what the model is
+    given of it, as in the tool loop). Never raises: a failure is in an item."""
     tools = mcp_tools(request)
     if not tools:
         return McpPrelude()
@@ -168,11 +174,28 @@ async def prelude(
     results = await asyncio.gather(
         *(call(servers, tools.get(item.server_label), item.name, item.arguments) for item in asked)
     )
+    if bounds is not None:
+        results = await asyncio.gather(
+            *(
+                _bounded(bounds, item, result, owner)
+                for item, result in zip(asked, results, strict=True)
+            )
+        )
     approved = [
         ApprovedCall(item, replace(result, data={**result.data, "approval_request_id": item.id}))
         for item, result in zip(asked, results, strict=True)
     ]
     return McpPrelude(list(listings), approved)
+
+
+async def _bounded(
+    bounds: OutputBounds, asked: McpApprovalRequestItem, result: ToolResult, owner: str | None
+) -> ToolResult:
+    """An approved call's result as the model is given it: within ``tools.max_output_tokens``
+    and the piece limit (the prompt it joins is rendered, and cut to fit, after)."""
+    recipient = f"{asked.server_label}.{asked.name}"
+    bounded = await bounds.apply(result, recipient, "commentary", bounds.budget(), owner)
+    return bounded.result
 
 
 async def _reused(tool: McpTool, listing: McpListToolsItem) -> ServerListing:
@@ -252,9 +275,11 @@ class McpTurns:
     per-server slots), the runner the tool loop calls, and what a turn does before the model
     runs (`prepare`)."""
 
-    def __init__(self, servers: McpServers) -> None:
+    def __init__(self, servers: McpServers, bounds: OutputBounds | None = None) -> None:
         self.servers = servers
         self.runner = McpRunner(servers)
+        # What the model is given of an approved call's result (the loop bounds the others).
+        self._bounds = bounds
 
     def register(self, runners: ToolRunners) -> None:
         """The tool loop runs both MCP kinds' calls with this runner."""
@@ -262,7 +287,11 @@ class McpTurns:
         runners.register(mcp_events.MCP_APPROVAL_KIND, self.runner)
 
     async def prepare(
-        self, request: ResponsesRequest, history: Sequence[InputItem], tools: ToolRegistry | None
+        self,
+        request: ResponsesRequest,
+        history: Sequence[InputItem],
+        tools: ToolRegistry | None,
+        owner: str | None = None,
     ) -> Prepared:
         """What the model's prompt renders (the servers' tools added to ``tools``, the
         approved calls' outputs after the request's input) and the prelude whose items open
@@ -270,7 +299,8 @@ class McpTurns:
         is."""
         if request.tool_choice == "none" or not mcp_tools(request):
             return Prepared(request, tools, McpPrelude())
-        done = await prelude(self.servers, request, [*history, *request.input_items])
+        context = [*history, *request.input_items]
+        done = await prelude(self.servers, request, context, self._bounds, owner)
         shown = request.model_copy(update={"input": [*request.input_items, *done.rendered_items()]})
         tools = tools or ToolRegistry.from_request(request)
         return Prepared(shown, replace(tools, tools=(*tools.tools, *done.specs())), done)

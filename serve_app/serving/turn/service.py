@@ -29,7 +29,9 @@ from serve_app.routing.keys import cache_salt, key_digest, routing_key
 from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
+from serve_app.serving.moderation import Moderator, TurnModeration, input_text
 from serve_app.serving.tools import tool_search
+from serve_app.serving.tools.bounds import OutputBounds
 from serve_app.serving.tools.builtin import register_builtin_runners
 from serve_app.serving.tools.contract import ToolRunners
 from serve_app.serving.tools.loop import ToolLoop
@@ -57,8 +59,11 @@ class ResponsesService:
         vault: ReasoningVault,
         store: ResponseStore,
         tools: ToolRunners | None = None,
+        moderator: Moderator | None = None,
     ) -> None:
         self._args = args
+        # The moderation model's client, when the app serves one (`AppArgs.moderation`).
+        self._moderator = moderator
         self._vault = vault
         self._door = Door(args, store, vault)
         self._store = store
@@ -66,13 +71,15 @@ class ResponsesService:
         self._persistence = Persistence(store)
         # The runners of the tools the server runs, by kind (serving/tools/contract.py).
         self._tools = tools if tools is not None else ToolRunners()
+        # What the model is given of a tool's result; large ones counted in the render pool.
+        bounds = OutputBounds(args, self._renderer.pool)
         # MCP servers' tools: listed before the model runs, their calls run by the loop.
-        self._mcp = McpTurns(McpClient(args.tools))
+        self._mcp = McpTurns(McpClient(args.tools), bounds)
         self._mcp.register(self._tools)
         register_builtin_runners(self._tools, args.tools)  # gpt-oss's browser and python
         tool_search.register(self._tools)  # needs no configuration: always run
         self._engine = engine
-        self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools))
+        self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools, bounds))
 
     @property
     def tools(self) -> ToolRunners:
@@ -97,11 +104,13 @@ class ResponsesService:
             await self._door.admit(ask, generating=True), ask.owner
         )
         request, owner = context.request, ask.owner
-        mcp = await self._mcp.prepare(request, context.history, context.tools)
+        mcp = await self._mcp.prepare(request, context.history, context.tools, owner)
         context = replace(context, request=mcp.request, tools=mcp.tools)
         prompt = await self._renderer.render(context, owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
-        response = initial_response(request, response_id=new_response_id(), model=request.model)
+        response = initial_response(
+            request, response_id=new_response_id(), model=request.model, service_tier=context.tier
+        )
         kept = cache_diagnostics.fingerprint(
             request, context.history, prompt.token_ids, self._args.model
         )
@@ -130,6 +139,8 @@ class ResponsesService:
             max_tokens=max_tokens,
             session_id=key,
             cache_salt=cache_salt(owner),
+            tier=context.tier,
+            tiers=self._args.service_tiers,
         )
         translator = ResponseStreamTranslator(
             response,
@@ -151,11 +162,13 @@ class ResponsesService:
             request=request,
             generate=generate,
             translator=translator,
+            moderation=self._moderation(request, response.id),
             owner=owner,
             prompt=kept,
             comparison=compared if isinstance(compared, PromptFingerprint) else None,
             history=context.history,
             tools=prompt.tools,
+            tier=context.tier,
             before_answer=(
                 functools.partial(context_management.compact_first, self)
                 if context_management.due(self._args, request, len(prompt.token_ids))
@@ -163,10 +176,16 @@ class ResponsesService:
             ),
         )
 
+    def _moderation(self, request: ResponsesRequest, response_id: str) -> TurnModeration | None:
+        """The turn's moderation, when it asked (the door made sure the app serves it)."""
+        if request.moderation is None or self._moderator is None:
+            return None
+        return TurnModeration(self._moderator, request.moderation, response_id, input_text(request))
+
     async def retarget(self, turn: Turn, request: ResponsesRequest) -> None:
         """Point ``turn``'s engine request at ``request`` rendered after ``turn.history`` (a
         compacted context: serve_app.serving.turn.context_management)."""
-        context = Context(request, turn.history, tools=turn.tools)
+        context = Context(request, turn.history, tools=turn.tools, tier=turn.tier)
         prompt = await self._renderer.render(context, turn.owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=turn.owner)
@@ -187,6 +206,8 @@ class ResponsesService:
             max_tokens=max_tokens,
             session_id=key,
             cache_salt=cache_salt(turn.owner),
+            tier=turn.tier,
+            tiers=self._args.service_tiers,
         )
 
     async def render(self, ask: Ask) -> RenderedPrompt:
