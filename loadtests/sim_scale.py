@@ -307,6 +307,9 @@ class RayFed(Ours):
         return len(pickle.dumps(self.latest, protocol=5))
 
 
+# traces.generate's sessions: 3 to 12 turns, evenly.
+MEAN_TURNS = 7.5
+
 # --- one scale ---------------------------------------------------------------------------------
 
 
@@ -391,26 +394,45 @@ def run_scale(
 
 
 def steady_reports_ms(
-    replicas: int, conversations: int, from_scratch: bool, deliveries: int = 20
+    replicas: int,
+    conversations: int,
+    from_scratch: bool,
+    served_per_s: float | None = None,
+    deliveries: int = 20,
 ) -> float:
     """CPU ms of one delivery of every replica's stats to a router (``set_reports``) in a
     steady state: each replica reporting ``conversations`` (every one it served within
     ``idle_s``, most with the app's default 30-minute ttl), one in ten replicas with a new report
     since the last delivery (reports every second, deliveries every 0.1 s); the mean over
-    ``deliveries`` after a first whole one."""
+    ``deliveries`` after a first whole one. A new report is the replica's previous one with the
+    turns of the second since (``served_per_s``: that many conversations served again, a tenth
+    of them new ones in place of the oldest); None: every conversation in it is new (the bound)."""
     clock = SimClock()
     clock.now = 1_000_000.0
     rng = random.Random(0)
+    latest: dict[int, dict[int, float]] = {}
 
     def report(replica: int) -> dict[str, Any]:
-        seen = {
-            rng.getrandbits(63): clock.now - rng.uniform(0, DEFAULT_IDLE_S)
-            for _ in range(conversations)
-        }
+        seen = latest.get(replica)
+        if seen is None or served_per_s is None:
+            seen = {
+                rng.getrandbits(63): clock.now - rng.uniform(0, DEFAULT_IDLE_S)
+                for _ in range(conversations)
+            }
+        else:
+            seen = dict(seen)
+            served = round(served_per_s)
+            for conversation in rng.sample(list(seen), served - served // 10):
+                del seen[conversation]  # served again: last now
+                seen[conversation] = clock.now
+            for conversation in list(seen)[: served // 10]:  # the oldest give way to new ones
+                del seen[conversation]
+                seen[rng.getrandbits(63)] = clock.now
+        latest[replica] = seen
         return {
             REPORTED_AT_KEY: clock.now,
             REPORT_KEY: seen,
-            TTL_KEY: {1800.0: list(seen)[: conversations * 9 // 10]},
+            TTL_KEY: {1800.0: [c for c in seen if c % 10]},
             QUEUED_KEY: 0,
         }
 
@@ -528,19 +550,25 @@ def main() -> None:
     print(growth(scales))
     if args.steady:
         conversations = round(args.rate_per_replica * DEFAULT_IDLE_S)
+        served = args.rate_per_replica * MEAN_TURNS
         print(
             f"\nsteady state: one delivery of every replica's stats to a router, each reporting "
             f"{conversations} conversations (every session of {DEFAULT_IDLE_S:.0f} s at "
-            f"{args.rate_per_replica}/s a replica), a tenth of them new since the last delivery; "
-            f"CPU ms a delivery, and the share of a core at {1 / CONTROL_LOOP_S:.0f} a second:\n"
+            f"{args.rate_per_replica}/s a replica), a tenth of the reports new since the last "
+            f"delivery, each with the turns of a second ({served:.1f} at {MEAN_TURNS} turns a "
+            f"session), or as the bound every conversation in it new; CPU ms a delivery, and the "
+            f"share of a core at {1 / CONTROL_LOOP_S:.0f} a second:\n"
         )
-        print("| engine replicas | merged from every report | merged from the new ones |")
-        print("| ---: | ---: | ---: |")
+        print(
+            "| engine replicas | merged from every report | merged from the new ones "
+            "(a second's turns) | merged from the new ones (every conversation new) |"
+        )
+        print("| ---: | ---: | ---: | ---: |")
         for spec in args.scales:
             replicas = int(spec.split(":")[0])
             cells = []
-            for from_scratch in (True, False):
-                ms = steady_reports_ms(replicas, conversations, from_scratch)
+            for from_scratch, per_s in ((True, served), (False, served), (False, None)):
+                ms = steady_reports_ms(replicas, conversations, from_scratch, per_s)
                 cells.append(f"{ms:.2f} ms, {ms / 1000 / CONTROL_LOOP_S:.1%}")
             print(f"| {replicas} | " + " | ".join(cells) + " |")
     print(

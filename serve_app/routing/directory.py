@@ -283,13 +283,14 @@ class DirectoryMerger:
     """A router's `ConversationDirectory`, kept up to date from the replicas' reports as Ray
     Serve delivers them: every replica's latest, each time any changed. A report already merged
     (the same ``reported_at`` from the same replica) is not read again; a new one replaces that
-    replica's sightings, and only the conversations it names, or named before, are decided
-    again (each belongs to the replica that served it last, as in `from_reports`; two replicas
-    reporting the same conversation at the very same time: either). The counts of active
-    conversations and the recent homes are kept as homes change, and as ``active_since`` and
-    ``recent_since`` move forward, each home leaves them once (a heap by time). A merge costs the
-    changed reports' conversations and one look at each replica's ``reported_at``, not every
-    conversation of every report."""
+    replica's sightings, and only the conversations whose sighting there changed (served since,
+    new, or gone) are decided again (each belongs to the replica that served it last, as in
+    `from_reports`; two replicas reporting the same conversation at the very same time:
+    either). The counts of active conversations and the recent homes are kept as homes change,
+    and as ``active_since`` and ``recent_since`` move forward, each home leaves them once (a heap
+    by time). A merge costs one look at each replica's ``reported_at``, one read of each changed
+    report, and a decision for each conversation served since: not every conversation of every
+    report, nor every conversation of a changed one."""
 
     def __init__(self) -> None:
         self._merged_at: dict[str, float] = {}  # replica -> reported_at of the report merged
@@ -326,7 +327,7 @@ class DirectoryMerger:
                 if self._merged_at.get(replica) == at and replica in self._sightings:
                     continue
             self._order.setdefault(replica, len(self._order))
-            self._replace(replica, _sightings(replica, stats))
+            self._replace(replica, _sightings(replica, stats, self._sightings.get(replica)))
             if at is not None:
                 self._merged_at[replica] = at
         self._expire_active(active_since)
@@ -336,6 +337,8 @@ class DirectoryMerger:
         )
 
     def _replace(self, replica: str, sightings: dict[int, Sighting]) -> None:
+        """``sightings`` holds the very objects of the replica's previous report where a
+        conversation's sighting is unchanged (`_sightings`): only the others are decided again."""
         old = self._sightings.get(replica, {})
         self._sightings[replica] = sightings
         for conversation in old.keys() - sightings.keys():
@@ -343,9 +346,13 @@ class DirectoryMerger:
             holders.discard(replica)
             if not holders:
                 del self._holders[conversation]
-        for conversation in sightings.keys() - old.keys():
-            self._holders.setdefault(conversation, set()).add(replica)
-        for conversation in old.keys() | sightings.keys():
+            self._decide(conversation)
+        for conversation, sighting in sightings.items():
+            before = old.get(conversation)
+            if before is None:
+                self._holders.setdefault(conversation, set()).add(replica)
+            elif before is sighting:
+                continue
             self._decide(conversation)
 
     def _decide(self, conversation: int) -> None:
@@ -419,14 +426,23 @@ class DirectoryMerger:
                 del self.recent[conversation]
 
 
-def _sightings(replica: str, stats: Mapping[str, Any]) -> dict[int, Sighting]:
-    """What one replica's report says: each conversation's sighting there."""
+def _sightings(
+    replica: str, stats: Mapping[str, Any], before: Mapping[int, Sighting] | None = None
+) -> dict[int, Sighting]:
+    """What one replica's report says: each conversation's sighting there, the very object of
+    ``before`` (its previous report's) where unchanged: a report repeats every conversation the
+    replica keeps, and only those served since the last have moved."""
     ttls = {
         conversation: ttl_s
         for ttl_s, conversations in (stats.get(TTL_KEY) or {}).items()
         for conversation in conversations
     }
-    return {
-        conversation: Sighting(replica, last_seen, ttls.get(conversation, 0.0))
-        for conversation, last_seen in (stats.get(REPORT_KEY) or {}).items()
-    }
+    before = before or {}
+    sightings = {}
+    for conversation, last_seen in (stats.get(REPORT_KEY) or {}).items():
+        ttl_s = ttls.get(conversation, 0.0)
+        known = before.get(conversation)
+        if known is None or known.last_seen != last_seen or known.ttl_s != ttl_s:
+            known = Sighting(replica, last_seen, ttl_s)
+        sightings[conversation] = known
+    return sightings

@@ -231,13 +231,20 @@ def deliveries(draw: st.DrawFn) -> list[tuple[dict[str, dict], float | None, flo
     horizon = recent = 0.0
     for _ in range(draw(st.integers(1, 8))):
         for replica in MERGE_REPLICAS:
-            action = draw(st.sampled_from(["new", "same", "same", "gone"]))
+            action = draw(st.sampled_from(["new", "next", "same", "same", "gone"]))
             if action == "gone":
                 latest.pop(replica, None)
-            elif action == "new" or replica not in latest:
+            elif action in ("new", "next") or replica not in latest:
                 conversations = draw(st.lists(st.integers(0, 11), max_size=8, unique=True))
                 seen = {c: float(next(times)) for c in conversations}
                 ttl = [c for c in conversations if draw(st.booleans())]
+                if action == "next" and replica in latest:  # some kept as they were reported
+                    before = latest[replica]
+                    before_ttl = {c for cs in before.get(TTL_KEY, {}).values() for c in cs}
+                    for c, at in before[REPORT_KEY].items():
+                        if c in seen and draw(st.booleans()):
+                            seen[c] = at
+                            ttl = [t for t in ttl if t != c] + ([c] if c in before_ttl else [])
                 report = {REPORT_KEY: seen, REPORTED_AT_KEY: float(next(times))}
                 if ttl:
                     report[TTL_KEY] = {THIRTY_MIN: ttl}
