@@ -1068,7 +1068,9 @@ class FileOutcome:
 
 
 # Ids whose absence changes what a request means (an item's own id does not, mostly).
-MEANINGFUL_IDS = ("resp_", "conv_", "call_", "fc_", "mcpr_")
+# A reasoning item (``rs_``) counts: an ``item_reference`` to one the recording's model wrote
+# names nothing where this model wrote none (the scripted checkpoint reasons not at all).
+MEANINGFUL_IDS = ("resp_", "conv_", "call_", "fc_", "mcpr_", "rs_")
 
 
 def peer_replay_class():
