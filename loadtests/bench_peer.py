@@ -1447,7 +1447,13 @@ def main() -> None:
             str(ROOT / "loadtests" / "sim_scale.py"),
             *args.scale_args.split(),
         ]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        # This checkout's serve_app, not whichever an environment installed (sys.path[0] is
+        # loadtests/ for a script, not the working directory).
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
         out += [
             "## Scale, by simulation",
             f"(load average {started:.1f} at the start, {load():.1f} at the end)",

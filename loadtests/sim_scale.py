@@ -34,8 +34,12 @@ the conversations of a minute, not of ``idle_s`` (300 s): ``--steady`` also time
 ``set_reports`` on reports as large as a steady state makes them (each replica reporting every
 conversation it served in 300 s at this arrival rate).
 
-    python loadtests/sim_scale.py                               # 8/2, 64/8, 256/32
-    python loadtests/sim_scale.py --scales 8:2 64:8 --seeds 7 1
+    PYTHONPATH=. python loadtests/sim_scale.py                  # 8/2, 64/8, 256/32
+    PYTHONPATH=. python loadtests/sim_scale.py --scales 8:2 64:8 --seeds 7 1
+    PYTHONPATH=. python loadtests/sim_scale.py --steady-only    # the reports' merging alone
+
+(``PYTHONPATH=.``: this checkout's serve_app; a script's ``sys.path`` starts at loadtests/, so
+without it the one an environment installed is timed.)
 """
 
 from __future__ import annotations
@@ -440,6 +444,7 @@ def steady_reports_ms(
     placer = (FromScratchPlacer if from_scratch else ConversationPlacer)(clock=clock)
     placer.set_members(reports)
     placer.set_reports(reports)
+    gc.collect()  # not this process's earlier garbage (a replay's), collected on our time
     spent = 0.0
     for delivery in range(deliveries):
         clock.now += CONTROL_LOOP_S
@@ -525,6 +530,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--push-latency-s", type=float, default=0.005)
     parser.add_argument("--steady", action="store_true", help="also time steady-state reports")
     parser.add_argument(
+        "--steady-only", action="store_true", help="time steady-state reports, no replay"
+    )
+    parser.add_argument(
         "--from-scratch",
         action="store_true",
         help="the routers merge every report on each delivery, as before DirectoryMerger",
@@ -536,7 +544,7 @@ def main() -> None:
     args = parse_args()
     base = codex_base()
     scales = []
-    for spec, seed in itertools.product(args.scales, args.seeds):
+    for spec, seed in itertools.product([] if args.steady_only else args.scales, args.seeds):
         replicas, ingress = (int(part) for part in spec.split(":"))
         started = time.monotonic()
         scales.append(run_scale(replicas, ingress, seed, args, base))
@@ -545,10 +553,11 @@ def main() -> None:
             file=sys.stderr,
             flush=True,
         )
-    print(table(scales))
-    print()
-    print(growth(scales))
-    if args.steady:
+    if scales:
+        print(table(scales))
+        print()
+        print(growth(scales))
+    if args.steady or args.steady_only:
         conversations = round(args.rate_per_replica * DEFAULT_IDLE_S)
         served = args.rate_per_replica * MEAN_TURNS
         print(
