@@ -22,12 +22,13 @@ compared with each other and with the router's own table.
 Ray Serve hands a router every replica's latest stats whenever any replica's changed (at most
 once a controller loop, 0.1 s): with N replicas reporting every second, up to ten times a
 second, each time N reports. A router merges them with `DirectoryMerger`, which reads again only
-the reports made since it last merged (a report is known by its ``reported_at``) and updates the
-conversations those name: its work per second grows with the reports made (N a period), not with
-the reports delivered (N ten times a second). Rebuilding the directory from every report on each
-delivery (`ConversationDirectory.from_reports`) cost 52 ms at 256 replicas of 188 conversations
-each, half a core per ingress replica at ten deliveries a second (loadtests/sim_scale.py,
-docs/benchmarks.md).
+the reports made since it last merged (a report is known by its ``reported_at``) and decides
+again only the conversations whose sighting there changed: its work per second grows with the
+turns served, not with the reports delivered (N ten times a second) nor with the conversations
+they repeat. Rebuilding the directory from every report on each delivery
+(`ConversationDirectory.from_reports`) cost 109 ms at 256 replicas of 188 conversations each,
+more than a core per ingress replica at ten deliveries a second; merging costs 4.4 ms
+(loadtests/sim_scale.py --steady-only, docs/benchmarks.md).
 
 A request's prompt-cache ``ttl`` (``GenerateRequest.cache_ttl_s``: 30 min by default through the
 app, 12 h asked) is a minimum lifetime: a conversation is kept, in a router's table and in its
