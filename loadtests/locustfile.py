@@ -22,7 +22,11 @@ those stages instead of ``-u``/``-t``, users added or stopped LOAD_SPAWN_RATE (d
 second; a user being stopped ends its session before its next turn, never in one.
 
 With $SERVE_APP_API_KEY set, each request carries it as its bearer key (an app with API keys
-answers 401 without one).
+answers 401 without one). With TURNS_FILE, every turn is appended there as a JSON line (its
+session and turn, its outcome, TTFT in ms, input, cached and output tokens): exact percentiles,
+where locust's CSV rounds response times. With TRACE_ONCE=1 every session of the trace is
+played once (the users take them in order) and locust quits when the last one ends: the same
+work for every server a benchmark compares (loadtests/bench_peer.py).
 
     locust -f loadtests/locustfile.py --headless -u 8 -r 8 -t 60s --host http://127.0.0.1:8000 \\
         --csv /tmp/run && python loadtests/report.py /tmp/run
@@ -39,8 +43,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gevent
 import requests
 from locust import HttpUser, LoadTestShape, events, task
+from locust.exception import StopUser
 from locust.user.users import LOCUST_STATE_STOPPING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -60,13 +66,40 @@ OUTCOMES_FILE = os.environ.get("OUTCOMES_FILE")
 API_KEY = os.environ.get("SERVE_APP_API_KEY")
 LOAD_SHAPE = os.environ.get("LOAD_SHAPE")
 LOAD_SPAWN_RATE = float(os.environ.get("LOAD_SPAWN_RATE", "2"))
-_next_session = itertools.cycle(SESSIONS)
+TURNS_FILE = os.environ.get("TURNS_FILE")
+TRACE_ONCE = os.environ.get("TRACE_ONCE") == "1"
+_next_session = iter(SESSIONS) if TRACE_ONCE else itertools.cycle(SESSIONS)
+_playing = 0  # sessions being played (TRACE_ONCE: locust quits once none is left to play)
 
 
 def record(kind: str, value: float) -> None:
     events.request.fire(
         request_type=kind, name="turn", response_time=value, response_length=0, exception=None
     )
+
+
+def _turn_line(
+    at: tuple[str, int],
+    outcome: str,
+    detail: str,
+    ttft_ms: float | None = None,
+    usage: dict[str, Any] | None = None,
+) -> None:
+    """One turn as a JSON line in TURNS_FILE (when set)."""
+    if not TURNS_FILE:
+        return
+    line: dict[str, Any] = {"session": at[0], "turn": at[1], "outcome": outcome}
+    if detail:
+        line["detail"] = detail[:300]
+    if usage is not None:
+        line.update(
+            ttft_ms=ttft_ms,
+            input_tokens=usage["input_tokens"],
+            cached_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens", 0),
+            output_tokens=usage["output_tokens"],
+        )
+    with Path(TURNS_FILE).open("a") as out:
+        out.write(json.dumps(line) + "\n")
 
 
 class CodexSession(HttpUser):
@@ -76,7 +109,19 @@ class CodexSession(HttpUser):
 
     @task
     def play_session(self) -> None:
-        session = next(_next_session)
+        global _playing
+        session = next(_next_session, None)
+        if session is None:  # TRACE_ONCE and every session taken: the last user out quits
+            if _playing == 0:
+                gevent.spawn(self.environment.runner.quit)
+            raise StopUser
+        _playing += 1
+        try:
+            self._play(session)
+        finally:
+            _playing -= 1
+
+    def _play(self, session: Any) -> None:
         stored = random.random() < STORE_SHARE
         previous_id = None
         for index, turn in enumerate(session.turns):
@@ -95,19 +140,20 @@ class CodexSession(HttpUser):
             if previous_id is not None:  # the server holds the rest
                 body["input"] = turn["new_items"]
                 body["previous_response_id"] = previous_id
-            final = self._turn(body, turn=index)
+            final = self._turn(body, (session.session_id, index))
             if final is None:
                 return  # a failed turn ends the session, as it would for Codex
             if stored:
                 previous_id = final["response"]["id"]
 
-    def _turn(self, body: dict[str, Any], turn: int = 0) -> dict | None:
-        """One turn, streamed: its terminal event, or None (a failure, reported to locust)."""
+    def _turn(self, body: dict[str, Any], at: tuple[str, int]) -> dict | None:
+        """One turn, streamed: its terminal event, or None (a failure, reported to locust).
+        ``at``: its session and index, for TURNS_FILE and the outcomes."""
         started = time.perf_counter()
         started_at = time.time()
         first_token = None
         final = None
-        where = {"session": body["prompt_cache_key"], "turn": turn, "started_at": started_at}
+        where = {"session": body["prompt_cache_key"], "turn": at[1], "started_at": started_at}
         with self.client.post(
             "/v1/responses",
             json=body,
@@ -121,6 +167,7 @@ class CodexSession(HttpUser):
                 kind = outcomes.http_refusal(response.status_code, reply)
                 detail = f"HTTP {response.status_code}: {outcomes.error_code(reply) or reply}"
                 self._note(body, kind, detail, **where)
+                _turn_line(at, kind, detail)
                 response.failure(detail)
                 return None
             try:
@@ -139,6 +186,7 @@ class CodexSession(HttpUser):
                 hung = "timed out" in str(error).lower()
                 kind = "hung" if hung else "improper"
                 self._note(body, kind, f"stream broke: {error}", **where)
+                _turn_line(at, kind, f"stream broke: {error}")
                 response.failure(f"stream broke: {error}")
                 return None
             if final is None or final["type"] == "response.failed":
@@ -146,6 +194,7 @@ class CodexSession(HttpUser):
                 code = final and outcomes.error_code(final["response"])
                 detail = f"turn ended with {final and final['type']}: {code}"
                 self._note(body, "refused" if failed else "improper", detail, **where)
+                _turn_line(at, "refused" if failed else "improper", detail)
                 response.failure(detail)
                 return None
             usage = final["response"]["usage"]
@@ -156,6 +205,7 @@ class CodexSession(HttpUser):
             }
             self._note(body, "acked", final["type"], final["response"]["id"], **figures, **where)
             if final["type"] != "response.completed":  # stored, but Codex would stop here
+                _turn_line(at, "incomplete", final["type"])
                 response.failure(f"turn ended with {final['type']}")
                 return None
             response.success()
@@ -166,6 +216,8 @@ class CodexSession(HttpUser):
                 record("TOKENS_PER_S", (usage["output_tokens"] - 1) / (ended - first_token))
         record("INPUT_TOKENS", usage["input_tokens"])
         record("CACHED_TOKENS", usage["input_tokens_details"]["cached_tokens"])
+        ttft_ms = None if first_token is None else (first_token - started) * 1000
+        _turn_line(at, "completed", "", ttft_ms, usage)
         return final
 
     @staticmethod

@@ -67,6 +67,7 @@ from serve_app.routing.directory import (
     DEFAULT_MAX_TTL_S,
     ConversationDirectory,
     ConversationTable,
+    DirectoryMerger,
     Sighting,
 )
 from serve_app.routing.ring import (
@@ -135,6 +136,8 @@ class ConversationPlacer:
             idle_s, max_conversations, clock, max_ttl_s
         )
         self.directory = ConversationDirectory()
+        # The reports merged as they come: only those made since the last are read again.
+        self._merger = DirectoryMerger()
         self._clock = clock
         # Conversations this router placed or moved that the replicas have not reported since:
         # the counts behind balanced placement include them at once, not a period later.
@@ -169,7 +172,9 @@ class ConversationPlacer:
         """The replicas' latest routing stats, whole: the conversations they served (the
         directory) and what a turn would wait for there (the TTFT predictor)."""
         # Conversations kept by their ttl alone are homes, not load (``directory.py``).
-        self.set_directory(ConversationDirectory.from_reports(reports, self.table.horizon()))
+        horizon = self.table.horizon()
+        recent = self._clock() - self.live_s  # what `_live_conversations` reads until the next
+        self.set_directory(self._merger.merge(reports, horizon, recent))
         self.predictor.update(reports)
 
     def knows(self, key: str) -> bool:
@@ -327,8 +332,7 @@ class ConversationPlacer:
         if self._live is None:  # the reports' recent sightings, once a report (few: seconds')
             self._live = [
                 (sighting.last_seen, sighting.replica)
-                for sighting in self.directory.homes.values()
-                if sighting.last_seen >= since
+                for sighting in self.directory.seen_since(since)
             ]
         live = Counter(replica for last_seen, replica in self._live if last_seen >= since)
         return self._with_unreported(live, since)

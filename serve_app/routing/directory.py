@@ -19,6 +19,17 @@ that round names the replica that holds it, if any does (``ConversationDirectory
 Times are wall-clock seconds (``time.time``): reports from replicas on different nodes are
 compared with each other and with the router's own table.
 
+Ray Serve hands a router every replica's latest stats whenever any replica's changed (at most
+once a controller loop, 0.1 s): with N replicas reporting every second, up to ten times a
+second, each time N reports. A router merges them with `DirectoryMerger`, which reads again only
+the reports made since it last merged (a report is known by its ``reported_at``) and decides
+again only the conversations whose sighting there changed: its work per second grows with the
+turns served, not with the reports delivered (N ten times a second) nor with the conversations
+they repeat. Rebuilding the directory from every report on each delivery
+(`ConversationDirectory.from_reports`) cost 109 ms at 256 replicas of 188 conversations each,
+more than a core per ingress replica at ten deliveries a second; merging costs 4.4 ms
+(loadtests/sim_scale.py --steady-only, docs/benchmarks.md).
+
 A request's prompt-cache ``ttl`` (``GenerateRequest.cache_ttl_s``: 30 min by default through the
 app, 12 h asked) is a minimum lifetime: a conversation is kept, in a router's table and in its
 replica's report, for the longer of ``idle_s`` and its latest request's ttl (at most
@@ -33,6 +44,7 @@ ttl alone holds cache, not work.
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -207,12 +219,20 @@ class ConversationDirectory:
     """On a router: every replica's report merged. A conversation reported by several replicas
     (it spilled) belongs to the one that served it last. ``active`` counts each replica's
     reported conversations, less those kept by their ttl alone: served before
-    ``active_since`` (None: none is left out)."""
+    ``active_since`` (None: none is left out). ``recent``, when given (`DirectoryMerger`), holds
+    at least every home last seen at or after the merger's ``recent_since``: what a router asks
+    of the last seconds without reading every home."""
 
     homes: dict[int, Sighting] = field(default_factory=dict)  # by the key's stable_hash
     active: Counter[str] = field(default_factory=Counter)
     reported_at: dict[str, float] = field(default_factory=dict)  # by replica
     active_since: float | None = None
+    recent: Mapping[int, Sighting] | None = None
+
+    def seen_since(self, moment: float) -> Iterator[Sighting]:
+        """The homes last seen at or after ``moment`` (from ``recent`` when it covers it)."""
+        homes = self.homes if self.recent is None else self.recent
+        return (sighting for sighting in homes.values() if sighting.last_seen >= moment)
 
     def home(self, key: str) -> Sighting | None:
         return self.homes.get(stable_hash(key))
@@ -258,3 +278,172 @@ class ConversationDirectory:
             sighting.replica for sighting in homes.values() if directory.is_active(sighting)
         )
         return directory
+
+
+class DirectoryMerger:
+    """A router's `ConversationDirectory`, kept up to date from the replicas' reports as Ray
+    Serve delivers them: every replica's latest, each time any changed. A report already merged
+    (the same ``reported_at`` from the same replica) is not read again; a new one replaces that
+    replica's sightings, and only the conversations whose sighting there changed (served since,
+    new, or gone) are decided again (each belongs to the replica that served it last, as in
+    `from_reports`; two replicas reporting the same conversation at the very same time:
+    either). The counts of active conversations and the recent homes are kept as homes change,
+    and as ``active_since`` and ``recent_since`` move forward, each home leaves them once (a heap
+    by time). A merge costs one look at each replica's ``reported_at``, one read of each changed
+    report, and a decision for each conversation served since: not every conversation of every
+    report, nor every conversation of a changed one."""
+
+    def __init__(self) -> None:
+        self._merged_at: dict[str, float] = {}  # replica -> reported_at of the report merged
+        self._sightings: dict[str, dict[int, Sighting]] = {}  # replica -> what it reported
+        self._order: dict[str, int] = {}  # replica -> when first merged (ties go to the first)
+        self._holders: dict[int, set[str]] = {}  # conversation -> the replicas reporting it
+        self.homes: dict[int, Sighting] = {}
+        self.active: Counter[str] = Counter()
+        self._counted: dict[int, Sighting] = {}  # the homes counted in ``active``
+        self._active_since: float | None = None
+        self._expiring: list[tuple[float, int, int, Sighting]] = []  # counted homes with a ttl
+        self.recent: dict[int, Sighting] = {}
+        self._recent_since = float("-inf")
+        self._aging: list[tuple[float, int, int, Sighting]] = []  # homes in ``recent``
+        self._pushes = itertools.count()  # heap ties, never comparing sightings
+
+    def merge(
+        self,
+        reports: Mapping[str, Mapping[str, Any]],
+        active_since: float | None = None,
+        recent_since: float | None = None,
+    ) -> ConversationDirectory:
+        """The directory of ``reports`` (as `ConversationDirectory.from_reports` builds it),
+        with ``recent`` holding the homes last seen at or after ``recent_since``."""
+        for replica in [gone for gone in self._sightings if gone not in reports]:
+            self._replace(replica, {})
+            del self._sightings[replica]
+            self._merged_at.pop(replica, None)
+        reported_at: dict[str, float] = {}
+        for replica, stats in reports.items():
+            at = stats.get(REPORTED_AT_KEY)
+            if at is not None:
+                reported_at[replica] = at
+                if self._merged_at.get(replica) == at and replica in self._sightings:
+                    continue
+            self._order.setdefault(replica, len(self._order))
+            self._replace(replica, _sightings(replica, stats, self._sightings.get(replica)))
+            if at is not None:
+                self._merged_at[replica] = at
+        self._expire_active(active_since)
+        self._age_recent(float("-inf") if recent_since is None else recent_since)
+        return ConversationDirectory(
+            self.homes, self.active, reported_at, active_since, self.recent
+        )
+
+    def _replace(self, replica: str, sightings: dict[int, Sighting]) -> None:
+        """``sightings`` holds the very objects of the replica's previous report where a
+        conversation's sighting is unchanged (`_sightings`): only the others are decided again."""
+        old = self._sightings.get(replica, {})
+        self._sightings[replica] = sightings
+        for conversation in old.keys() - sightings.keys():
+            holders = self._holders[conversation]
+            holders.discard(replica)
+            if not holders:
+                del self._holders[conversation]
+            self._decide(conversation)
+        for conversation, sighting in sightings.items():
+            before = old.get(conversation)
+            if before is None:
+                self._holders.setdefault(conversation, set()).add(replica)
+            elif before is sighting:
+                continue
+            self._decide(conversation)
+
+    def _decide(self, conversation: int) -> None:
+        """The conversation's home again, from the replicas that report it."""
+        holders = self._holders.get(conversation, ())
+        home = max(
+            (self._sightings[holder][conversation] for holder in holders),
+            key=lambda sighting: (sighting.last_seen, -self._order[sighting.replica]),
+            default=None,
+        )
+        if self.homes.get(conversation) is home:
+            return
+        counted = self._counted.pop(conversation, None)
+        if counted is not None:
+            self.active[counted.replica] -= 1
+            if not self.active[counted.replica]:
+                del self.active[counted.replica]
+        self.recent.pop(conversation, None)
+        if home is None:
+            del self.homes[conversation]
+            return
+        self.homes[conversation] = home
+        if self._is_active(home):
+            self._count(conversation, home)
+        if home.last_seen >= self._recent_since:
+            self.recent[conversation] = home
+            entry = (home.last_seen, next(self._pushes), conversation, home)
+            heapq.heappush(self._aging, entry)
+
+    def _is_active(self, sighting: Sighting) -> bool:
+        since = self._active_since
+        return since is None or not sighting.ttl_s or sighting.last_seen >= since
+
+    def _count(self, conversation: int, home: Sighting) -> None:
+        self._counted[conversation] = home
+        self.active[home.replica] += 1
+        if home.ttl_s:  # leaves the count once active_since passes it
+            entry = (home.last_seen, next(self._pushes), conversation, home)
+            heapq.heappush(self._expiring, entry)
+
+    def _expire_active(self, active_since: float | None) -> None:
+        before, self._active_since = self._active_since, active_since
+        if active_since is None or (before is not None and active_since < before):
+            # Every home counts again (no horizon), or the horizon moved back: count afresh.
+            self.active.clear()
+            self._counted.clear()
+            self._expiring.clear()
+            for conversation, home in self.homes.items():
+                if self._is_active(home):
+                    self._count(conversation, home)
+            return
+        while self._expiring and self._expiring[0][0] < active_since:
+            _, _, conversation, home = heapq.heappop(self._expiring)
+            if self._counted.get(conversation) is home:
+                del self._counted[conversation]
+                self.active[home.replica] -= 1
+                if not self.active[home.replica]:
+                    del self.active[home.replica]
+
+    def _age_recent(self, recent_since: float) -> None:
+        if recent_since < self._recent_since:  # moved back: gather afresh
+            self._recent_since = recent_since
+            self.recent = {c: h for c, h in self.homes.items() if h.last_seen >= recent_since}
+            self._aging = [(h.last_seen, next(self._pushes), c, h) for c, h in self.recent.items()]
+            heapq.heapify(self._aging)
+            return
+        self._recent_since = recent_since
+        while self._aging and self._aging[0][0] < recent_since:
+            _, _, conversation, home = heapq.heappop(self._aging)
+            if self.recent.get(conversation) is home:
+                del self.recent[conversation]
+
+
+def _sightings(
+    replica: str, stats: Mapping[str, Any], before: Mapping[int, Sighting] | None = None
+) -> dict[int, Sighting]:
+    """What one replica's report says: each conversation's sighting there, the very object of
+    ``before`` (its previous report's) where unchanged: a report repeats every conversation the
+    replica keeps, and only those served since the last have moved."""
+    ttls = {
+        conversation: ttl_s
+        for ttl_s, conversations in (stats.get(TTL_KEY) or {}).items()
+        for conversation in conversations
+    }
+    before = before or {}
+    sightings = {}
+    for conversation, last_seen in (stats.get(REPORT_KEY) or {}).items():
+        ttl_s = ttls.get(conversation, 0.0)
+        known = before.get(conversation)
+        if known is None or known.last_seen != last_seen or known.ttl_s != ttl_s:
+            known = Sighting(replica, last_seen, ttl_s)
+        sightings[conversation] = known
+    return sightings

@@ -4,14 +4,21 @@ router's directory), bounded as before; a ttl'd conversation past idle_s is a ho
 
 from __future__ import annotations
 
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from serve_app.protocol.prompt_cache import TTL_SECONDS
 from serve_app.routing.affinity import ConversationPlacer
 from serve_app.routing.directory import (
     DEFAULT_MAX_TTL_S,
     REPORT_KEY,
+    REPORTED_AT_KEY,
     TTL_KEY,
     ConversationDirectory,
     ConversationTable,
+    DirectoryMerger,
     ServedConversations,
 )
 from serve_app.routing.replica_report import ReplicaReporter
@@ -205,3 +212,76 @@ def test_moving_a_conversation_kept_by_its_ttl_alone_takes_no_load_off_its_old_h
     moved = routing.choose(key, busy, ttl_s=THIRTY_MIN).replica
     assert moved != home
     assert routing._active_conversations() == {moved: 1}
+
+
+# --- merging the reports as Ray delivers them (DirectoryMerger) -------------------------------
+
+MERGE_REPLICAS = ("r0", "r1", "r2", "r3")
+
+
+@st.composite
+def deliveries(draw: st.DrawFn) -> list[tuple[dict[str, dict], float | None, float | None]]:
+    """Rounds of reports as Serve hands a router them: each replica's latest (a new one, or
+    the same as before: same ``reported_at``, same content), replicas coming and going, with a
+    horizon and a recent bound that only move forward (or no horizon). Every sighting's time is
+    distinct, as reports' wall clocks are."""
+    times = itertools.count(1)
+    latest: dict[str, dict] = {}
+    rounds = []
+    horizon = recent = 0.0
+    for _ in range(draw(st.integers(1, 8))):
+        for replica in MERGE_REPLICAS:
+            action = draw(st.sampled_from(["new", "next", "same", "same", "gone"]))
+            if action == "gone":
+                latest.pop(replica, None)
+            elif action in ("new", "next") or replica not in latest:
+                conversations = draw(st.lists(st.integers(0, 11), max_size=8, unique=True))
+                seen = {c: float(next(times)) for c in conversations}
+                ttl = [c for c in conversations if draw(st.booleans())]
+                if action == "next" and replica in latest:  # some kept as they were reported
+                    before = latest[replica]
+                    before_ttl = {c for cs in before.get(TTL_KEY, {}).values() for c in cs}
+                    for c, at in before[REPORT_KEY].items():
+                        if c in seen and draw(st.booleans()):
+                            seen[c] = at
+                            ttl = [t for t in ttl if t != c] + ([c] if c in before_ttl else [])
+                report = {REPORT_KEY: seen, REPORTED_AT_KEY: float(next(times))}
+                if ttl:
+                    report[TTL_KEY] = {THIRTY_MIN: ttl}
+                latest[replica] = report
+        horizon += draw(st.floats(0, 20))
+        recent = max(recent, horizon - draw(st.floats(0, 10)))
+        no_horizon = draw(st.booleans()) and draw(st.booleans())
+        rounds.append((dict(latest), None if no_horizon else horizon, recent))
+    return rounds
+
+
+@settings(deadline=None)  # a loaded shared machine: time is not what is tested
+@given(deliveries())
+def test_merging_only_new_reports_gives_the_directory_of_every_report(rounds) -> None:
+    merger = DirectoryMerger()
+    for reports, active_since, recent_since in rounds:
+        merged = merger.merge(reports, active_since, recent_since)
+        built = ConversationDirectory.from_reports(reports, active_since)
+        assert merged.homes == built.homes
+        assert +merged.active == +built.active
+        assert merged.reported_at == built.reported_at
+        recent = {c: h for c, h in built.homes.items() if h.last_seen >= recent_since}
+        assert dict(merged.recent) == recent
+        by_time = sorted(recent.values(), key=lambda sighting: sighting.last_seen)
+        assert sorted(merged.seen_since(recent_since), key=lambda s: s.last_seen) == by_time
+
+
+def test_a_report_already_merged_is_not_read_again() -> None:
+    class Unreadable(dict):
+        def items(self):  # a report's conversations: read once
+            raise AssertionError("read again")
+
+    merger = DirectoryMerger()
+    first = {REPORT_KEY: {1: 10.0, 2: 11.0}, REPORTED_AT_KEY: 12.0}
+    merger.merge({"r0": first})
+    # Serve hands the same stats again (another replica's changed): only r1's is read.
+    again = {REPORT_KEY: Unreadable(first[REPORT_KEY]), REPORTED_AT_KEY: 12.0}
+    merged = merger.merge({"r0": again, "r1": {REPORT_KEY: {2: 13.0}, REPORTED_AT_KEY: 14.0}})
+    assert merged.homes[1].replica == "r0" and merged.homes[2].replica == "r1"
+    assert merged.active == {"r0": 1, "r1": 1}
