@@ -63,6 +63,20 @@ class BackgroundRun:
     ended: bool
 
 
+@dataclass(frozen=True)
+class ToolClaim:
+    """A call that must run once (an approved MCP call): which response's turn runs it, since
+    when (epoch seconds), and its result once it ran (JSON, as the claimant recorded it)."""
+
+    claimant: str
+    claimed_at: float
+    result: str | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.result is not None
+
+
 # Builds the end of a run its runner left: from the stored response (wire JSON), the JSON of
 # its persisted ``response.output_item.done`` events in order, and the last persisted sequence
 # number, the final response and the events that close the stream.
@@ -263,6 +277,25 @@ class ResponseStore(abc.ABC):
     @abc.abstractmethod
     async def delete_item(self, conversation_id: str, item_id: str) -> bool:
         """Remove every item with that id from the conversation (ids may repeat)."""
+
+    # --- calls that must run once: an approved MCP call, whichever replica is asked --------
+
+    @abc.abstractmethod
+    async def claim_tool_call(self, owner: str | None, claim_id: str, claimant: str) -> ToolClaim:
+        """Take the call ``claim_id`` of ``owner`` for ``claimant`` unless it is taken
+        (insert-if-absent: of claimants at once, one wins); the claim as it stands after. The
+        call is ``claimant``'s to run only when the answer names it, unsettled."""
+
+    @abc.abstractmethod
+    async def settle_tool_call(
+        self, owner: str | None, claim_id: str, claimant: str, result: str
+    ) -> bool:
+        """Record the result of ``claimant``'s run of the call; False if the claim was not its
+        own or was settled already."""
+
+    @abc.abstractmethod
+    async def tool_claim(self, owner: str | None, claim_id: str) -> ToolClaim | None:
+        """The claim of ``claim_id`` as it stands (None: nobody took it)."""
 
     # --- secrets the server makes for itself, shared by every replica ----------------------
 

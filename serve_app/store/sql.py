@@ -47,7 +47,7 @@ from sqlalchemy.ext.asyncio import (
 )
 
 from serve_app.config import StoreConfig
-from serve_app.store import runs
+from serve_app.store import runs, tool_claims
 from serve_app.store.base import (
     BackgroundRun,
     ItemPage,
@@ -56,6 +56,7 @@ from serve_app.store.base import (
     RunEnding,
     StoredConversation,
     StoredResponse,
+    ToolClaim,
     cut_page,
 )
 from serve_app.store.expiry import Expiry, chain_query, expired_query
@@ -192,6 +193,8 @@ class SqlResponseStore(ResponseStore):
         async def write(session: AsyncSession) -> int:
             ids = list((await session.scalars(expired_query(cutoff, batch))).all())
             await delete_responses(session, ids)
+            # Claims age with the responses that asked for their calls.
+            await tool_claims.sweep(session, cutoff)
             return len(ids)
 
         return await self._transact(write)
@@ -413,6 +416,23 @@ class SqlResponseStore(ResponseStore):
             return await propose_secret(session, name, proposal)
 
         return await self._transact(write)
+
+    async def claim_tool_call(self, owner: str | None, claim_id: str, claimant: str) -> ToolClaim:
+        now = time.time()
+        return await self._transact(
+            lambda session: tool_claims.claim(session, owner, claim_id, claimant, now)
+        )
+
+    async def settle_tool_call(
+        self, owner: str | None, claim_id: str, claimant: str, result: str
+    ) -> bool:
+        return await self._transact(
+            lambda session: tool_claims.settle(session, owner, claim_id, claimant, result)
+        )
+
+    async def tool_claim(self, owner: str | None, claim_id: str) -> ToolClaim | None:
+        async with self._session() as session:
+            return await tool_claims.read(session, owner, claim_id)
 
     async def ids(self) -> list[str]:
         async with self._session() as session:
