@@ -115,6 +115,16 @@ class ResponseStreamTranslator:
         return self._writer.output_items
 
     @property
+    def tools(self) -> ToolRegistry:
+        """The tools a recipient resolves to."""
+        return self._tools
+
+    @tools.setter
+    def tools(self, tools: ToolRegistry) -> None:
+        """More tools before the model runs (an MCP server listed once the response began)."""
+        self._tools = tools
+
+    @property
     def tool_calls_exhausted(self) -> bool:
         """Whether ``max_tool_calls`` calls are done: what the engine writes next is dropped."""
         return self.call_limit.exhausted(self._writer.tool_calls)

@@ -24,7 +24,7 @@ from serve_app.config import AppArgs
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.serving.engine.client import InProcessEngineClient
+from serve_app.serving.engine.client import EngineClient, InProcessEngineClient
 from serve_app.serving.ingress import app_store, create_api
 from tests.support import API_KEY, API_KEY_ENV, REPO
 
@@ -67,13 +67,15 @@ async def in_process_api(
     args: AppArgs | None = None,
     *,
     engine: SimulatedEngineConfig | None = None,
+    engine_client: Callable[[EngineClient], EngineClient] | None = None,
     **options: Any,
 ) -> AsyncIterator[FastAPI]:
     """The ingress's own FastAPI app (the one every ingress replica serves) in this process.
 
     ``db``: an SQLite file, or a store URL (e.g. the session's PostgreSQL). ``engine``: the
     simulated engine's config (default: fast and unscripted); the engine itself is the app's
-    ``state.engine``, for tests that look inside it. ``options`` go to ``create_api``.
+    ``state.engine``, for tests that look inside it. ``engine_client``: wraps the in-process
+    engine client (a test's refusals, delays). ``options`` go to ``create_api``.
     """
     args = args or AppArgs()
     store = app_store(db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}", args)
@@ -81,9 +83,10 @@ async def in_process_api(
     simulated = SimulatedEngine(engine or SimulatedEngineConfig(decode_tokens_per_s=50_000))
     await simulated.start()
     try:
+        client: EngineClient = InProcessEngineClient(simulated)
         api = create_api(
             args,
-            InProcessEngineClient(simulated),
+            engine_client(client) if engine_client else client,
             ReasoningVault("k"),
             store,
             **options,

@@ -12,7 +12,9 @@ port, started and stopped by the test.
 Kinds (`KINDS`), each also listing `echo` unless said otherwise:
 - ``good``: ``echo(text)``, ``add(a, b)``, ``slow(seconds)`` (sleeps, then says so),
   ``fail(message)`` (an ``isError`` result with that message), ``seen_headers()`` (the
-  ``authorization`` and ``x-*`` header values every HTTP request to this server carried, JSON);
+  ``authorization`` and ``x-*`` header values every HTTP request to this server carried, JSON),
+  ``charge(amount)`` (a side effect: counts the charges made, answers ``charge #N of AMOUNT``)
+  and ``charges()`` (how many were made: what an exactly-once test reads);
 - ``hang``: ``hang()`` never answers;
 - ``huge``: ``huge(mib=10)`` answers that many MiB of text;
 - ``drop``: ``drop()`` ends the server's process mid-call (connections closed, no answer);
@@ -192,6 +194,15 @@ def _build_server(kind: str) -> Any:
         def seen_headers() -> str:
             return json.dumps(sorted(_SEEN_HEADERS))
 
+        @server.tool(description="Charges this amount (a side effect; counted).")
+        def charge(amount: int) -> str:
+            _CHARGES.append(amount)
+            return f"charge #{len(_CHARGES)} of {amount}"
+
+        @server.tool(description="How many charges were made.")
+        def charges() -> str:
+            return str(len(_CHARGES))
+
     elif kind == "hang":
 
         @server.tool(description="Never answers.")
@@ -224,6 +235,8 @@ def _echo_as(text: str) -> str:
 
 # Header values the server was sent (the `good` kind's `seen_headers` answers them).
 _SEEN_HEADERS: set[str] = set()
+# The amounts `charge` was called with, in order (`charges` answers how many).
+_CHARGES: list[int] = []
 
 
 def _guarded(app: Any, token: str | None) -> Any:

@@ -2,6 +2,12 @@
 already holds), the approved calls run at the start of the next response, and the `ToolRunner`
 of the ``mcp`` and ``mcp_approval`` kinds (the door's rules: serve_app.serving.admission.mcp).
 
+In two steps, so that nothing runs for a request the server then refuses (issue 46): `plan`,
+before the turn is rendered, decides from the request and its context alone what is to be
+listed and run; the `McpTurns.stage`, which the event loop runs once an engine took the
+response, it is stored (when it is to be) and ``response.created`` is out, does it, streaming
+each step as it starts. An approved call runs once whoever asks (`OnceCalls`).
+
 The MCP client (serve_app.serving.tools.mcp) reaches the servers: this module only decides
 what to ask it and what its answers become (items the model and the client read). Nothing here
 raises past the door: a server that cannot be listed is a failed ``mcp_list_tools`` item (the
@@ -12,12 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from openai.types.responses import Response, ResponseStreamEvent
+
 from serve_app.harmony.mcp_tools import listed_specs, reusable_lists
-from serve_app.harmony.tools import ToolRegistry, ToolSpec
+from serve_app.harmony.stream import ResponseStreamTranslator
+from serve_app.harmony.tools import ToolSpec
 from serve_app.protocol import mcp_events
 from serve_app.protocol.mcp_items import (
     McpApprovalRequestItem,
@@ -29,9 +38,11 @@ from serve_app.protocol.mcp_items import (
 )
 from serve_app.protocol.requests import InputItem, ResponsesRequest
 from serve_app.protocol.stream_events import ResponseEventWriter
+from serve_app.protocol.stream_items import OpenItem
 from serve_app.protocol.tool_events import ToolCallEvents
-from serve_app.serving.tools.contract import ToolCall, ToolResult, ToolRunners
+from serve_app.serving.tools.contract import CancelScope, ToolCall, ToolResult, ToolRunners
 from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpServer
+from serve_app.serving.tools.mcp_once import OnceCalls
 
 logger = logging.getLogger(__name__)
 
@@ -60,28 +71,13 @@ def mcp_tools(request: ResponsesRequest) -> dict[str, McpTool]:
     return {tool.server_label: tool for tool in request.tools if isinstance(tool, McpTool)}
 
 
-# --- before the model runs -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ServerListing:
-    """One server's tools for this response: listed now (``fresh``: an ``mcp_list_tools``
-    item goes in the output) or reused from the context's listing of its label."""
-
-    tool: McpTool
-    outcome: ListOutcome
-    fresh: bool = True
-
-    def specs(self) -> list[ToolSpec]:
-        if self.outcome.error is not None:
-            return []
-        listed = [McpListedTool.model_validate(tool.model_dump()) for tool in self.outcome.tools]
-        return listed_specs(self.tool, listed)
+# --- before the model runs: the plan (no I/O), then the stage (after the response exists) ---
 
 
 @dataclass(frozen=True)
 class ApprovedCall:
-    """An approval request the context approves: its call ran before the model did."""
+    """An approval request the context approves, and its call's result (run once: the first
+    request to claim it ran it, serve_app.serving.tools.mcp_once)."""
 
     asked: McpApprovalRequestItem
     result: ToolResult
@@ -99,85 +95,83 @@ class ApprovedCall:
         )
 
 
-@dataclass
-class McpPrelude:
-    """What a response's MCP tools did before the model runs: each server's listing and the
-    approved calls, whose items open the response's output."""
+@dataclass(frozen=True)
+class McpPlan:
+    """What a response's MCP tools need before the model runs, decided from the request and its
+    context alone (no I/O, so nothing runs for a request the server then refuses): each
+    server's listing, reused from the context or to be made, and the approved calls to run."""
 
-    listings: list[ServerListing] = field(default_factory=list)
-    approved: list[ApprovedCall] = field(default_factory=list)
+    tools: dict[str, McpTool] = field(default_factory=dict)
+    # The context's listing of a label, reused (no item of its own in the output).
+    listings: dict[str, McpListToolsItem] = field(default_factory=dict)
+    approved: list[McpApprovalRequestItem] = field(default_factory=list)
+
+    @property
+    def to_list(self) -> list[McpTool]:
+        return [tool for label, tool in self.tools.items() if label not in self.listings]
 
     def __bool__(self) -> bool:
-        return bool(self.listings or self.approved)
+        """Whether anything runs before the model (a listing to make, a call to run)."""
+        return bool(self.to_list or self.approved)
+
+    def specs(self, done: McpDone | None = None) -> list[ToolSpec]:
+        """The servers' tools the model is shown, in the request's order of its ``mcp`` tools
+        (the order a later turn reusing every listing shows them in): the listings reused,
+        and those ``done`` made."""
+        specs: list[ToolSpec] = []
+        for label, tool in self.tools.items():
+            if label in self.listings:
+                specs += listed_specs(tool, self.listings[label].tools)
+            elif done is not None and label in done.listed:
+                specs += done.listed[label].specs()
+        return specs
+
+
+@dataclass(frozen=True)
+class ServerListing:
+    """One server's tools, listed for this response."""
+
+    tool: McpTool
+    outcome: ListOutcome
 
     def specs(self) -> list[ToolSpec]:
-        """The servers' tools the model is shown (as `ToolRegistry.from_request` takes them)."""
-        return [spec for server in self.listings for spec in server.specs()]
+        if self.outcome.error is not None:
+            return []
+        listed = [McpListedTool.model_validate(tool.model_dump()) for tool in self.outcome.tools]
+        return listed_specs(self.tool, listed)
+
+
+@dataclass
+class McpDone:
+    """What the stage did: the servers it listed, the approved calls it ran."""
+
+    listed: dict[str, ServerListing] = field(default_factory=dict)
+    approved: list[ApprovedCall] = field(default_factory=list)
 
     def rendered_items(self) -> list[InputItem]:
         """What the prompt shows after the request's input: the approved calls' outputs."""
         return [call.item() for call in self.approved]
 
-    def open(self, writer: ResponseEventWriter) -> None:
-        """Start the response (``response.created``) and write the items' events after it;
-        nothing for a response without them."""
-        if self:
-            writer.start()
-            self.write(writer)
 
-    def write(self, writer: ToolCallEvents) -> None:
-        """The items' events, right after ``response.created``: each fresh listing, then each
-        approved call (``mcp_call`` with its ``approval_request_id``)."""
-        for server in self.listings:
-            if not server.fresh:
-                continue
-            item = writer.open_tool_call(mcp_events.MCP_LIST_KIND, "", server.tool.server_label)
-            writer.tool_running(item)
-            result = ToolResult(
-                error=server.outcome.error, data={"tools": list(server.outcome.tools)}
-            )
-            writer.close_tool_call(item, result)
-        for call in self.approved:
-            item = writer.open_tool_call(
-                mcp_events.MCP_KIND, call.asked.name, call.asked.server_label
-            )
-            writer.text(item, call.asked.arguments)
-            writer.close(item, "completed")
-            for pending in writer.take_pending_calls():
-                writer.tool_running(pending)
-                writer.close_tool_call(pending, call.result)
-
-
-async def prelude(
-    servers: McpServers, request: ResponsesRequest, context: Sequence[InputItem]
-) -> McpPrelude:
-    """Each server's tools (listed concurrently, within the client's list timeout; reused
-    when ``context``, the history and the input, holds a listing of its label), then the calls
-    the context approves, run concurrently. Never raises: a failure is in an item."""
+def plan(request: ResponsesRequest, context: Sequence[InputItem]) -> McpPlan:
+    """The plan of a request whose ``context`` (history and input) is known: nothing for a
+    request without ``mcp`` tools or with ``tool_choice: none``."""
     tools = mcp_tools(request)
-    if not tools:
-        return McpPrelude()
+    if request.tool_choice == "none" or not tools:
+        return McpPlan()
     known = reusable_lists(context)
-    listings = await asyncio.gather(
-        *(
-            _reused(tool, known[label]) if label in known else _list(servers, tool)
-            for label, tool in tools.items()
-        )
-    )
-    asked = approved_requests(context)
-    results = await asyncio.gather(
-        *(call(servers, tools.get(item.server_label), item.name, item.arguments) for item in asked)
-    )
-    approved = [
-        ApprovedCall(item, replace(result, data={**result.data, "approval_request_id": item.id}))
-        for item, result in zip(asked, results, strict=True)
-    ]
-    return McpPrelude(list(listings), approved)
+    listings = {label: known[label] for label in tools if label in known}
+    return McpPlan(tools, listings, approved_requests(context))
 
 
-async def _reused(tool: McpTool, listing: McpListToolsItem) -> ServerListing:
-    tools = [mcp_events.listed_tool(**entry.model_dump()) for entry in listing.tools]
-    return ServerListing(tool, ListOutcome(tools=tools), fresh=False)
+class StageTurn(Protocol):
+    """What the stage reads of a turn (`serving.turn.state.Turn`, named by its shape)."""
+
+    translator: ResponseStreamTranslator
+    owner: str | None
+
+    @property
+    def response(self) -> Response: ...
 
 
 async def _list(servers: McpServers, tool: McpTool) -> ServerListing:
@@ -249,38 +243,88 @@ class McpRunner:
 
 class McpTurns:
     """MCP for the turns of one ingress replica: the client (its allowlist, bounds and
-    per-server slots), the runner the tool loop calls, and what a turn does before the model
-    runs (`prepare`)."""
+    per-server slots), the runner the tool loop calls, the plan a turn makes before it is
+    rendered and the stage it runs once its response exists (`stage`)."""
 
-    def __init__(self, servers: McpServers) -> None:
+    def __init__(self, servers: McpServers, once: OnceCalls) -> None:
         self.servers = servers
         self.runner = McpRunner(servers)
+        self._once = once
 
     def register(self, runners: ToolRunners) -> None:
         """The tool loop runs both MCP kinds' calls with this runner."""
         runners.register(mcp_events.MCP_KIND, self.runner)
         runners.register(mcp_events.MCP_APPROVAL_KIND, self.runner)
 
-    async def prepare(
-        self, request: ResponsesRequest, history: Sequence[InputItem], tools: ToolRegistry | None
-    ) -> Prepared:
-        """What the model's prompt renders (the servers' tools added to ``tools``, the
-        approved calls' outputs after the request's input) and the prelude whose items open
-        the response. A request without ``mcp`` tools (or with ``tool_choice: none``): as it
-        is."""
-        if request.tool_choice == "none" or not mcp_tools(request):
-            return Prepared(request, tools, McpPrelude())
-        done = await prelude(self.servers, request, [*history, *request.input_items])
-        shown = request.model_copy(update={"input": [*request.input_items, *done.rendered_items()]})
-        tools = tools or ToolRegistry.from_request(request)
-        return Prepared(shown, replace(tools, tools=(*tools.tools, *done.specs())), done)
+    async def stage(
+        self, turn: StageTurn, planned: McpPlan, done: McpDone
+    ) -> AsyncIterator[list[ResponseStreamEvent]]:
+        """The plan's work, once the response exists (an engine took it, it is stored,
+        ``response.created`` is out): each listing to make, then each approved call, every
+        step's events as it starts (``in_progress`` before the work) and as it ends (in the
+        plan's order, whatever order they finish in). ``done`` holds what it did. Leaving early
+        (the client went away) cancels what still runs."""
+        writer = turn.translator.writer
+        scope = CancelScope()
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            items = [_open_listing(writer, tool) for tool in planned.to_list]
+            if items:
+                yield writer.take_events()
+            tasks = [scope.spawn(_list(self.servers, tool)) for tool in planned.to_list]
+            for item, task in zip(items, tasks, strict=True):
+                listing = await task
+                done.listed[listing.tool.server_label] = listing
+                writer.close_tool_call(item, _listing_result(listing))
+                yield writer.take_events()
+            calls = [_open_approved(writer, asked) for asked in planned.approved]
+            if calls:
+                yield writer.take_events()
+            tasks = [
+                scope.spawn(self._approved(turn, planned, asked)) for asked in planned.approved
+            ]
+            for item, asked, task in zip(calls, planned.approved, tasks, strict=True):
+                result = await task
+                done.approved.append(ApprovedCall(asked, result))
+                writer.close_tool_call(item, result)
+                yield writer.take_events()
+        finally:
+            if any(not task.done() for task in tasks):
+                scope.cancel("the response ended")
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _approved(
+        self, turn: StageTurn, planned: McpPlan, asked: McpApprovalRequestItem
+    ) -> ToolResult:
+        """The approved call's result: run now if this response is the first to claim it,
+        else the result of the run that was."""
+        tool = planned.tools.get(asked.server_label)
+
+        async def run() -> ToolResult:
+            return await call(self.servers, tool, asked.name, asked.arguments)
+
+        result = await self._once.run(turn.owner, asked.id, turn.response.id, run)
+        return replace(result, data={**result.data, "approval_request_id": asked.id})
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """`McpTurns.prepare`'s answer: the request as rendered (its input extended), the tools
-    the model is shown, the prelude."""
+def _open_listing(writer: ToolCallEvents, tool: McpTool) -> OpenItem:
+    """An ``mcp_list_tools`` item, announced and in progress before the server is asked."""
+    item = writer.open_tool_call(mcp_events.MCP_LIST_KIND, "", tool.server_label)
+    writer.tool_running(item)
+    return item
 
-    request: ResponsesRequest
-    tools: ToolRegistry | None
-    prelude: McpPrelude
+
+def _listing_result(listing: ServerListing) -> ToolResult:
+    outcome = listing.outcome
+    return ToolResult(error=outcome.error, data={"tools": list(outcome.tools)})
+
+
+def _open_approved(writer: ResponseEventWriter, asked: McpApprovalRequestItem) -> OpenItem:
+    """The approved call's ``mcp_call`` item, its arguments whole, running: before it runs."""
+    item = writer.open_tool_call(mcp_events.MCP_KIND, asked.name, asked.server_label)
+    writer.text(item, asked.arguments)
+    # Its arguments are whole: pending until the stage closes it (or, should the response end
+    # first, the end closes it incomplete).
+    writer.close(item, "completed")
+    writer.tool_running(item)
+    return item

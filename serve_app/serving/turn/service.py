@@ -21,7 +21,7 @@ from serve_app.engines.base import SERVER_ERROR
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import RenderedPrompt
 from serve_app.harmony.stream import ResponseStreamTranslator
-from serve_app.harmony.tools import ToolRegistry
+from serve_app.harmony.tools import ToolRegistry, ToolSpec
 from serve_app.protocol.prompt_cache_diagnostics import PromptFingerprint
 from serve_app.protocol.requests import InputItem, ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id, usage
@@ -29,11 +29,12 @@ from serve_app.routing.keys import cache_salt, key_digest, routing_key
 from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
-from serve_app.serving.tools import tool_search
+from serve_app.serving.tools import mcp_turn, tool_search
 from serve_app.serving.tools.builtin import register_builtin_runners
 from serve_app.serving.tools.contract import ToolRunners
 from serve_app.serving.tools.loop import ToolLoop
 from serve_app.serving.tools.mcp.client import McpClient
+from serve_app.serving.tools.mcp_once import OnceCalls
 from serve_app.serving.tools.mcp_turn import McpTurns
 from serve_app.serving.turn import cache_diagnostics, context_management, history
 from serve_app.serving.turn.admit import Door
@@ -66,8 +67,9 @@ class ResponsesService:
         self._persistence = Persistence(store)
         # The runners of the tools the server runs, by kind (serving/tools/contract.py).
         self._tools = tools if tools is not None else ToolRunners()
-        # MCP servers' tools: listed before the model runs, their calls run by the loop.
-        self._mcp = McpTurns(McpClient(args.tools))
+        # MCP servers' tools: listed once the response exists, their calls run by the loop,
+        # an approved call run once whoever asks (the store decides).
+        self._mcp = McpTurns(McpClient(args.tools), OnceCalls(store, args.tools.resolved()))
         self._mcp.register(self._tools)
         register_builtin_runners(self._tools, args.tools)  # gpt-oss's browser and python
         tool_search.register(self._tools)  # needs no configuration: always run
@@ -97,8 +99,11 @@ class ResponsesService:
             await self._door.admit(ask, generating=True), ask.owner
         )
         request, owner = context.request, ask.owner
-        mcp = await self._mcp.prepare(request, context.history, context.tools)
-        context = replace(context, request=mcp.request, tools=mcp.tools)
+        # What the MCP tools need before the model (decided here, done once the response
+        # exists): the prompt shows the listings the context holds, for now.
+        mcp = mcp_turn.plan(request, [*context.history, *request.input_items])
+        base_tools = context.tools or ToolRegistry.from_request(request)
+        context = replace(context, tools=_with_specs(base_tools, mcp.specs()))
         prompt = await self._renderer.render(context, owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
@@ -138,7 +143,6 @@ class ResponsesService:
             summarize_reasoning=self._summarize_reasoning(request),
             max_tool_calls=request.max_tool_calls,
         )
-        mcp.prelude.open(translator.writer)
         logger.info(
             "response %s: %d prompt tokens, max %d output tokens, conversation %s",
             response.id,
@@ -161,13 +165,33 @@ class ResponsesService:
                 if context_management.due(self._args, request, len(prompt.token_ids))
                 else None
             ),
+            tools_first=functools.partial(self._tools_first, mcp, base_tools) if mcp else None,
         )
 
-    async def retarget(self, turn: Turn, request: ResponsesRequest) -> None:
-        """Point ``turn``'s engine request at ``request`` rendered after ``turn.history`` (a
-        compacted context: serve_app.serving.turn.context_management)."""
-        context = Context(request, turn.history, tools=turn.tools)
+    async def _tools_first(
+        self, planned: mcp_turn.McpPlan, base_tools: ToolRegistry, turn: Turn
+    ) -> AsyncIterator[list[ResponseStreamEvent]]:
+        """The MCP plan's work (`Turn.tools_first`), then the turn pointed at the prompt that
+        shows what it did: the servers listed, the approved calls' outputs."""
+        done = mcp_turn.McpDone()
+        async with contextlib.aclosing(self._mcp.stage(turn, planned, done)) as batches:
+            async for batch in batches:
+                yield batch
+        turn.server_items = done.rendered_items()
+        await self.retarget(turn, turn.request, _with_specs(base_tools, planned.specs(done)))
+
+    async def retarget(
+        self, turn: Turn, request: ResponsesRequest, tools: ToolRegistry | None = None
+    ) -> None:
+        """Point ``turn``'s engine request at ``request`` rendered after ``turn.history`` and
+        before ``turn.server_items`` (a compacted context: serve_app.serving.turn.
+        context_management; the MCP stage's work), with ``tools`` when they changed."""
+        if turn.server_items:
+            shown = [*request.input_items, *turn.server_items]
+            request = request.model_copy(update={"input": shown})
+        context = Context(request, turn.history, tools=tools or turn.tools)
         prompt = await self._renderer.render(context, turn.owner, truncate=True)
+        turn.tools = turn.translator.tools = prompt.tools
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=turn.owner)
         # The prompt a later request may reuse is the compacted one.
@@ -290,3 +314,8 @@ class ResponsesService:
         except NotStored:
             return turn.translator.fail_ended(NOT_STORED_MESSAGE, SERVER_ERROR)
         return None
+
+
+def _with_specs(tools: ToolRegistry, specs: list[ToolSpec]) -> ToolRegistry:
+    """``tools`` and, after the request's own, the servers' tools (an MCP server's listing)."""
+    return replace(tools, tools=(*tools.tools, *specs)) if specs else tools

@@ -70,6 +70,14 @@ class Turn:
     # (a compaction, serve_app.serving.turn.context_management): its event batches; it may point
     # ``generate`` elsewhere. An `APIError` from it ends the turn failed.
     before_answer: Callable[[Turn], AsyncIterator[list[ResponseStreamEvent]]] | None = None
+    # The server's tools' work before the model (an MCP server's listing, approved calls:
+    # serve_app.serving.tools.mcp_turn): run once an engine took the response, it is stored
+    # (``store: true``) and ``response.created`` is out, its event batches streamed as each
+    # step starts; it points ``generate`` at the prompt with what it did. None: no such work.
+    tools_first: Callable[[Turn], AsyncIterator[list[ResponseStreamEvent]]] | None = None
+    # Items that work added after the request's input for the model to read (the approved
+    # calls' outputs): rendered, not stored as input (they are the response's output).
+    server_items: list[InputItem] = field(default_factory=list)
     # The client was told of the response before the engine was asked (a background run's
     # answer): the engines at capacity then end it ``failed`` (``rate_limit_exceeded``) in its
     # events, rather than refusing the request (serve_app.serving.turn.events).

@@ -47,7 +47,7 @@ async def test_lists_tools_with_their_schemas(good: McpTestServer) -> None:
     listing = await _client(good).list_tools(McpServer(good.url))
     assert listing.error is None
     tools = {tool.name: tool for tool in listing.tools}
-    assert set(tools) == {"echo", "add", "slow", "fail", "seen_headers"}
+    assert set(tools) == {"echo", "add", "slow", "fail", "seen_headers", "charge", "charges"}
     assert tools["add"].description == "Adds two integers."
     schema = tools["add"].input_schema
     assert isinstance(schema, dict)
