@@ -281,6 +281,11 @@ class ToolArgs(BaseModel):
     # Calls in flight to one server (its URL and credentials) from one ingress replica; more
     # wait their turn (within their own timeout).
     mcp_max_concurrent_calls: int = Field(default=8, gt=0)
+    # Calls of tools the server runs in one response (an MCP server's, approved ones included,
+    # the browser, python, the server's tool_search), whatever the request's `max_tool_calls`
+    # (which bounds them too): past it a call is not run, its item fails and the model reads
+    # why. A bound on what one request can make the server do.
+    max_calls_per_response: int = Field(default=64, gt=0)
     # gpt-oss's own tools (docs/protocol.md#gpt-oss-tools): the MCP tool server that runs the
     # `browser` (a request's web_search) and the one that runs `python` (code_interpreter), as
     # vLLM's --tool-server; streamable HTTP URLs (`http://127.0.0.1:8765/mcp`), one server may

@@ -14,7 +14,7 @@ shown as function tools are), and the MCP items of a history as the messages the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from openai_harmony import Author, Message, Role
 
@@ -55,8 +55,8 @@ def listed_specs(tool: McpTool, listed: Sequence[McpListedTool]) -> list[ToolSpe
     ]
 
 
-def reusable_lists(items: Sequence[object]) -> dict[str, McpListToolsItem]:
-    """The latest successful ``mcp_list_tools`` of each server label in a context."""
+def reusable_lists(items: Iterable[object]) -> dict[str, McpListToolsItem]:
+    """The latest successful ``mcp_list_tools`` of each server label among ``items``."""
     found: dict[str, McpListToolsItem] = {}
     for item in items:
         if isinstance(item, McpListToolsItem) and not item.error:

@@ -11,6 +11,8 @@ so no log line can show them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
@@ -173,3 +175,30 @@ def error_text(error: str | dict[str, Any] | None) -> str:
         texts = [part.get("text", "") for part in content if isinstance(part, dict)]
         return "".join(texts)
     return str(content if content is not None else error)
+
+
+# --- what the server issued: the digests later copies are checked against ---------------
+
+
+def listing_digest(item: McpListToolsItem, tool: McpTool) -> str:
+    """What an ``mcp_list_tools`` item says, for ``tool`` (its label, URL and
+    ``allowed_tools``: a listing counts for the same server and filter only): the digest the
+    server keeps of one it issued, and compares a client's copy with."""
+    listed = [entry.model_dump(mode="json", exclude_none=True) for entry in item.tools]
+    allowed = tool.allowed_tools
+    if not isinstance(allowed, list | None):
+        allowed = allowed.model_dump(mode="json", exclude_none=True)
+    return _digest(["mcp_list_tools", item.server_label, tool.server_url, allowed, listed])
+
+
+def approval_digest(item: McpApprovalRequestItem, tool: McpTool) -> str:
+    """What an ``mcp_approval_request`` asks, of ``tool``'s server (its URL: an approval
+    counts for the server it was asked for only)."""
+    return _digest(
+        ["mcp_approval_request", item.server_label, tool.server_url, item.name, item.arguments]
+    )
+
+
+def _digest(parts: list[Any]) -> str:
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()

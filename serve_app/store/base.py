@@ -64,6 +64,15 @@ class BackgroundRun:
 
 
 @dataclass(frozen=True)
+class IssuedItem:
+    """An item the server issued (an MCP listing, an approval request) by its id, with the
+    digest of what it said: a later request's copy counts only if it matches."""
+
+    item_id: str
+    digest: str
+
+
+@dataclass(frozen=True)
 class ToolClaim:
     """A call that must run once (an approved MCP call): which response's turn runs it, since
     when (epoch seconds), and its result once it ran (JSON, as the claimant recorded it)."""
@@ -135,14 +144,27 @@ class ResponseStore(abc.ABC):
         stored: StoredResponse | None,
         conversation_id: str | None,
         items: list[dict[str, Any]],
+        issued: Sequence[IssuedItem] = (),
+        owner: str | None = None,
     ) -> None:
-        """What a turn leaves: its response (if stored) and, with ``conversation_id``, its
-        items at the end of that conversation, in one transaction, so a failure leaves
-        neither. (This default writes them one after the other: override it.)"""
+        """What a turn leaves: its response (if stored), with ``conversation_id`` its items
+        at the end of that conversation, and the items it ``issued`` to ``owner`` (MCP
+        listings and approval requests), in one transaction, so a failure leaves none. (This
+        default writes them one after the other: override it.)"""
         if stored is not None:
             await self.put(stored)
         if conversation_id is not None:
             await self.append_items(conversation_id, items)
+        if issued:
+            await self.issue_items(owner, issued)
+
+    @abc.abstractmethod
+    async def issue_items(self, owner: str | None, items: Sequence[IssuedItem]) -> None:
+        """Record ``items`` as issued to ``owner`` (an id recorded already is kept as is)."""
+
+    @abc.abstractmethod
+    async def issued_digests(self, owner: str | None, item_ids: Collection[str]) -> dict[str, str]:
+        """The digests of those of ``item_ids`` issued to ``owner``, by id (others absent)."""
 
     @abc.abstractmethod
     async def get(self, response_id: str) -> StoredResponse | None: ...

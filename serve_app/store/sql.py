@@ -25,7 +25,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -47,9 +47,10 @@ from sqlalchemy.ext.asyncio import (
 )
 
 from serve_app.config import StoreConfig
-from serve_app.store import runs, tool_claims
+from serve_app.store import issued_items, runs, tool_claims
 from serve_app.store.base import (
     BackgroundRun,
+    IssuedItem,
     ItemPage,
     PromptRecord,
     ResponseStore,
@@ -149,14 +150,25 @@ class SqlResponseStore(ResponseStore):
         stored: StoredResponse | None,
         conversation_id: str | None,
         items: list[dict[str, Any]],
+        issued: Sequence[IssuedItem] = (),
+        owner: str | None = None,
     ) -> None:
         async def write(session: AsyncSession) -> None:
             if stored is not None:
                 await put_response(session, stored, self._expiry.cutoff(), self._as_input)
             if conversation_id is not None:
                 await append_items_at_end(session, conversation_id, items)
+            await issued_items.issue(session, owner, issued)
 
         await self._transact(write)
+
+    async def issue_items(self, owner: str | None, items: Sequence[IssuedItem]) -> None:
+        if items:
+            await self._transact(lambda session: issued_items.issue(session, owner, items))
+
+    async def issued_digests(self, owner: str | None, item_ids: Collection[str]) -> dict[str, str]:
+        async with self._session() as session:
+            return await issued_items.digests(session, owner, item_ids)
 
     async def get(self, response_id: str) -> StoredResponse | None:
         alive = self._expiry.alive(ResponseRow)
@@ -193,8 +205,9 @@ class SqlResponseStore(ResponseStore):
         async def write(session: AsyncSession) -> int:
             ids = list((await session.scalars(expired_query(cutoff, batch))).all())
             await delete_responses(session, ids)
-            # Claims age with the responses that asked for their calls.
+            # Claims and issued items age with the responses that made them.
             await tool_claims.sweep(session, cutoff)
+            await issued_items.sweep(session, cutoff)
             return len(ids)
 
         return await self._transact(write)

@@ -54,6 +54,7 @@ class Turn(Protocol):
     tools: ToolRegistry
     completions: int
     output_tokens: int
+    server_calls: int
 
     @property
     def response(self) -> Response: ...
@@ -110,6 +111,10 @@ class ToolLoop:
     async def _run(self, turn: Turn, item: OpenItem, scope: CancelScope) -> ToolResult:
         """One call through its kind's runner; any failure a result the model reads."""
         spec = _spec(turn, item)
+        cap = self._args.tools.max_calls_per_response
+        if turn.server_calls >= cap:
+            return ToolResult(error=over_cap(cap))
+        turn.server_calls += 1  # before any await: the round's calls are counted in order
         runner = self._runners.runner(spec.kind)
         if runner is None:
             logger.error("response %s: no runner for tool kind %r", turn.response.id, spec.kind)
@@ -181,10 +186,12 @@ class ToolLoop:
 
     def _constraint(self, turn: Turn) -> CompletionConstraint | None:
         """The continuation's constraint: ``tool_choice`` required (or a named tool) asked for
-        a first call, not one every completion; past ``max_tool_calls``, no call at all
-        (further calls are ignored, as OpenAI ignores them)."""
+        a first call, not one every completion; past ``max_tool_calls`` or the server's bound
+        on calls per response, no call at all (further calls are ignored, as OpenAI ignores
+        them)."""
         limit = turn.request.max_tool_calls
         reached = limit is not None and turn.translator.writer.tool_calls >= limit
+        reached = reached or turn.server_calls >= self._args.tools.max_calls_per_response
         tools = dataclasses.replace(
             turn.tools,
             required=False,
@@ -194,6 +201,14 @@ class ToolLoop:
 
 
 _ASSISTANT_START = [START_TOKEN, *get_encoding().encode("assistant", allowed_special=set())]
+
+
+def over_cap(limit: int) -> str:
+    """What the model reads of a call past the response's bound on server-run calls."""
+    return (
+        f"Not run: this response has run the {limit} tool calls it may run "
+        "(max_tool_calls, or the server's bound per response)."
+    )
 
 
 def _spec(turn: Turn, item: OpenItem) -> ToolSpec:

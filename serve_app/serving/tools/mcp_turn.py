@@ -41,8 +41,10 @@ from serve_app.protocol.stream_events import ResponseEventWriter
 from serve_app.protocol.stream_items import OpenItem
 from serve_app.protocol.tool_events import ToolCallEvents
 from serve_app.serving.tools.contract import CancelScope, ToolCall, ToolResult, ToolRunners
+from serve_app.serving.tools.loop import over_cap
 from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpServer
 from serve_app.serving.tools.mcp_once import OnceCalls
+from serve_app.serving.tools.mcp_trust import TrustedMcp, mcp_tools
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +66,6 @@ class McpServers(Protocol):
 def server_of(tool: McpTool) -> McpServer:
     """The server a request's ``mcp`` tool names, with the credentials sent to it only."""
     return McpServer.for_tool(tool.server_url or "", tool.headers, tool.authorization)
-
-
-def mcp_tools(request: ResponsesRequest) -> dict[str, McpTool]:
-    """The request's ``mcp`` tools by server label."""
-    return {tool.server_label: tool for tool in request.tools if isinstance(tool, McpTool)}
 
 
 # --- before the model runs: the plan (no I/O), then the stage (after the response exists) ---
@@ -153,22 +150,35 @@ class McpDone:
         return [call.item() for call in self.approved]
 
 
-def plan(request: ResponsesRequest, context: Sequence[InputItem]) -> McpPlan:
+def plan(request: ResponsesRequest, context: Sequence[InputItem], trusted: TrustedMcp) -> McpPlan:
     """The plan of a request whose ``context`` (history and input) is known: nothing for a
-    request without ``mcp`` tools or with ``tool_choice: none``."""
+    request without ``mcp`` tools or with ``tool_choice: none``. Only the items ``trusted``
+    names count (those this server issued to the owner, as they were): a listing reused, an
+    approval request whose approval runs its call."""
     tools = mcp_tools(request)
     if request.tool_choice == "none" or not tools:
         return McpPlan()
-    known = reusable_lists(context)
+    known = reusable_lists(item for item in context if _in(item, trusted.listings))
     listings = {label: known[label] for label in tools if label in known}
-    return McpPlan(tools, listings, approved_requests(context))
+    asked = [
+        item
+        for item in context
+        if not isinstance(item, McpApprovalRequestItem) or _in(item, trusted.approvals)
+    ]
+    return McpPlan(tools, listings, approved_requests(asked))
+
+
+def _in(item: object, ids: frozenset[str]) -> bool:
+    return getattr(item, "id", None) in ids
 
 
 class StageTurn(Protocol):
     """What the stage reads of a turn (`serving.turn.state.Turn`, named by its shape)."""
 
+    request: ResponsesRequest
     translator: ResponseStreamTranslator
     owner: str | None
+    server_calls: int
 
     @property
     def response(self) -> Response: ...
@@ -246,10 +256,12 @@ class McpTurns:
     per-server slots), the runner the tool loop calls, the plan a turn makes before it is
     rendered and the stage it runs once its response exists (`stage`)."""
 
-    def __init__(self, servers: McpServers, once: OnceCalls) -> None:
+    def __init__(self, servers: McpServers, once: OnceCalls, max_calls: int) -> None:
         self.servers = servers
         self.runner = McpRunner(servers)
         self._once = once
+        # The server's bound on the calls one response runs (approved ones are among them).
+        self._max_calls = max_calls
 
     def register(self, runners: ToolRunners) -> None:
         """The tool loop runs both MCP kinds' calls with this runner."""
@@ -281,7 +293,8 @@ class McpTurns:
             if calls:
                 yield writer.take_events()
             tasks = [
-                scope.spawn(self._approved(turn, planned, asked)) for asked in planned.approved
+                scope.spawn(self._approved(turn, planned, asked, self._may_run(turn)))
+                for asked in planned.approved
             ]
             for item, asked, task in zip(calls, planned.approved, tasks, strict=True):
                 result = await task
@@ -293,11 +306,28 @@ class McpTurns:
                 scope.cancel("the response ended")
                 await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _may_run(self, turn: StageTurn) -> int | None:
+        """None when one more call may run (counted), else the bound it would pass: the
+        request's ``max_tool_calls`` and the server's."""
+        asked = turn.request.max_tool_calls
+        limit = self._max_calls if asked is None else min(asked, self._max_calls)
+        if turn.server_calls >= limit:
+            return limit
+        turn.server_calls += 1
+        return None
+
     async def _approved(
-        self, turn: StageTurn, planned: McpPlan, asked: McpApprovalRequestItem
+        self,
+        turn: StageTurn,
+        planned: McpPlan,
+        asked: McpApprovalRequestItem,
+        over: int | None,
     ) -> ToolResult:
         """The approved call's result: run now if this response is the first to claim it,
-        else the result of the run that was."""
+        else the result of the run that was; not run (nor claimed: another request may run
+        it) past the response's bound on calls (``over``)."""
+        if over is not None:
+            return ToolResult(error=over_cap(over), data={"approval_request_id": asked.id})
         tool = planned.tools.get(asked.server_label)
 
         async def run() -> ToolResult:

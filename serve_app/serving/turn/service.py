@@ -69,7 +69,11 @@ class ResponsesService:
         self._tools = tools if tools is not None else ToolRunners()
         # MCP servers' tools: listed once the response exists, their calls run by the loop,
         # an approved call run once whoever asks (the store decides).
-        self._mcp = McpTurns(McpClient(args.tools), OnceCalls(store, args.tools.resolved()))
+        self._mcp = McpTurns(
+            McpClient(args.tools),
+            OnceCalls(store, args.tools.resolved()),
+            args.tools.max_calls_per_response,
+        )
         self._mcp.register(self._tools)
         register_builtin_runners(self._tools, args.tools)  # gpt-oss's browser and python
         tool_search.register(self._tools)  # needs no configuration: always run
@@ -101,7 +105,7 @@ class ResponsesService:
         request, owner = context.request, ask.owner
         # What the MCP tools need before the model (decided here, done once the response
         # exists): the prompt shows the listings the context holds, for now.
-        mcp = mcp_turn.plan(request, [*context.history, *request.input_items])
+        mcp = mcp_turn.plan(request, [*context.history, *request.input_items], context.mcp)
         base_tools = context.tools or ToolRegistry.from_request(request)
         context = replace(context, tools=_with_specs(base_tools, mcp.specs()))
         prompt = await self._renderer.render(context, owner, truncate=True)

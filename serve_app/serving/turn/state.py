@@ -14,6 +14,7 @@ from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.prompt_cache_diagnostics import PromptFingerprint
 from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.serving.tools.mcp_trust import TrustedMcp
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Context:
     request: ResponsesRequest
     history: list[InputItem]
     tools: ToolRegistry | None = None
+    # The context's MCP listings and approval requests this server issued to the owner.
+    mcp: TrustedMcp = field(default_factory=TrustedMcp)
 
 
 @dataclass
@@ -86,6 +89,8 @@ class Turn:
     tools: ToolRegistry = field(default_factory=ToolRegistry)
     # The model's completions so far (the tool loop continues the response with another).
     completions: int = 0
+    # Calls of server-run tools run so far (bounded: `ToolArgs.max_calls_per_response`).
+    server_calls: int = 0
     # Prompt and cached tokens of the completions before the current one (usage sums them),
     # and the output tokens of them all.
     prompt_tokens: int = 0

@@ -1,7 +1,8 @@
 """Calls that must run once (serve_app/store/tool_claims.py): of claimants racing for one call,
 on separate store instances (replicas) and after random pauses, exactly one wins, every one
 reads the same claim, and the winner's result is what all of them read once it is settled; on
-SQLite and on PostgreSQL."""
+SQLite and on PostgreSQL. And the items the server issued (serve_app/store/issued_items.py),
+kept per owner by their digests."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import random
 import uuid
 
+from serve_app.store.base import IssuedItem
 from serve_app.store.sql import SqlResponseStore
 from tests.unit.store.test_sql import postgres_url, store_url  # noqa: F401 - fixtures
 
@@ -70,3 +72,23 @@ async def test_claimants_at_once_on_many_replicas_one_wins_and_all_read_its_resu
                 assert settled.claimant == claimants[0] and settled.result == '"ok"'
     finally:
         await asyncio.gather(*(store.close() for store in stores))
+
+
+async def test_issued_items_are_kept_per_owner_with_their_digests(
+    store_url: str,  # noqa: F811
+) -> None:
+    """What the server issued (serve_app/store/issued_items.py): alone (``store: false``) or
+    with the response that issued them, per owner, never replaced."""
+    store = SqlResponseStore(store_url)
+    await store.start()
+    listing, asked = f"mcpl_{uuid.uuid4().hex}", f"mcpr_{uuid.uuid4().hex}"
+    try:
+        await store.issue_items("alice", [IssuedItem(listing, "d1")])
+        await store.save_turn(None, None, [], [IssuedItem(asked, "d2")], owner="alice")
+        await store.issue_items("alice", [IssuedItem(listing, "changed")])  # kept as it was
+        found = await store.issued_digests("alice", [listing, asked, "mcpr_unknown"])
+        assert found == {listing: "d1", asked: "d2"}
+        assert await store.issued_digests("bob", [listing, asked]) == {}
+        assert await store.issued_digests(None, [listing]) == {}
+    finally:
+        await store.close()

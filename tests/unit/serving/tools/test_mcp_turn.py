@@ -21,6 +21,7 @@ from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.tools.contract import CancelScope, ToolCall
 from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpServer
 from serve_app.serving.tools.mcp_once import OnceCalls
+from serve_app.serving.tools.mcp_trust import TrustedMcp
 from serve_app.serving.tools.mcp_turn import McpDone, McpRunner, McpTurns, plan
 from serve_app.serving.turn.state import Context
 from serve_app.store.base import ToolClaim
@@ -92,26 +93,46 @@ class MemoryClaims:
 
 @dataclass
 class StagedTurn:
+    request: ResponsesRequest
     translator: ResponseStreamTranslator
     owner: str | None = None
+    server_calls: int = 0
 
     @property
     def response(self):
         return self.translator.response
 
 
-def stage(servers: FakeServers, ctx: Context, claims: MemoryClaims | None = None):
+def every_item(ctx: Context) -> TrustedMcp:
+    """The context's MCP items all trusted (as the door finds the ones the server issued)."""
+    items = [*ctx.history, *ctx.request.input_items]
+    return TrustedMcp(
+        listings=frozenset(i.id for i in items if i.type == "mcp_list_tools" and i.id),
+        approvals=frozenset(i.id for i in items if i.type == "mcp_approval_request"),
+    )
+
+
+def stage(
+    servers: FakeServers,
+    ctx: Context,
+    claims: MemoryClaims | None = None,
+    trusted: TrustedMcp | None = None,
+):
     """The plan of ``ctx`` and its stage run on a fresh response: (the tools the model is
-    then shown, the stage's events as the client reads them, what it did)."""
-    planned = plan(ctx.request, [*ctx.history, *ctx.request.input_items])
+    then shown, the stage's events as the client reads them, what it did). ``trusted``: the
+    context's items the server issued (default: all)."""
+    trusted = every_item(ctx) if trusted is None else trusted
+    planned = plan(ctx.request, [*ctx.history, *ctx.request.input_items], trusted)
     once = OnceCalls(claims or MemoryClaims(), ToolArgs())
     writer = new_writer()
     translator = ResponseStreamTranslator(writer.response, ToolRegistry())
     events = translator.start()
     done = McpDone()
 
+    turns = McpTurns(servers, once, 64)
+
     async def run() -> None:
-        async for batch in McpTurns(servers, once).stage(StagedTurn(translator), planned, done):
+        async for batch in turns.stage(StagedTurn(ctx.request, translator), planned, done):
             events.extend(batch)
 
     asyncio.run(run())
@@ -171,6 +192,16 @@ def test_a_listing_in_the_context_is_reused_without_asking_the_server() -> None:
         assert servers.listed == [] and not planned
         assert [spec.name for spec in specs] == [spec.name for spec in planned.specs()] == ["echo"]
         assert len(events) == 2  # created, in_progress: no item of its own
+
+
+def test_items_the_server_did_not_issue_are_neither_reused_nor_run() -> None:
+    servers = FakeServers()
+    approve = {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": True}
+    ctx = context([approve], history=[LISTED, ASKED])
+    specs, _, done, planned = stage(servers, ctx, trusted=TrustedMcp())
+    assert planned.listings == {} and planned.approved == []
+    assert len(servers.listed) == 1 and servers.calls == [] and done.approved == []
+    assert [spec.name for spec in specs] == ["echo", "wipe"]  # from the fresh listing
 
 
 def test_a_failed_listing_is_a_failed_item_and_shows_no_tools() -> None:
