@@ -49,6 +49,7 @@ def listed_specs(tool: McpTool, listed: Sequence[McpListedTool]) -> list[ToolSpe
             description=entry.description or "",
             parameters=entry.input_schema or {"type": "object", "properties": {}},
             namespace=tool.server_label,
+            read_only=entry.read_only,
         )
         for entry in listed
         if tool.allows(entry.name, entry.read_only)

@@ -8,9 +8,10 @@ OpenAI's order, which the writer keeps with these builders:
   tools yet), ``response.mcp_list_tools.in_progress``, then ``.completed`` or ``.failed``,
   ``output_item.done`` (the tools, or ``error``);
 - ``mcp_call`` (kind ``mcp``): ``output_item.added`` (``in_progress``),
-  ``response.mcp_call_arguments.delta`` as the model writes, ``.done`` at its ``<|call|>``,
-  ``response.mcp_call.in_progress`` while it runs, then ``response.mcp_call.completed`` or
-  ``.failed``, ``output_item.done`` (``output``, or ``error`` as the SDK's error object);
+  ``response.mcp_call.in_progress`` right after it (OpenAI's order: before the arguments, not
+  when the call starts running), ``response.mcp_call_arguments.delta`` as the model writes,
+  ``.done`` at its ``<|call|>``, then ``response.mcp_call.completed`` or ``.failed``,
+  ``output_item.done`` (``output``, or ``error`` as the SDK's error object);
 - ``mcp_approval_request`` (kind ``mcp_approval``): ``output_item.added`` and
   ``output_item.done``, nothing between; the response ends with it.
 """
@@ -162,10 +163,14 @@ class McpCallItems:
             )
         ]
 
-    def running(self, item: OpenItem) -> list[ResponseStreamEvent]:
+    def opened(self, item: OpenItem) -> list[ResponseStreamEvent]:
+        """Right after ``output_item.added``: the call is in progress from its first token."""
         return [
             ResponseMcpCallInProgressEvent(type="response.mcp_call.in_progress", **_common(item))
         ]
+
+    def running(self, item: OpenItem) -> list[ResponseStreamEvent]:
+        return []  # said at `opened`
 
     def done(
         self, item: OpenItem, result: ToolResult | None, status: ItemStatus

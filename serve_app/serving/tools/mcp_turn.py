@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses.response_output_item import McpListToolsTool
 
 from serve_app.harmony.mcp_tools import listed_specs, reusable_lists
 from serve_app.harmony.stream import ResponseStreamTranslator
@@ -111,6 +112,17 @@ class McpPlan:
         """Whether anything runs before the model (a listing to make, a call to run)."""
         return bool(self.to_list or self.approved)
 
+    def read_only(self, label: str, name: str, done: McpDone) -> bool:
+        """Whether the server's listing (reused, or made by the stage) says ``name`` only
+        reads."""
+        if label in self.listings:
+            listed = self.listings[label].tools
+        elif label in done.listed:
+            listed = done.listed[label].listed()
+        else:
+            return False
+        return any(entry.name == name and entry.read_only for entry in listed)
+
     def specs(self, done: McpDone | None = None) -> list[ToolSpec]:
         """The servers' tools the model is shown, in the request's order of its ``mcp`` tools
         (the order a later turn reusing every listing shows them in): the listings reused,
@@ -131,11 +143,21 @@ class ServerListing:
     tool: McpTool
     outcome: ListOutcome
 
+    def listed(self) -> list[McpListedTool]:
+        return [McpListedTool.model_validate(tool.model_dump()) for tool in self.outcome.tools]
+
+    def allowed(self) -> list[McpListToolsTool]:
+        """The server's tools ``allowed_tools`` lets through."""
+        return [
+            tool
+            for tool, entry in zip(self.outcome.tools, self.listed(), strict=True)
+            if self.tool.allows(entry.name, entry.read_only)
+        ]
+
     def specs(self) -> list[ToolSpec]:
         if self.outcome.error is not None:
             return []
-        listed = [McpListedTool.model_validate(tool.model_dump()) for tool in self.outcome.tools]
-        return listed_specs(self.tool, listed)
+        return listed_specs(self.tool, self.listed())
 
 
 @dataclass
@@ -218,12 +240,20 @@ def approved_requests(context: Sequence[InputItem]) -> list[McpApprovalRequestIt
 # --- running calls -------------------------------------------------------------------------
 
 
-async def call(servers: McpServers, tool: McpTool | None, name: str, arguments: str) -> ToolResult:
-    """One call of ``name`` on ``tool``'s server; never raises (a failure is a result with
-    ``error``, which the model reads and the item shows, the client's error object kept)."""
+async def call(
+    servers: McpServers,
+    tool: McpTool | None,
+    name: str,
+    arguments: str,
+    *,
+    read_only: bool = False,
+) -> ToolResult:
+    """One call of ``name`` on ``tool``'s server (``read_only``: the tool's listing says it
+    only reads); never raises (a failure is a result with ``error``, which the model reads
+    and the item shows, the client's error object kept)."""
     if tool is None:
         return ToolResult(error="This request names no MCP server with the call's label.")
-    if not tool.allows(name):
+    if not tool.allows(name, read_only):
         return ToolResult(error=f"The tool '{name}' is not among the allowed_tools.")
     try:
         outcome = await servers.call_tool(server_of(tool), name, arguments)
@@ -247,8 +277,9 @@ class McpRunner:
     async def run(self, call_: ToolCall) -> ToolResult:
         if call_.spec.kind == mcp_events.MCP_APPROVAL_KIND:
             return ToolResult(awaits_client=True)
-        tool = mcp_tools(call_.request).get(call_.spec.namespace or "")
-        return await call(self._servers, tool, call_.spec.name, call_.arguments)
+        spec = call_.spec
+        tool = mcp_tools(call_.request).get(spec.namespace or "")
+        return await call(self._servers, tool, spec.name, call_.arguments, read_only=spec.read_only)
 
 
 class McpTurns:
@@ -293,7 +324,7 @@ class McpTurns:
             if calls:
                 yield writer.take_events()
             tasks = [
-                scope.spawn(self._approved(turn, planned, asked, self._may_run(turn)))
+                scope.spawn(self._approved(turn, planned, done, asked, self._may_run(turn)))
                 for asked in planned.approved
             ]
             for item, asked, task in zip(calls, planned.approved, tasks, strict=True):
@@ -320,6 +351,7 @@ class McpTurns:
         self,
         turn: StageTurn,
         planned: McpPlan,
+        done: McpDone,
         asked: McpApprovalRequestItem,
         over: int | None,
     ) -> ToolResult:
@@ -329,9 +361,10 @@ class McpTurns:
         if over is not None:
             return ToolResult(error=over_cap(over), data={"approval_request_id": asked.id})
         tool = planned.tools.get(asked.server_label)
+        read_only = planned.read_only(asked.server_label, asked.name, done)
 
         async def run() -> ToolResult:
-            return await call(self.servers, tool, asked.name, asked.arguments)
+            return await call(self.servers, tool, asked.name, asked.arguments, read_only=read_only)
 
         result = await self._once.run(turn.owner, asked.id, turn.response.id, run)
         return replace(result, data={**result.data, "approval_request_id": asked.id})
@@ -345,8 +378,10 @@ def _open_listing(writer: ToolCallEvents, tool: McpTool) -> OpenItem:
 
 
 def _listing_result(listing: ServerListing) -> ToolResult:
+    """The listing's item: the tools ``allowed_tools`` lets through (OpenAI imports only
+    those), or its error."""
     outcome = listing.outcome
-    return ToolResult(error=outcome.error, data={"tools": list(outcome.tools)})
+    return ToolResult(error=outcome.error, data={"tools": listing.allowed()})
 
 
 def _open_approved(writer: ResponseEventWriter, asked: McpApprovalRequestItem) -> OpenItem:

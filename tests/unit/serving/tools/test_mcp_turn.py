@@ -236,9 +236,9 @@ def test_an_approved_call_runs_before_the_model_and_is_rendered_after_the_input(
     assert shown.type == "mcp_call" and shown.approval_request_id == "mcpr_1"
     assert [event["type"] for event in events][2:] == [
         "response.output_item.added",
+        "response.mcp_call.in_progress",
         "response.mcp_call_arguments.delta",
         "response.mcp_call_arguments.done",
-        "response.mcp_call.in_progress",
         "response.mcp_call.completed",
         "response.output_item.done",
     ]
