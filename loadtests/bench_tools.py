@@ -142,7 +142,7 @@ def serve_app(port: int, options: argparse.Namespace) -> None:
         try:
             await uvicorn.Server(config).serve()
         finally:
-            api.state.service.close()
+            await api.state.service.aclose()
             await engine.shutdown()
             await store.close()
 

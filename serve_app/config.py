@@ -281,6 +281,12 @@ class ToolArgs(BaseModel):
     # Calls in flight to one server (its URL and credentials) from one ingress replica; more
     # wait their turn (within their own timeout).
     mcp_max_concurrent_calls: int = Field(default=8, gt=0)
+    # An MCP session (one per owner, server URL and headers) is kept open this long after its
+    # last operation, for that owner's next listing or call (a response's, or the next
+    # response's): then ended. And at most this many open per ingress replica (past it, the
+    # least recently used idle one is ended for a new one).
+    mcp_session_ttl_s: float = Field(default=30.0, gt=0)
+    mcp_max_sessions: int = Field(default=256, gt=0)
     # Calls of tools the server runs in one response (an MCP server's, approved ones included,
     # the browser, python, the server's tool_search), whatever the request's `max_tool_calls`
     # (which bounds them too): past it a call is not run, its item fails and the model reads

@@ -95,7 +95,7 @@ async def in_process_api(
         try:
             yield api
         finally:
-            api.state.service.close()
+            await api.state.service.aclose()
     finally:
         await simulated.shutdown()
         await store.close()

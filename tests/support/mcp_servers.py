@@ -22,6 +22,7 @@ Kinds (`KINDS`), each also listing `echo` unless said otherwise:
 - ``silent``: a TCP server that accepts connections and never answers a byte (no MCP at all).
 
 ``token="t"``: every HTTP request without ``Authorization: Bearer t`` is a 401.
+``server.session_stats()``: the MCP sessions clients used and ended (GET ``/_stats``).
 ``json_response=True`` (streamable HTTP): answers are JSON bodies instead of SSE streams.
 The server's process ends with its ``stop()``, and on its own if the test process dies (it
 watches its stdin). ``python -m tests.support.mcp_servers KIND [--transport sse]`` runs one
@@ -38,6 +39,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -73,6 +75,13 @@ class McpTestServer:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def session_stats(self) -> tuple[set[str], set[str]]:
+        """The MCP sessions clients used with this server (by ``mcp-session-id``), and those
+        they ended (DELETE): streamable HTTP only."""
+        with urllib.request.urlopen(f"{self.origin}{STATS_PATH}", timeout=10) as answer:
+            stats = json.loads(answer.read())
+        return set(stats["sessions"]), set(stats["ended"])
 
     def stop(self) -> None:
         if self.process.stdin is not None:
@@ -237,6 +246,18 @@ def _echo_as(text: str) -> str:
 _SEEN_HEADERS: set[str] = set()
 # The amounts `charge` was called with, in order (`charges` answers how many).
 _CHARGES: list[int] = []
+# The MCP sessions clients used (their `mcp-session-id`s), and those they ended (DELETE).
+_SESSIONS: set[str] = set()
+_ENDED: set[str] = set()
+# GET here: the sessions seen and ended so far, as JSON (`session_stats`), not MCP.
+STATS_PATH = "/_stats"
+
+
+async def _send_stats(send: Any) -> None:
+    body = json.dumps({"sessions": sorted(_SESSIONS), "ended": sorted(_ENDED)}).encode()
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _guarded(app: Any, token: str | None) -> Any:
@@ -244,11 +265,19 @@ def _guarded(app: Any, token: str | None) -> Any:
     requests without it."""
 
     async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == STATS_PATH:
+            await _send_stats(send)
+            return
         if scope["type"] == "http":
             headers = {name.decode().lower(): value.decode() for name, value in scope["headers"]}
             for name, value in headers.items():
                 if name == "authorization" or name.startswith("x-"):
                     _SEEN_HEADERS.add(f"{name}: {value}")
+            session = headers.get("mcp-session-id")
+            if session is not None:
+                _SESSIONS.add(session)
+                if scope["method"] == "DELETE":
+                    _ENDED.add(session)
             if token is not None and headers.get("authorization") != f"Bearer {token}":
                 await send({"type": "http.response.start", "status": 401, "headers": []})
                 await send({"type": "http.response.body", "body": b"unauthorized"})

@@ -59,7 +59,7 @@ class BuiltinToolRunner:
     def __init__(self, kind: str, url: str, args: ToolArgs) -> None:
         self.kind = kind
         self.url = url
-        self._client = tool_server_client(url, args)
+        self.client = tool_server_client(url, args)
         # Per response: the URL of each page (by cursor) its browser calls opened, so a `find`
         # item can say which page it searched.
         self._pages: OrderedDict[str, dict[int, str]] = OrderedDict()
@@ -70,7 +70,8 @@ class BuiltinToolRunner:
         except ValueError as error:
             return ToolResult(error=str(error))
         headers = {SESSION_HEADER: call.response_id} if call.response_id else {}
-        outcome = await self._client.call_tool(McpServer(self.url, headers), name, arguments)
+        server = McpServer(self.url, headers, owner=call.owner)
+        outcome = await self.client.call_tool(server, name, arguments)
         if outcome.error is not None:
             logger.info("%s call of %s failed: %s", self.kind, call.response_id, outcome.message)
         text = outcome.message
@@ -139,16 +140,16 @@ def _shown_page(text: str, page: dict[str, Any]) -> tuple[int | None, str | None
     return (int(head["cursor"]), head["url"]) if head else (None, None)
 
 
-def register_builtin_runners(runners: ToolRunners, args: ToolArgs) -> None:
+def register_builtin_runners(runners: ToolRunners, args: ToolArgs) -> list[McpClient]:
     """The runners of the tool servers the operator named (none: the door refuses the tools,
-    serve_app.serving.admission.builtin)."""
-    if args.browser_server_url:
-        runners.register(
-            builtin_items.BROWSER_KIND,
-            BuiltinToolRunner(builtin_items.BROWSER_KIND, args.browser_server_url, args),
-        )
-    if args.python_server_url:
-        runners.register(
-            builtin_items.PYTHON_KIND,
-            BuiltinToolRunner(builtin_items.PYTHON_KIND, args.python_server_url, args),
-        )
+    serve_app.serving.admission.builtin); their MCP clients (whose sessions the service ends)."""
+    clients = []
+    for kind, url in (
+        (builtin_items.BROWSER_KIND, args.browser_server_url),
+        (builtin_items.PYTHON_KIND, args.python_server_url),
+    ):
+        if url:
+            runner = BuiltinToolRunner(kind, url, args)
+            runners.register(kind, runner)
+            clients.append(runner.client)
+    return clients

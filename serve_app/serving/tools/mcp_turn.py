@@ -64,9 +64,10 @@ class McpServers(Protocol):
     ) -> CallOutcome: ...
 
 
-def server_of(tool: McpTool) -> McpServer:
-    """The server a request's ``mcp`` tool names, with the credentials sent to it only."""
-    return McpServer.for_tool(tool.server_url or "", tool.headers, tool.authorization)
+def server_of(tool: McpTool, owner: str | None) -> McpServer:
+    """The server a request's ``mcp`` tool names, with the credentials sent to it only, for
+    ``owner`` (sessions and the bound on calls in flight are per owner)."""
+    return McpServer.for_tool(tool.server_url or "", tool.headers, tool.authorization, owner)
 
 
 # --- before the model runs: the plan (no I/O), then the stage (after the response exists) ---
@@ -206,9 +207,9 @@ class StageTurn(Protocol):
     def response(self) -> Response: ...
 
 
-async def _list(servers: McpServers, tool: McpTool) -> ServerListing:
+async def _list(servers: McpServers, tool: McpTool, owner: str | None) -> ServerListing:
     try:
-        outcome = await servers.list_tools(server_of(tool))
+        outcome = await servers.list_tools(server_of(tool, owner))
     except asyncio.CancelledError:
         raise
     except Exception as error:  # the client's failures are values; a bug of ours is one too
@@ -246,6 +247,7 @@ async def call(
     name: str,
     arguments: str,
     *,
+    owner: str | None,
     read_only: bool = False,
 ) -> ToolResult:
     """One call of ``name`` on ``tool``'s server (``read_only``: the tool's listing says it
@@ -256,7 +258,7 @@ async def call(
     if not tool.allows(name, read_only):
         return ToolResult(error=f"The tool '{name}' is not among the allowed_tools.")
     try:
-        outcome = await servers.call_tool(server_of(tool), name, arguments)
+        outcome = await servers.call_tool(server_of(tool, owner), name, arguments)
     except asyncio.CancelledError:
         raise
     except Exception as error:
@@ -279,7 +281,14 @@ class McpRunner:
             return ToolResult(awaits_client=True)
         spec = call_.spec
         tool = mcp_tools(call_.request).get(spec.namespace or "")
-        return await call(self._servers, tool, spec.name, call_.arguments, read_only=spec.read_only)
+        return await call(
+            self._servers,
+            tool,
+            spec.name,
+            call_.arguments,
+            owner=call_.owner,
+            read_only=spec.read_only,
+        )
 
 
 class McpTurns:
@@ -314,7 +323,7 @@ class McpTurns:
             items = [_open_listing(writer, tool) for tool in planned.to_list]
             if items:
                 yield writer.take_events()
-            tasks = [scope.spawn(_list(self.servers, tool)) for tool in planned.to_list]
+            tasks = [scope.spawn(_list(self.servers, tool, turn.owner)) for tool in planned.to_list]
             for item, task in zip(items, tasks, strict=True):
                 listing = await task
                 done.listed[listing.tool.server_label] = listing
@@ -364,7 +373,14 @@ class McpTurns:
         read_only = planned.read_only(asked.server_label, asked.name, done)
 
         async def run() -> ToolResult:
-            return await call(self.servers, tool, asked.name, asked.arguments, read_only=read_only)
+            return await call(
+                self.servers,
+                tool,
+                asked.name,
+                asked.arguments,
+                owner=turn.owner,
+                read_only=read_only,
+            )
 
         result = await self._once.run(turn.owner, asked.id, turn.response.id, run)
         return replace(result, data={**result.data, "approval_request_id": asked.id})

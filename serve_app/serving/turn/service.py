@@ -8,6 +8,7 @@ runs in tests without a cluster. Its 4xx rules live in serve_app.serving.admissi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -69,13 +70,15 @@ class ResponsesService:
         self._tools = tools if tools is not None else ToolRunners()
         # MCP servers' tools: listed once the response exists, their calls run by the loop,
         # an approved call run once whoever asks (the store decides).
+        mcp_client = McpClient(args.tools)
         self._mcp = McpTurns(
-            McpClient(args.tools),
+            mcp_client,
             OnceCalls(store, args.tools.resolved()),
             args.tools.max_calls_per_response,
         )
         self._mcp.register(self._tools)
-        register_builtin_runners(self._tools, args.tools)  # gpt-oss's browser and python
+        # gpt-oss's browser and python; the MCP clients whose sessions end with the service.
+        self._mcp_clients = [mcp_client, *register_builtin_runners(self._tools, args.tools)]
         tool_search.register(self._tools)  # needs no configuration: always run
         self._engine = engine
         self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools))
@@ -93,8 +96,15 @@ class ResponsesService:
         self._renderer.pool.warm()
 
     def close(self) -> None:
-        """Stop the render workers, if any started (the replica is going away)."""
+        """Stop the render workers, if any started, and end the MCP sessions (the replica is
+        going away): `aclose` waits for the sessions to end."""
         self._renderer.pool.close()
+        for client in self._mcp_clients:
+            client.close()
+
+    async def aclose(self) -> None:
+        self.close()
+        await asyncio.gather(*(client.aclose() for client in self._mcp_clients))
 
     async def prepare(self, ask: Ask) -> Turn:
         """The request through the door, rendered, and the engine request built: everything

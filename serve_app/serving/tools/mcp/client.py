@@ -1,13 +1,17 @@
 """The MCP client the server runs `mcp` tools with: list a server's tools, call one, with the
 official `mcp` SDK (`ClientSession` over its streamable HTTP or SSE transport).
 
-Each operation opens its own session (resolve and check the address, connect, initialize),
-does its one thing and closes it: nothing of one request's server, headers or session is
-kept for another, and a broken server breaks one call. Every bound of `ToolArgs` applies:
-the connect, list and call timeouts, the bytes of a response and of a result, the tools of a
-listing, the calls in flight to one server. A failure of any kind is a value (`ListOutcome`,
-`CallOutcome` with ``error``) whose message the model and the client can read; only the
-caller's own cancellation leaves as an exception (and closes the session on its way out).
+Sessions last (sessions.py): one per (owner, server URL, headers), opened at its first
+operation (resolve and check the address, connect, initialize) and reused by every operation
+of that key within ``mcp_session_ttl_s`` of the last one: a response's listing and calls, and
+its owner's next responses. Nothing of one owner's session is used for another's (the owner is
+in the key), and a broken session breaks the operations on it and is ended, never reused. A
+session the server has forgotten (it answers 404, ``Session terminated``: the request was not
+run) is replaced once, for that operation. Every bound of `ToolArgs` applies: the connect,
+list and call timeouts, the bytes of a response (an SSE event) and of a result, the tools of a
+listing, the calls in flight to one server per owner and credentials. A failure of any kind is
+a value (`ListOutcome`, `CallOutcome` with ``error``) whose message the model and the client
+can read; only the caller's own cancellation leaves as an exception.
 
 Headers (``authorization`` too) go to their server only, in the HTTP requests of its session:
 never into a log line, an error message or a repr.
@@ -19,11 +23,12 @@ convention of SSE servers and of the SDK's own ``sse_app``), any other with stre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -50,6 +55,7 @@ from serve_app.serving.tools.mcp.policy import (
     parse_server_url,
     resolve_checked,
 )
+from serve_app.serving.tools.mcp.sessions import McpSessions, SessionBroken
 from serve_app.serving.tools.mcp.transport import Guard, pinned_client
 
 logger = logging.getLogger(__name__)
@@ -67,6 +73,9 @@ class McpServer:
 
     url: str
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # Who asks (the digest of the API key; None for an open API): sessions and the bound on
+    # calls in flight are per owner.
+    owner: str | None = None
 
     @classmethod
     def for_tool(
@@ -74,14 +83,15 @@ class McpServer:
         server_url: str,
         headers: Mapping[str, str] | None = None,
         authorization: str | None = None,
+        owner: str | None = None,
     ) -> McpServer:
         """The server of a request's `mcp` tool (``server_url``, ``headers``, ``authorization``:
-        an OAuth access token, sent as ``Authorization: Bearer``)."""
+        an OAuth access token, sent as ``Authorization: Bearer``) for ``owner``."""
         sent = dict(headers or {})
         if authorization:
             sent = {name: value for name, value in sent.items() if name.lower() != "authorization"}
             sent["Authorization"] = f"Bearer {authorization}"
-        return cls(server_url, sent)
+        return cls(server_url, sent, owner)
 
     @property
     def transport(self) -> Literal["streamable_http", "sse"]:
@@ -90,10 +100,18 @@ class McpServer:
 
     @property
     def key(self) -> str:
-        """The server and its credentials, as one opaque key (concurrency is bounded per key):
-        the URL and a digest of the headers, never the headers themselves."""
-        digest = hashlib.sha256(json.dumps(sorted(self.headers.items())).encode()).hexdigest()
-        return f"{self.url}#{digest[:32]}"
+        """The server and its credentials for its owner, as one opaque key (calls in flight
+        are bounded per key): the owner, the URL and a digest of the ``Authorization`` header,
+        never the header itself, and no other header (one the request chooses, such as the
+        browser's ``x-session-id`` or junk, is not a pool of its own)."""
+        credentials = [v for name, v in self.headers.items() if name.lower() == "authorization"]
+        return _opaque_key(self.owner, self.url, credentials)
+
+    @property
+    def session_key(self) -> str:
+        """What a session is kept by: the owner, the URL and a digest of every header (a
+        session sends its own headers: another header is another session)."""
+        return _opaque_key(self.owner, self.url, sorted(self.headers.items()))
 
     def redact(self, text: str) -> str:
         """``text`` with every header value in it blanked (a server may echo one back)."""
@@ -187,6 +205,20 @@ class McpClient:
     def __init__(self, args: ToolArgs | None = None) -> None:
         self.args = (args or ToolArgs()).resolved()
         self._slots = _Slots(self.args.mcp_max_concurrent_calls)
+        self._sessions = McpSessions(
+            self.args.mcp_session_ttl_s, self.args.mcp_max_sessions, self.args.mcp_connect_timeout_s
+        )
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._sessions)
+
+    def close(self) -> None:
+        """End every session (the replica is going away); `aclose` waits for them."""
+        self._sessions.close()
+
+    async def aclose(self) -> None:
+        await self._sessions.aclose()
 
     def check_server_url(self, url: str, param: str) -> ServerAddress:
         """The request path's check (a 400 naming ``param``), before any connection."""
@@ -286,31 +318,67 @@ class McpClient:
         *,
         slot: bool = False,
     ) -> _T:
-        """``body`` on a fresh session with ``server``, within ``timeout_s`` in all; its
-        failures raised as `_Failed` (described, redacted), the caller's cancellation as is."""
-        guard = Guard()
+        """``body`` on ``server``'s session (opened, or open already), within ``timeout_s`` in
+        all; its failures raised as `_Failed` (described, redacted), the caller's cancellation
+        as is. A session the server no longer knows is replaced once: its 404 says the request
+        was not run."""
+        guards: list[Guard] = []  # the sessions' guards: what broke them, if anything
         with anyio.CancelScope(deadline=anyio.current_time() + timeout_s) as scope:
-            guard.on_failure = scope.cancel
-            try:
-                async with AsyncExitStack() as stack:
-                    if slot:
-                        await stack.enter_async_context(self._slots.hold(server.key))
-                    session = await self._open(stack, server, guard, timeout_s)
-                    return await body(session)
-            except _Failed:
-                raise
-            except Exception as error:  # every failure is the model's to read
-                raise _Failed(_describe(error, guard, server)) from None
-        if guard.failure is not None:
-            raise _Failed(_protocol_error(mcp_types.INTERNAL_ERROR, guard.failure))
+            async with contextlib.AsyncExitStack() as stack:
+                if slot:
+                    await stack.enter_async_context(self._slots.hold(server.key))
+                try:
+                    return await self._on_session(server, timeout_s, body, scope, guards)
+                except _Forgotten:
+                    self._sessions.discard(server.session_key)
+                    return await self._on_session(server, timeout_s, body, scope, guards)
+        # Cancelled: the session broke under the operation (its guard says why), or timed out.
+        failure = next((guard.failure for guard in guards if guard.failure), None)
+        if failure is not None:
+            raise _Failed(_protocol_error(mcp_types.INTERNAL_ERROR, failure))
         raise _Failed(
             _protocol_error(
                 mcp_types.REQUEST_TIMEOUT, f"the MCP server did not answer within {timeout_s:g}s"
             )
         )
 
+    async def _on_session(
+        self,
+        server: McpServer,
+        timeout_s: float,
+        body: Callable[[ClientSession], Awaitable[_T]],
+        scope: anyio.CancelScope,
+        guards: list[Guard],
+    ) -> _T:
+        """``body`` on the session of ``server``'s key; ``guards`` gets the session's guard."""
+
+        async def opener(stack: contextlib.AsyncExitStack, guard: Guard) -> ClientSession:
+            return await self._open(stack, server, guard, timeout_s)
+
+        guard = Guard()
+        try:
+            async with self._sessions.use(server.session_key, opener, scope) as opened:
+                session, guard, reused = opened
+                guards.append(guard)
+                try:
+                    return await body(session)
+                except MCPError as error:
+                    if reused and _forgotten(error):
+                        raise _Forgotten() from None
+                    raise
+        except (_Failed, _Forgotten):
+            raise
+        except SessionBroken as broken:
+            guards.append(broken.guard)
+            cause = broken.cause
+            if isinstance(cause, _Failed):
+                raise cause from None
+            raise _Failed(_describe(cause or broken, broken.guard, server)) from None
+        except Exception as error:  # every failure is the model's to read
+            raise _Failed(_describe(error, guard, server)) from None
+
     async def _open(
-        self, stack: AsyncExitStack, server: McpServer, guard: Guard, timeout_s: float
+        self, stack: contextlib.AsyncExitStack, server: McpServer, guard: Guard, timeout_s: float
     ) -> ClientSession:
         """A session with ``server``, initialized: the URL checked again (a stored request may
         outlive a change of the allowlist), its address resolved and checked, and pinned."""
@@ -333,7 +401,7 @@ class McpClient:
                 ip,
                 server.headers,
                 connect_timeout_s=args.mcp_connect_timeout_s,
-                read_timeout_s=timeout_s,
+                read_timeout_s=max(args.mcp_call_timeout_s, args.mcp_list_timeout_s),
                 max_response_bytes=args.mcp_max_response_bytes,
                 guard=guard,
             )
@@ -342,7 +410,7 @@ class McpClient:
             streams = sse_client(
                 server.url,
                 timeout=args.mcp_connect_timeout_s,
-                sse_read_timeout=timeout_s,
+                sse_read_timeout=None,  # the session's stream stays open between operations
                 httpx_client_factory=http_client,
             )
         else:
@@ -357,6 +425,19 @@ class McpClient:
         with anyio.fail_after(args.mcp_connect_timeout_s):
             await session.initialize()
         return session
+
+
+class _Forgotten(Exception):
+    """A reused session the server no longer knows (404: the request was not run)."""
+
+
+def _forgotten(error: MCPError) -> bool:
+    return error.code == mcp_types.INVALID_REQUEST and error.message == "Session terminated"
+
+
+def _opaque_key(owner: str | None, url: str, secret: object) -> str:
+    digest = hashlib.sha256(json.dumps([owner, secret]).encode()).hexdigest()
+    return f"{url}#{digest[:32]}"
 
 
 def _arguments(arguments: str | Mapping[str, Any]) -> dict[str, Any]:

@@ -53,19 +53,36 @@ class Guard:
 
 
 class _BoundedStream(httpx2.AsyncByteStream):
-    """A response body that fails once it has carried more than ``limit`` bytes."""
+    """A response body that fails once it has carried more than ``limit`` bytes; an event
+    stream, once one of its events has (a session's stream stays open across operations, each
+    answer one event: the bound is on what one answer may carry)."""
 
-    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, guard: Guard) -> None:
+    def __init__(
+        self, inner: httpx2.AsyncByteStream, limit: int, guard: Guard, per_event: bool = False
+    ) -> None:
         self._inner = inner
         self._limit = limit
         self._guard = guard
+        self._per_event = per_event
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         seen = 0
+        tail = b""  # the end of the last chunk: an event's end may straddle two chunks
         async for chunk in self._inner:
             seen += len(chunk)
+            if self._per_event:
+                joined = tail + chunk
+                end = max(joined.rfind(b"\n\n") + 2, joined.rfind(b"\r\n\r\n") + 4)
+                if end > 3:  # an event ended in this chunk: count from there
+                    seen = len(joined) - end
+                tail = joined[-3:]
             if seen > self._limit:
-                reason = f"the MCP server's response exceeded {self._limit} bytes"
+                what = (
+                    "an event of the MCP server's stream"
+                    if self._per_event
+                    else "the MCP server's response"
+                )
+                reason = f"{what} exceeded {self._limit} bytes"
                 self._guard.fail(reason)
                 raise httpx2.ReadError(reason)
             yield chunk
@@ -118,10 +135,11 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
         stream = response.stream
         if not isinstance(stream, httpx2.AsyncByteStream):  # never, from an async transport
             raise httpx2.ReadError("the MCP server's response is not a stream", request=request)
+        events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
         return httpx2.Response(
             response.status_code,
             headers=response.headers,
-            stream=_BoundedStream(stream, self._limit, self._guard),
+            stream=_BoundedStream(stream, self._limit, self._guard, per_event=events),
             extensions=response.extensions,
         )
 
