@@ -41,6 +41,7 @@ from openai.types.responses.response_output_item import (
     McpListToolsTool,
 )
 
+from serve_app.protocol.mcp_items import LISTING_SEAL
 from serve_app.protocol.stream_items import OpenItem, call_arguments
 from serve_app.protocol.tool_items import (
     ItemStatus,
@@ -61,8 +62,13 @@ def list_tools_item(
     server_label: str,
     tools: Sequence[McpListToolsTool] = (),
     error: str | None = None,
+    seal: str | None = None,
 ) -> McpListTools:
+    """The item; ``seal``: the server's seal of it (serve_app/serving/tools/mcp_trust.py), in
+    a field of ours beside OpenAI's (`LISTING_SEAL`)."""
     fields: dict[str, Any] = {"error": error} if error is not None else {}
+    if seal is not None:
+        fields[LISTING_SEAL] = seal
     return McpListTools(
         id=item_id, type="mcp_list_tools", server_label=server_label, tools=list(tools), **fields
     )
@@ -247,7 +253,8 @@ class McpListItems(QuietEvents):
     ) -> tuple[list[ResponseStreamEvent], ResponseOutputItem]:
         error = "The server was not listed." if result is None else result.error
         tools = [] if result is None or error else list(result.data.get("tools", ()))
-        final = list_tools_item(item.item_id, _label(item), tools, error)
+        seal = None if result is None or error else result.data.get("seal")
+        final = list_tools_item(item.item_id, _label(item), tools, error, seal)
         if error:
             event: ResponseStreamEvent = ResponseMcpListToolsFailedEvent(
                 type="response.mcp_list_tools.failed", **_common(item)

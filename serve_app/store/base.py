@@ -65,8 +65,8 @@ class BackgroundRun:
 
 @dataclass(frozen=True)
 class IssuedItem:
-    """An item the server issued (an MCP listing, an approval request) by its id, with the
-    digest of what it said: a later request's copy counts only if it matches."""
+    """An item the server issued (an MCP approval request) by its id, with the digest of what
+    it said: a later request's copy counts only if it matches."""
 
     item_id: str
     digest: str
@@ -149,7 +149,7 @@ class ResponseStore(abc.ABC):
     ) -> None:
         """What a turn leaves: its response (if stored), with ``conversation_id`` its items
         at the end of that conversation, and the items it ``issued`` to ``owner`` (MCP
-        listings and approval requests), in one transaction, so a failure leaves none. (This
+        approval requests), in one transaction, so a failure leaves none. (This
         default writes them one after the other: override it.)"""
         if stored is not None:
             await self.put(stored)

@@ -1,13 +1,14 @@
-"""What the server issued to an owner that a later request may bring back: an MCP server's
-listing (``mcp_list_tools``) and an approval request (``mcp_approval_request``), one row per
-(owner, item id) holding a digest of what the item said (serve_app/protocol/mcp_items.py:
-`listing_digest`, `approval_digest`), never its content.
+"""Approval requests the server issued to an owner (``mcp_approval_request`` items), whose
+approvals a later request may send: one row per (owner, item id) holding a digest of what the
+request asked (serve_app/protocol/mcp_items.py, `approval_digest`: the server's label and URL,
+the tool, the arguments), never its content.
 
-A client's copy counts only when its digest matches the row (serve_app/serving/tools/
-mcp_trust.py): an item the server never issued to that owner, or one changed since, is not
-trusted. Written with the response that issued them (in the same transaction when it is
-stored; alone for ``store: false``), swept with the responses. A table of its own, so a store
-made by an older version gains it with ``create_all``.
+An approval counts only when the copy of its request in the context matches the row
+(serve_app/serving/tools/mcp_trust.py): a request the server never issued to that owner, or
+one changed since, runs nothing. Written with the response that issued them (in the same
+transaction when it is stored; alone for ``store: false``), swept with the responses. A table
+of its own, so a store made by an older version gains it with ``create_all``. (A listing needs
+no row: it carries the server's seal.)
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from openai.types.responses.response_output_item import McpListToolsTool
 
 from serve_app.harmony.mcp_tools import listed_specs, reusable_lists
+from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolSpec
 from serve_app.protocol import mcp_events
@@ -41,6 +42,7 @@ from serve_app.protocol.requests import InputItem, ResponsesRequest
 from serve_app.protocol.stream_events import ResponseEventWriter
 from serve_app.protocol.stream_items import OpenItem
 from serve_app.protocol.tool_events import ToolCallEvents
+from serve_app.serving.tools import mcp_trust
 from serve_app.serving.tools.contract import CancelScope, ToolCall, ToolResult, ToolRunners
 from serve_app.serving.tools.loop import over_cap
 from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpServer
@@ -296,10 +298,13 @@ class McpTurns:
     per-server slots), the runner the tool loop calls, the plan a turn makes before it is
     rendered and the stage it runs once its response exists (`stage`)."""
 
-    def __init__(self, servers: McpServers, once: OnceCalls, max_calls: int) -> None:
+    def __init__(
+        self, servers: McpServers, once: OnceCalls, max_calls: int, vault: ReasoningVault
+    ) -> None:
         self.servers = servers
         self.runner = McpRunner(servers)
         self._once = once
+        self._vault = vault  # seals the listings it makes (mcp_trust.py)
         # The server's bound on the calls one response runs (approved ones are among them).
         self._max_calls = max_calls
 
@@ -327,7 +332,7 @@ class McpTurns:
             for item, task in zip(items, tasks, strict=True):
                 listing = await task
                 done.listed[listing.tool.server_label] = listing
-                writer.close_tool_call(item, _listing_result(listing))
+                writer.close_tool_call(item, self._listing_result(listing, turn.owner))
                 yield writer.take_events()
             calls = [_open_approved(writer, asked) for asked in planned.approved]
             if calls:
@@ -345,6 +350,15 @@ class McpTurns:
             if any(not task.done() for task in tasks):
                 scope.cancel("the response ended")
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _listing_result(self, listing: ServerListing, owner: str | None) -> ToolResult:
+        """The listing's item: the tools ``allowed_tools`` lets through (OpenAI imports only
+        those), sealed for ``owner``; or its error."""
+        if listing.outcome.error is not None:
+            return ToolResult(error=listing.outcome.error)
+        tools = listing.allowed()
+        seal = mcp_trust.seal_listing(self._vault, owner, listing.tool, tools)
+        return ToolResult(data={"tools": tools, "seal": seal})
 
     def _may_run(self, turn: StageTurn) -> int | None:
         """None when one more call may run (counted), else the bound it would pass: the
@@ -391,13 +405,6 @@ def _open_listing(writer: ToolCallEvents, tool: McpTool) -> OpenItem:
     item = writer.open_tool_call(mcp_events.MCP_LIST_KIND, "", tool.server_label)
     writer.tool_running(item)
     return item
-
-
-def _listing_result(listing: ServerListing) -> ToolResult:
-    """The listing's item: the tools ``allowed_tools`` lets through (OpenAI imports only
-    those), or its error."""
-    outcome = listing.outcome
-    return ToolResult(error=outcome.error, data={"tools": listing.allowed()})
 
 
 def _open_approved(writer: ResponseEventWriter, asked: McpApprovalRequestItem) -> OpenItem:

@@ -36,7 +36,9 @@ class Door:
             rules.check_strict_schemas(context.request)
         tools = rules.check_items(context.request, context.history, self._vault, ask.owner)
         items = [*context.history, *context.request.input_items]
-        trusted = await mcp_trust.trusted(self._store, ask.owner, context.request, items)
+        trusted = await mcp_trust.trusted(
+            self._store, self._vault, ask.owner, context.request, items, len(context.history)
+        )
         check_mcp(self._tool_args, context.request, items, len(context.history), trusted)
         if generating:
             rules.check_generation(context.request, tools)

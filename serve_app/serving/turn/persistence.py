@@ -71,13 +71,12 @@ class Persistence:
         conversation)."""
         request = turn.request
         output = dump_response(turn.response)["output"]
-        # What it issued that a later request may bring back (an MCP listing, an approval
-        # request): recorded whether or not the response is stored (serve_app/serving/tools/
-        # mcp_trust.py), or no later request could rely on it.
+        # The approval requests it issued: recorded whether or not the response is stored
+        # (serve_app/serving/tools/mcp_trust.py), or no approval of them could count.
         issued = mcp_trust.issued(request, output)
         if not request.store and request.conversation_id is None:
             if issued:
-                with stored_or_fail(f"response {turn.response.id}'s MCP items"):
+                with stored_or_fail(f"response {turn.response.id}'s approval requests"):
                     await self._store.issue_items(turn.owner, issued)
             return
         stored = self._stored(turn) if request.store else None

@@ -75,6 +75,7 @@ class ResponsesService:
             mcp_client,
             OnceCalls(store, args.tools.resolved()),
             args.tools.max_calls_per_response,
+            vault,
         )
         self._mcp.register(self._tools)
         # gpt-oss's browser and python; the MCP clients whose sessions end with the service.

@@ -15,6 +15,7 @@ from openai.types.responses.mcp_tool_call_error import McpProtocolError
 from openai.types.responses.response_output_item import McpListToolsTool
 
 from serve_app.config import ToolArgs
+from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry, ToolSpec
 from serve_app.protocol.requests import ResponsesRequest
@@ -129,7 +130,7 @@ def stage(
     events = translator.start()
     done = McpDone()
 
-    turns = McpTurns(servers, once, 64)
+    turns = McpTurns(servers, once, 64, ReasoningVault("k"))
 
     async def run() -> None:
         async for batch in turns.stage(StagedTurn(ctx.request, translator), planned, done):
