@@ -178,3 +178,27 @@ async def test_a_responses_listing_and_calls_share_one_session_and_so_do_an_owne
         assert len(new_sessions(good, before)) == 1  # the owner's next response: the same
         await theirs.responses.create(model=MODEL, input="TWO-CALLS", tools=[tool])
         assert len(new_sessions(good, before)) == 2  # another key's: its own
+
+
+async def test_a_sessions_calls_keep_their_connection(good, monkeypatch) -> None:
+    """The SDK stops reading a call's event stream at its answer; the rest is read, so the
+    connection serves the next call (it was one TCP connection per call)."""
+    import httpcore2
+
+    made: list[object] = []
+    connection = httpcore2.AsyncHTTPConnection.__init__
+
+    def counted(self: object, *args: Any, **kwargs: Any) -> None:
+        made.append(self)
+        connection(self, *args, **kwargs)
+
+    monkeypatch.setattr(httpcore2.AsyncHTTPConnection, "__init__", counted)
+    async with client_of(good) as client:
+        server = McpServer(good.url, owner="alice")
+        await client.call_tool(server, "echo", {"text": "first"})
+        before = len(made)
+        for index in range(10):
+            assert (await client.call_tool(server, "echo", {"text": str(index)})).output == str(
+                index
+            )
+    assert len(made) - before <= 1
