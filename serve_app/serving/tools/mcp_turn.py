@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -60,6 +60,8 @@ class McpServers(Protocol):
     every failure a value (``error``), never an exception."""
 
     async def list_tools(self, server: McpServer) -> ListOutcome: ...
+
+    def listed_before(self, server: McpServer) -> ListOutcome | None: ...
 
     async def call_tool(
         self, server: McpServer, name: str, arguments: str | Mapping[str, Any]
@@ -106,6 +108,10 @@ class McpPlan:
     # The context's listing of a label, reused (no item of its own in the output).
     listings: dict[str, McpListToolsItem] = field(default_factory=dict)
     approved: list[McpApprovalRequestItem] = field(default_factory=list)
+    # For a server to list: what the owner's session with it listed last, within its TTL
+    # (`McpClient.listed_before`). The prompt is rendered with it before the listing; if the
+    # listing says the same (and no approved call runs), that prompt stands: rendered once.
+    guessed: dict[str, ServerListing] = field(default_factory=dict)
 
     @property
     def to_list(self) -> list[McpTool]:
@@ -129,14 +135,21 @@ class McpPlan:
     def specs(self, done: McpDone | None = None) -> list[ToolSpec]:
         """The servers' tools the model is shown, in the request's order of its ``mcp`` tools
         (the order a later turn reusing every listing shows them in): the listings reused,
-        and those ``done`` made."""
+        and those ``done`` made; without ``done`` (before the stage), those guessed."""
         specs: list[ToolSpec] = []
         for label, tool in self.tools.items():
             if label in self.listings:
                 specs += listed_specs(tool, self.listings[label].tools)
             elif done is not None and label in done.listed:
                 specs += done.listed[label].specs()
+            elif done is None and label in self.guessed:
+                specs += self.guessed[label].specs()
         return specs
+
+    def rendered_as_done(self, done: McpDone) -> bool:
+        """Whether the prompt rendered before the stage shows what it did: every guess right,
+        no approved call's output to show."""
+        return not done.approved and self.specs() == self.specs(done)
 
 
 @dataclass(frozen=True)
@@ -175,11 +188,17 @@ class McpDone:
         return [call.item() for call in self.approved]
 
 
-def plan(request: ResponsesRequest, context: Sequence[InputItem], trusted: TrustedMcp) -> McpPlan:
+def plan(
+    request: ResponsesRequest,
+    context: Sequence[InputItem],
+    trusted: TrustedMcp,
+    guess: Callable[[McpTool], ListOutcome | None] = lambda _: None,
+) -> McpPlan:
     """The plan of a request whose ``context`` (history and input) is known: nothing for a
     request without ``mcp`` tools or with ``tool_choice: none``. Only the items ``trusted``
     names count (those this server issued to the owner, as they were): a listing reused, an
-    approval request whose approval runs its call."""
+    approval request whose approval runs its call. ``guess``: a server's last listing, if
+    known, for the prompt rendered before it is listed again."""
     tools = mcp_tools(request)
     if request.tool_choice == "none" or not tools:
         return McpPlan()
@@ -190,7 +209,12 @@ def plan(request: ResponsesRequest, context: Sequence[InputItem], trusted: Trust
         for item in context
         if not isinstance(item, McpApprovalRequestItem) or _in(item, trusted.approvals)
     ]
-    return McpPlan(tools, listings, approved_requests(asked))
+    guessed = {}
+    for label, tool in tools.items():
+        last = guess(tool) if label not in listings else None
+        if last is not None and last.error is None:
+            guessed[label] = ServerListing(tool, last)
+    return McpPlan(tools, listings, approved_requests(asked), guessed)
 
 
 def _in(item: object, ids: frozenset[str]) -> bool:
@@ -307,6 +331,20 @@ class McpTurns:
         self._vault = vault  # seals the listings it makes (mcp_trust.py)
         # The server's bound on the calls one response runs (approved ones are among them).
         self._max_calls = max_calls
+
+    def plan(
+        self,
+        request: ResponsesRequest,
+        context: Sequence[InputItem],
+        trusted: TrustedMcp,
+        owner: str | None,
+    ) -> McpPlan:
+        """`plan`, guessing each server to list by what the owner's session listed last."""
+
+        def guess(tool: McpTool) -> ListOutcome | None:
+            return self.servers.listed_before(server_of(tool, owner))
+
+        return plan(request, context, trusted, guess)
 
     def register(self, runners: ToolRunners) -> None:
         """The tool loop runs both MCP kinds' calls with this runner."""

@@ -116,7 +116,8 @@ class ResponsesService:
         request, owner = context.request, ask.owner
         # What the MCP tools need before the model (decided here, done once the response
         # exists): the prompt shows the listings the context holds, for now.
-        mcp = mcp_turn.plan(request, [*context.history, *request.input_items], context.mcp)
+        context_items = [*context.history, *request.input_items]
+        mcp = self._mcp.plan(request, context_items, context.mcp, owner)
         base_tools = context.tools or ToolRegistry.from_request(request)
         context = replace(context, tools=_with_specs(base_tools, mcp.specs()))
         prompt = await self._renderer.render(context, owner, truncate=True)
@@ -192,6 +193,8 @@ class ResponsesService:
         async with contextlib.aclosing(self._mcp.stage(turn, planned, done)) as batches:
             async for batch in batches:
                 yield batch
+        if planned.rendered_as_done(done):
+            return  # the prompt rendered before (with the servers' last listings) stands
         turn.server_items = done.rendered_items()
         await self.retarget(turn, turn.request, _with_specs(base_tools, planned.specs(done)))
 

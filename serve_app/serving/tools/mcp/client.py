@@ -27,6 +27,8 @@ import contextlib
 import hashlib
 import json
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -208,6 +210,22 @@ class McpClient:
         self._sessions = McpSessions(
             self.args.mcp_session_ttl_s, self.args.mcp_max_sessions, self.args.mcp_connect_timeout_s
         )
+        # Each session's last listing, and when (`listed_before`): kept as long as sessions.
+        self._listed: OrderedDict[str, tuple[float, ListOutcome]] = OrderedDict()
+
+    def listed_before(self, server: McpServer) -> ListOutcome | None:
+        """What ``server``'s session listed last, within the session TTL (None: nothing):
+        a guess at its next listing, never a listing itself."""
+        found = self._listed.get(server.session_key)
+        if found is None or time.monotonic() - found[0] > self.args.mcp_session_ttl_s:
+            return None
+        return found[1]
+
+    def _remember(self, server: McpServer, listing: ListOutcome) -> None:
+        self._listed[server.session_key] = (time.monotonic(), listing)
+        self._listed.move_to_end(server.session_key)
+        while len(self._listed) > self.args.mcp_max_sessions:
+            self._listed.popitem(last=False)
 
     @property
     def open_sessions(self) -> int:
@@ -237,7 +255,9 @@ class McpClient:
             tools = await self._operate(server, self.args.mcp_list_timeout_s, listing)
         except _Failed as failure:
             return ListOutcome(error=CallOutcome(error=failure.error).message)
-        return ListOutcome(tools=tools)
+        listed = ListOutcome(tools=tools)
+        self._remember(server, listed)
+        return listed
 
     async def call_tool(
         self, server: McpServer, name: str, arguments: str | Mapping[str, Any]

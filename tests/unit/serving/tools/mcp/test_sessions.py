@@ -15,11 +15,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from openai.types.responses.response_output_item import McpListToolsTool
 
 from serve_app.config import AppArgs, ToolArgs
 from serve_app.engines.simulated import SimulatedEngineConfig
 from serve_app.serving.http.auth import ApiKeys
-from serve_app.serving.tools.mcp.client import McpClient, McpServer
+from serve_app.serving.tools.mcp.client import ListOutcome, McpClient, McpServer
 from tests.support import API_KEY, MODEL, OTHER_API_KEY
 from tests.support.helpers import in_process_api, sdk_client
 from tests.support.mcp_servers import McpTestServer, mcp_server
@@ -202,3 +203,48 @@ async def test_a_sessions_calls_keep_their_connection(good, monkeypatch) -> None
                 index
             )
     assert len(made) - before <= 1
+
+
+async def test_a_listing_like_the_sessions_last_is_rendered_once(
+    tmp_path, good, monkeypatch
+) -> None:
+    """The prompt is rendered before the listing with the session's last one (a guess): when
+    the listing says the same, it stands (one render); when not, it is rendered again."""
+    from serve_app.serving.turn.rendering import Renderer
+
+    renders: list[int] = []
+    render = Renderer.render
+
+    async def counted(self: Renderer, context: Any, owner: Any, *, truncate: bool) -> Any:
+        prompt = await render(self, context, owner, truncate=truncate)
+        renders.append(len(prompt.tools.tools))
+        return prompt
+
+    monkeypatch.setattr(Renderer, "render", counted)
+    args = AppArgs.model_validate({"tools": {"mcp_allow": [good.origin]}})
+    engine = SimulatedEngineConfig(script=SCRIPT, decode_tokens_per_s=50_000)
+    tool = {
+        "type": "mcp",
+        "server_label": "docs",
+        "server_url": good.url,
+        "require_approval": "never",
+    }
+    async with in_process_api(tmp_path / "s.db", args, engine=engine) as api:
+        client = sdk_client(api)
+        first = await client.responses.create(model=MODEL, input="TWO-CALLS", tools=[tool])
+        assert renders == [0, 7]  # no tools known, then the listing's seven
+        renders.clear()
+        second = await client.responses.create(model=MODEL, input="TWO-CALLS", tools=[tool])
+        assert renders == [7]  # guessed right: rendered once
+        renders.clear()
+        narrower = {**tool, "allowed_tools": ["echo"]}
+        third = await client.responses.create(model=MODEL, input="TWO-CALLS", tools=[narrower])
+        assert renders == [1]  # the filter applies to the guess too
+        renders.clear()
+        stale = ListOutcome(tools=[McpListToolsTool(name="gone", input_schema={"type": "object"})])
+        monkeypatch.setattr(McpClient, "listed_before", lambda self, server: stale)
+        fourth = await client.responses.create(model=MODEL, input="TWO-CALLS", tools=[tool])
+        assert renders == [1, 7]  # guessed wrong: rendered again with what the server listed
+    for response in (first, second, third, fourth):
+        assert response.output[0].type == "mcp_list_tools"
+        assert [item.type for item in response.output][1:] == ["mcp_call", "mcp_call", "message"]
