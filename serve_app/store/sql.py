@@ -57,13 +57,13 @@ from serve_app.store.base import (
     RunEnding,
     StoredConversation,
     StoredResponse,
-    ToolClaim,
     cut_page,
 )
 from serve_app.store.expiry import Expiry, chain_query, expired_query
 from serve_app.store.references import AsInput, release, stored_responses, unchanged, visible
 from serve_app.store.retry import WRITE_ATTEMPTS, backoff_s, transient
 from serve_app.store.server_secrets import propose_secret, read_secret
+from serve_app.store.sql_tools import ToolLedger
 from serve_app.store.sqlite import WRITES, private_sqlite_file, sqlite_begin, sqlite_pragmas
 from serve_app.store.tables import (
     Base,
@@ -89,7 +89,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class SqlResponseStore(ResponseStore):
+class SqlResponseStore(ToolLedger, ResponseStore):
     def __init__(
         self,
         url: str,
@@ -161,14 +161,6 @@ class SqlResponseStore(ResponseStore):
             await issued_items.issue(session, owner, issued)
 
         await self._transact(write)
-
-    async def issue_items(self, owner: str | None, items: Sequence[IssuedItem]) -> None:
-        if items:
-            await self._transact(lambda session: issued_items.issue(session, owner, items))
-
-    async def issued_digests(self, owner: str | None, item_ids: Collection[str]) -> dict[str, str]:
-        async with self._session() as session:
-            return await issued_items.digests(session, owner, item_ids)
 
     async def get(self, response_id: str) -> StoredResponse | None:
         alive = self._expiry.alive(ResponseRow)
@@ -429,23 +421,6 @@ class SqlResponseStore(ResponseStore):
             return await propose_secret(session, name, proposal)
 
         return await self._transact(write)
-
-    async def claim_tool_call(self, owner: str | None, claim_id: str, claimant: str) -> ToolClaim:
-        now = time.time()
-        return await self._transact(
-            lambda session: tool_claims.claim(session, owner, claim_id, claimant, now)
-        )
-
-    async def settle_tool_call(
-        self, owner: str | None, claim_id: str, claimant: str, result: str
-    ) -> bool:
-        return await self._transact(
-            lambda session: tool_claims.settle(session, owner, claim_id, claimant, result)
-        )
-
-    async def tool_claim(self, owner: str | None, claim_id: str) -> ToolClaim | None:
-        async with self._session() as session:
-            return await tool_claims.read(session, owner, claim_id)
 
     async def ids(self) -> list[str]:
         async with self._session() as session:

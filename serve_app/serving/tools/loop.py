@@ -38,6 +38,8 @@ from serve_app.serving.tools.contract import (
     ToolCall,
     ToolResult,
     ToolRunners,
+    ToolServer,
+    ToolSession,
 )
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,9 @@ class Turn(Protocol):
     completions: int
     output_tokens: int
     server_calls: int
+    # The response's session with each tool server it called (`ToolServer.session`), by
+    # the server's identity; closed at the response's end (`ToolLoop.close_sessions`).
+    tool_sessions: dict[int, ToolSession]
 
     @property
     def response(self) -> Response: ...
@@ -115,9 +120,9 @@ class ToolLoop:
         if turn.server_calls >= cap:
             return ToolResult(error=over_cap(cap))
         turn.server_calls += 1  # before any await: the round's calls are counted in order
-        runner = self._runners.runner(spec.kind)
-        if runner is None:
-            logger.error("response %s: no runner for tool kind %r", turn.response.id, spec.kind)
+        server = self._runners.server(spec.kind)
+        if server is None:
+            logger.error("response %s: no server for tool kind %r", turn.response.id, spec.kind)
             return ToolResult(error=f"The server cannot run {spec.recipient} now.")
         call = ToolCall(
             spec=spec,
@@ -130,7 +135,7 @@ class ToolLoop:
             response_id=turn.response.id,
         )
         try:
-            return await runner.run(call)
+            return await self._session(turn, server).run(call)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -141,6 +146,25 @@ class ToolLoop:
                 extra={"response_id": turn.response.id},
             )
             return ToolResult(error=f"The tool failed ({type(exc).__name__}).")
+
+    @staticmethod
+    def _session(turn: Turn, server: ToolServer) -> ToolSession:
+        """The response's session with ``server``, opened at its first call."""
+        session = turn.tool_sessions.get(id(server))
+        if session is None:
+            session = turn.tool_sessions[id(server)] = server.session(turn.owner, turn.response.id)
+        return session
+
+    @staticmethod
+    async def close_sessions(turn: Turn) -> None:
+        """The response ended: each of its tool sessions let go (a failure logged, never the
+        response's)."""
+        sessions, turn.tool_sessions = list(turn.tool_sessions.values()), {}
+        for session in sessions:
+            try:
+                await session.aclose()
+            except Exception:
+                logger.exception("response %s: a tool session did not close", turn.response.id)
 
     def next_completion(
         self, turn: Turn, completion: Sequence[int], done: Round

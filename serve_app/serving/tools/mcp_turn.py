@@ -18,24 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from openai.types.responses import Response, ResponseStreamEvent
-from openai.types.responses.response_output_item import McpListToolsTool
 
-from serve_app.harmony.mcp_tools import listed_specs, reusable_lists
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolSpec
 from serve_app.protocol import mcp_events
 from serve_app.protocol.mcp_items import (
     McpApprovalRequestItem,
-    McpApprovalResponseItem,
-    McpCallItem,
-    McpListedTool,
-    McpListToolsItem,
     McpTool,
 )
 from serve_app.protocol.requests import InputItem, ResponsesRequest
@@ -43,10 +37,25 @@ from serve_app.protocol.stream_events import ResponseEventWriter
 from serve_app.protocol.stream_items import OpenItem
 from serve_app.protocol.tool_events import ToolCallEvents
 from serve_app.serving.tools import mcp_trust
-from serve_app.serving.tools.contract import CancelScope, ToolCall, ToolResult, ToolRunners
+from serve_app.serving.tools.contract import (
+    CancelScope,
+    RunnerServer,
+    ToolCall,
+    ToolContext,
+    ToolDescription,
+    ToolResult,
+    ToolSession,
+)
 from serve_app.serving.tools.loop import over_cap
 from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpServer
 from serve_app.serving.tools.mcp_once import OnceCalls
+from serve_app.serving.tools.mcp_plan import (
+    ApprovedCall,
+    McpDone,
+    McpPlan,
+    ServerListing,
+    plan,
+)
 from serve_app.serving.tools.mcp_trust import TrustedMcp, mcp_tools
 
 logger = logging.getLogger(__name__)
@@ -74,151 +83,7 @@ def server_of(tool: McpTool, owner: str | None) -> McpServer:
     return McpServer.for_tool(tool.server_url or "", tool.headers, tool.authorization, owner)
 
 
-# --- before the model runs: the plan (no I/O), then the stage (after the response exists) ---
-
-
-@dataclass(frozen=True)
-class ApprovedCall:
-    """An approval request the context approves, and its call's result (run once: the first
-    request to claim it ran it, serve_app.serving.tools.mcp_once)."""
-
-    asked: McpApprovalRequestItem
-    result: ToolResult
-
-    def item(self) -> McpCallItem:
-        """The ``mcp_call`` as the model's prompt renders it (after the request it answers)."""
-        return McpCallItem(
-            type="mcp_call",
-            server_label=self.asked.server_label,
-            name=self.asked.name,
-            arguments=self.asked.arguments,
-            output=None if self.result.failed else self.result.output,
-            error=self.result.error,
-            approval_request_id=self.asked.id,
-        )
-
-
-@dataclass(frozen=True)
-class McpPlan:
-    """What a response's MCP tools need before the model runs, decided from the request and its
-    context alone (no I/O, so nothing runs for a request the server then refuses): each
-    server's listing, reused from the context or to be made, and the approved calls to run."""
-
-    tools: dict[str, McpTool] = field(default_factory=dict)
-    # The context's listing of a label, reused (no item of its own in the output).
-    listings: dict[str, McpListToolsItem] = field(default_factory=dict)
-    approved: list[McpApprovalRequestItem] = field(default_factory=list)
-    # For a server to list: what the owner's session with it listed last, within its TTL
-    # (`McpClient.listed_before`). The prompt is rendered with it before the listing; if the
-    # listing says the same (and no approved call runs), that prompt stands: rendered once.
-    guessed: dict[str, ServerListing] = field(default_factory=dict)
-
-    @property
-    def to_list(self) -> list[McpTool]:
-        return [tool for label, tool in self.tools.items() if label not in self.listings]
-
-    def __bool__(self) -> bool:
-        """Whether anything runs before the model (a listing to make, a call to run)."""
-        return bool(self.to_list or self.approved)
-
-    def read_only(self, label: str, name: str, done: McpDone) -> bool:
-        """Whether the server's listing (reused, or made by the stage) says ``name`` only
-        reads."""
-        if label in self.listings:
-            listed = self.listings[label].tools
-        elif label in done.listed:
-            listed = done.listed[label].listed()
-        else:
-            return False
-        return any(entry.name == name and entry.read_only for entry in listed)
-
-    def specs(self, done: McpDone | None = None) -> list[ToolSpec]:
-        """The servers' tools the model is shown, in the request's order of its ``mcp`` tools
-        (the order a later turn reusing every listing shows them in): the listings reused,
-        and those ``done`` made; without ``done`` (before the stage), those guessed."""
-        specs: list[ToolSpec] = []
-        for label, tool in self.tools.items():
-            if label in self.listings:
-                specs += listed_specs(tool, self.listings[label].tools)
-            elif done is not None and label in done.listed:
-                specs += done.listed[label].specs()
-            elif done is None and label in self.guessed:
-                specs += self.guessed[label].specs()
-        return specs
-
-    def rendered_as_done(self, done: McpDone) -> bool:
-        """Whether the prompt rendered before the stage shows what it did: every guess right,
-        no approved call's output to show."""
-        return not done.approved and self.specs() == self.specs(done)
-
-
-@dataclass(frozen=True)
-class ServerListing:
-    """One server's tools, listed for this response."""
-
-    tool: McpTool
-    outcome: ListOutcome
-
-    def listed(self) -> list[McpListedTool]:
-        return [McpListedTool.model_validate(tool.model_dump()) for tool in self.outcome.tools]
-
-    def allowed(self) -> list[McpListToolsTool]:
-        """The server's tools ``allowed_tools`` lets through."""
-        return [
-            tool
-            for tool, entry in zip(self.outcome.tools, self.listed(), strict=True)
-            if self.tool.allows(entry.name, entry.read_only)
-        ]
-
-    def specs(self) -> list[ToolSpec]:
-        if self.outcome.error is not None:
-            return []
-        return listed_specs(self.tool, self.listed())
-
-
-@dataclass
-class McpDone:
-    """What the stage did: the servers it listed, the approved calls it ran."""
-
-    listed: dict[str, ServerListing] = field(default_factory=dict)
-    approved: list[ApprovedCall] = field(default_factory=list)
-
-    def rendered_items(self) -> list[InputItem]:
-        """What the prompt shows after the request's input: the approved calls' outputs."""
-        return [call.item() for call in self.approved]
-
-
-def plan(
-    request: ResponsesRequest,
-    context: Sequence[InputItem],
-    trusted: TrustedMcp,
-    guess: Callable[[McpTool], ListOutcome | None] = lambda _: None,
-) -> McpPlan:
-    """The plan of a request whose ``context`` (history and input) is known: nothing for a
-    request without ``mcp`` tools or with ``tool_choice: none``. Only the items ``trusted``
-    names count (those this server issued to the owner, as they were): a listing reused, an
-    approval request whose approval runs its call. ``guess``: a server's last listing, if
-    known, for the prompt rendered before it is listed again."""
-    tools = mcp_tools(request)
-    if request.tool_choice == "none" or not tools:
-        return McpPlan()
-    known = reusable_lists(item for item in context if _in(item, trusted.listings))
-    listings = {label: known[label] for label in tools if label in known}
-    asked = [
-        item
-        for item in context
-        if not isinstance(item, McpApprovalRequestItem) or _in(item, trusted.approvals)
-    ]
-    guessed = {}
-    for label, tool in tools.items():
-        last = guess(tool) if label not in listings else None
-        if last is not None and last.error is None:
-            guessed[label] = ServerListing(tool, last)
-    return McpPlan(tools, listings, approved_requests(asked), guessed)
-
-
-def _in(item: object, ids: frozenset[str]) -> bool:
-    return getattr(item, "id", None) in ids
+# --- before the model runs: the stage (after the response exists), of the plan (mcp_plan.py)
 
 
 class StageTurn(Protocol):
@@ -242,26 +107,6 @@ async def _list(servers: McpServers, tool: McpTool, owner: str | None) -> Server
         logger.exception("MCP server %r not listed", tool.server_label)
         outcome = ListOutcome(error=f"The server could not be listed ({type(error).__name__}).")
     return ServerListing(tool, outcome)
-
-
-def approved_requests(context: Sequence[InputItem]) -> list[McpApprovalRequestItem]:
-    """Approval requests the context approves whose call has not run (no ``mcp_call`` names
-    them), in the order of their approvals."""
-    requests = {item.id: item for item in context if isinstance(item, McpApprovalRequestItem)}
-    ran = {
-        item.approval_request_id
-        for item in context
-        if isinstance(item, McpCallItem) and item.approval_request_id
-    }
-    approved = []
-    for item in context:
-        if not (isinstance(item, McpApprovalResponseItem) and item.approve):
-            continue
-        asked = requests.get(item.approval_request_id)
-        if asked is not None and asked.id not in ran:
-            ran.add(asked.id)
-            approved.append(asked)
-    return approved
 
 
 # --- running calls -------------------------------------------------------------------------
@@ -338,18 +183,16 @@ class McpTurns:
         context: Sequence[InputItem],
         trusted: TrustedMcp,
         owner: str | None,
+        *,
+        guess: bool = True,
     ) -> McpPlan:
-        """`plan`, guessing each server to list by what the owner's session listed last."""
+        """`plan`; ``guess``: each server to list guessed by what the owner's session listed
+        last (a turn's prompt), or not (a token count: no server's state in it)."""
 
-        def guess(tool: McpTool) -> ListOutcome | None:
-            return self.servers.listed_before(server_of(tool, owner))
+        def last(tool: McpTool) -> ListOutcome | None:
+            return self.servers.listed_before(server_of(tool, owner)) if guess else None
 
-        return plan(request, context, trusted, guess)
-
-    def register(self, runners: ToolRunners) -> None:
-        """The tool loop runs both MCP kinds' calls with this runner."""
-        runners.register(mcp_events.MCP_KIND, self.runner)
-        runners.register(mcp_events.MCP_APPROVAL_KIND, self.runner)
+        return plan(request, context, trusted, last)
 
     async def stage(
         self, turn: StageTurn, planned: McpPlan, done: McpDone
@@ -454,3 +297,55 @@ def _open_approved(writer: ResponseEventWriter, asked: McpApprovalRequestItem) -
     writer.close(item, "completed")
     writer.tool_running(item)
     return item
+
+
+class McpStage:
+    """The MCP servers' `ToolStage`: the plan's listings and approved calls (`McpTurns.stage`)."""
+
+    def __init__(self, turns: McpTurns, planned: McpPlan) -> None:
+        self._turns = turns
+        self._planned = planned
+        self._done = McpDone()
+
+    def __bool__(self) -> bool:
+        return bool(self._planned)
+
+    def run(self, turn: StageTurn) -> AsyncIterator[list[ResponseStreamEvent]]:
+        return self._turns.stage(turn, self._planned, self._done)
+
+    def specs(self) -> list[ToolSpec]:
+        return self._planned.specs(self._done)
+
+    def rendered_items(self) -> list[InputItem]:
+        return self._done.rendered_items()
+
+    def changed_prompt(self) -> bool:
+        return not self._planned.rendered_as_done(self._done)
+
+
+class McpToolServer:
+    """MCP servers as a `ToolServer`: a request's ``mcp`` tools; described by their listings
+    (reused from the context, guessed from the session's last, made by the stage); their
+    calls run by `McpRunner` (one session per owner and server, the client's pool's)."""
+
+    kinds = frozenset({mcp_events.MCP_KIND, mcp_events.MCP_APPROVAL_KIND})
+
+    def __init__(self, turns: McpTurns) -> None:
+        self._turns = turns
+
+    def has(self, request: ResponsesRequest) -> bool:
+        return bool(mcp_tools(request))
+
+    async def describe(self, context: ToolContext) -> ToolDescription:
+        planned = self._turns.plan(
+            context.request,
+            context.items,
+            context.trusted,
+            context.owner,
+            guess=context.generating,
+        )
+        stage = McpStage(self._turns, planned) if context.generating and planned else None
+        return ToolDescription(planned.specs(), stage)
+
+    def session(self, owner: str | None, response_id: str) -> ToolSession:
+        return RunnerServer(mcp_events.MCP_KIND, self._turns.runner).session(owner, response_id)

@@ -74,6 +74,15 @@ class EventLoop:
         A completion that leaves calls of tools the server runs pending goes on through the
         tool loop (serve_app/serving/tools/loop.py): the calls run, the next completion
         streams on, until the response ends."""
+        try:
+            async with contextlib.aclosing(self._batches(turn)) as batches:
+                async for batch in batches:
+                    yield batch
+        finally:
+            if turn.tool_sessions and self._tools is not None:
+                await self._tools.close_sessions(turn)
+
+    async def _batches(self, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]:
         translator = turn.translator
         opening = translator.start()  # sent when the engine has taken the request
         terminal: list[ResponseStreamEvent] = []

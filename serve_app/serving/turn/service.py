@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 from openai.types.responses import Response, ResponseStreamEvent
@@ -23,6 +23,7 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import RenderedPrompt
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry, ToolSpec
+from serve_app.protocol.errors import ServerError
 from serve_app.protocol.prompt_cache_diagnostics import PromptFingerprint
 from serve_app.protocol.requests import InputItem, ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id, usage
@@ -32,7 +33,7 @@ from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
 from serve_app.serving.tools import mcp_turn, tool_search
 from serve_app.serving.tools.builtin import register_builtin_runners
-from serve_app.serving.tools.contract import ToolRunners
+from serve_app.serving.tools.contract import ToolContext, ToolDescription, ToolRunners
 from serve_app.serving.tools.loop import ToolLoop
 from serve_app.serving.tools.mcp.client import McpClient
 from serve_app.serving.tools.mcp_once import OnceCalls
@@ -77,7 +78,7 @@ class ResponsesService:
             args.tools.max_calls_per_response,
             vault,
         )
-        self._mcp.register(self._tools)
+        self._tools.add_server(mcp_turn.McpToolServer(self._mcp))
         # gpt-oss's browser and python; the MCP clients whose sessions end with the service.
         self._mcp_clients = [mcp_client, *register_builtin_runners(self._tools, args.tools)]
         tool_search.register(self._tools)  # needs no configuration: always run
@@ -110,16 +111,13 @@ class ResponsesService:
     async def prepare(self, ask: Ask) -> Turn:
         """The request through the door, rendered, and the engine request built: everything
         that can reject it happens before any event is sent."""
-        context = await self._with_provided_tools(
-            await self._door.admit(ask, generating=True), ask.owner
-        )
+        context = await self._door.admit(ask, generating=True)
         request, owner = context.request, ask.owner
-        # What the MCP tools need before the model (decided here, done once the response
-        # exists): the prompt shows the listings the context holds, for now.
-        context_items = [*context.history, *request.input_items]
-        mcp = self._mcp.plan(request, context_items, context.mcp, owner)
-        base_tools = context.tools or ToolRegistry.from_request(request)
-        context = replace(context, tools=_with_specs(base_tools, mcp.specs()))
+        # What the tool servers add to the door's tools, and their work before the model
+        # (decided here, done once the response exists: `Turn.tools_first`).
+        door_tools = _door_tools(context)
+        described = await self._tools.describe(_tool_context(context, owner, generating=True))
+        context = replace(context, tools=_with_specs(door_tools, _described_specs(described)))
         prompt = await self._renderer.render(context, owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         response = initial_response(request, response_id=new_response_id(), model=request.model)
@@ -181,22 +179,29 @@ class ResponsesService:
                 if context_management.due(self._args, request, len(prompt.token_ids))
                 else None
             ),
-            tools_first=functools.partial(self._tools_first, mcp, base_tools) if mcp else None,
+            tools_first=(
+                functools.partial(self._tools_first, described, door_tools)
+                if any(description.stage for description in described)
+                else None
+            ),
         )
 
     async def _tools_first(
-        self, planned: mcp_turn.McpPlan, base_tools: ToolRegistry, turn: Turn
+        self, described: list[ToolDescription], door_tools: ToolRegistry, turn: Turn
     ) -> AsyncIterator[list[ResponseStreamEvent]]:
-        """The MCP plan's work (`Turn.tools_first`), then the turn pointed at the prompt that
-        shows what it did: the servers listed, the approved calls' outputs."""
-        done = mcp_turn.McpDone()
-        async with contextlib.aclosing(self._mcp.stage(turn, planned, done)) as batches:
-            async for batch in batches:
-                yield batch
-        if planned.rendered_as_done(done):
+        """The tool servers' stages (`Turn.tools_first`: an MCP server listed, approved calls
+        run), then the turn pointed at the prompt that shows what they did, unless the one
+        rendered before shows it already."""
+        stages = [d.stage for d in described if d.stage]
+        for stage in stages:
+            async with contextlib.aclosing(stage.run(turn)) as batches:
+                async for batch in batches:
+                    yield batch
+        if not any(stage.changed_prompt() for stage in stages):
             return  # the prompt rendered before (with the servers' last listings) stands
-        turn.server_items = done.rendered_items()
-        await self.retarget(turn, turn.request, _with_specs(base_tools, planned.specs(done)))
+        turn.server_items = [item for stage in stages for item in stage.rendered_items()]
+        specs = [spec for d in described for spec in (d.stage.specs() if d.stage else d.specs)]
+        await self.retarget(turn, turn.request, _with_specs(door_tools, specs))
 
     async def retarget(
         self, turn: Turn, request: ResponsesRequest, tools: ToolRegistry | None = None
@@ -234,23 +239,10 @@ class ResponsesService:
     async def render(self, ask: Ask) -> RenderedPrompt:
         """The prompt for a request (``/v1/responses/input_tokens``): its stored history (if it
         continues one) and its input, as is (no truncation)."""
-        context = await self._with_provided_tools(await self._door.admit(ask), ask.owner)
-        return await self._renderer.render(context, ask.owner, truncate=False)
-
-    async def _with_provided_tools(self, context: Context, owner: str | None) -> Context:
-        """``context`` with its tools built, the specs the tool providers add included (an
-        MCP server's listed tools: `ToolProvider`); as it was when none adds any."""
-        if not self._tools.providers or context.request.tool_choice == "none":
-            return context
-        tools = context.tools or ToolRegistry.from_request(context.request)
-        provided = [
-            spec
-            for provider in self._tools.providers
-            for spec in await provider.specs(context.request, owner)
-        ]
-        if not provided:
-            return context
-        return replace(context, tools=replace(tools, tools=(*tools.tools, *provided)))
+        context = await self._door.admit(ask)
+        described = await self._tools.describe(_tool_context(context, ask.owner, generating=False))
+        tools = _with_specs(_door_tools(context), _described_specs(described))
+        return await self._renderer.render(replace(context, tools=tools), ask.owner, truncate=False)
 
     async def context(self, ask: Ask) -> Context:
         """The door's first half (the request alone, its history loaded and references
@@ -334,6 +326,24 @@ class ResponsesService:
         return None
 
 
-def _with_specs(tools: ToolRegistry, specs: list[ToolSpec]) -> ToolRegistry:
+def _with_specs(tools: ToolRegistry, specs: Sequence[ToolSpec]) -> ToolRegistry:
     """``tools`` and, after the request's own, the servers' tools (an MCP server's listing)."""
     return replace(tools, tools=(*tools.tools, *specs)) if specs else tools
+
+
+def _described_specs(described: Sequence[ToolDescription]) -> list[ToolSpec]:
+    return [spec for description in described for spec in description.specs]
+
+
+def _door_tools(context: Context) -> ToolRegistry:
+    """The registry the door built (once: `Door.admit`, with the tools the history's searches
+    loaded); missing, the request fails with a logged error rather than render with another."""
+    if context.tools is None:
+        logger.error("a request past the door without its tools")
+        raise ServerError("The request's tools were not prepared.")
+    return context.tools
+
+
+def _tool_context(context: Context, owner: str | None, *, generating: bool) -> ToolContext:
+    items = [*context.history, *context.request.input_items]
+    return ToolContext(context.request, items, owner, context.mcp, generating)

@@ -14,6 +14,7 @@ from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.prompt_cache_diagnostics import PromptFingerprint
 from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.serving.tools.contract import ToolSession
 from serve_app.serving.tools.mcp_trust import TrustedMcp
 
 
@@ -91,6 +92,8 @@ class Turn:
     completions: int = 0
     # Calls of server-run tools run so far (bounded: `ToolArgs.max_calls_per_response`).
     server_calls: int = 0
+    # The response's session with each tool server it called (serving/tools/contract.py).
+    tool_sessions: dict[int, ToolSession] = field(default_factory=dict)
     # Prompt and cached tokens of the completions before the current one (usage sums them),
     # and the output tokens of them all.
     prompt_tokens: int = 0

@@ -20,7 +20,8 @@ from openai.types.responses.mcp_tool_call_error import (
 
 from serve_app.config import ToolArgs
 from serve_app.serving.tools.mcp import McpClient, McpServer
-from serve_app.serving.tools.mcp.client import _describe, _Failed, _protocol_error, _Slots
+from serve_app.serving.tools.mcp.client import _describe, _Failed, _protocol_error
+from serve_app.serving.tools.mcp.servers import Slots
 from serve_app.serving.tools.mcp.transport import Guard
 from tests.support.mcp_servers import McpTestServer, mcp_server
 
@@ -269,7 +270,7 @@ KEYS = ("a", "b", "c")
 
 async def _interleaving(seed: int) -> None:
     rng = random.Random(seed)
-    slots = _Slots(LIMIT)
+    slots = Slots(LIMIT)
     inside = dict.fromkeys(KEYS, 0)
     worst = dict.fromkeys(KEYS, 0)
 
