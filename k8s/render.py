@@ -28,7 +28,9 @@ SHARED_KV_OVERRIDES = (OVERRIDES, SHARED_KV / "serve_overrides.yaml")
 
 
 def _relative(path: Path) -> str:
-    return str(path.relative_to(K8S.parent))
+    """A path as the header names it: from the repository (an overlay outside it, as a test
+    renders one, by its full path)."""
+    return str(path.relative_to(K8S.parent)) if path.is_relative_to(K8S.parent) else str(path)
 
 
 def _header(config: Path, overrides: tuple[Path, ...]) -> str:

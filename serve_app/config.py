@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -133,6 +134,11 @@ class Limits(BaseModel):
     # them; one more is `response.steer.failed` with `too_many_pending_steers`. Their bytes
     # count against `max_websocket_pending_bytes` too.
     max_websocket_steers_per_response: int = Field(default=8, gt=0)
+    # On a connection with the beta `OpenAI-Beta: responses_multi_agent=v1`: how long a
+    # response whose model called tools the client runs waits for their outputs
+    # (`response.inject`) before it completes with the calls, as without the beta. It holds no
+    # engine slot meanwhile; its lane waits (serve_app/serving/inject.py).
+    websocket_inject_wait_s: float = Field(default=30.0, gt=0)
     # Rendering off the event loop (serve_app/serving/turn/render_pool.py): a request with more
     # than this many characters of text (request and history) renders in a worker process;
     # up to it, on the loop, which it holds for a few ms at most (docs/reliability.md).
@@ -270,9 +276,19 @@ class ToolArgs(BaseModel):
     mcp_list_timeout_s: float = Field(default=30.0, gt=0)
     # One `tools/call` in all (connect and handshake included): past it the call fails.
     mcp_call_timeout_s: float = Field(default=60.0, gt=0)
-    # Text of one call's result the model is given; a longer result fails the call (the
-    # model reads why). Bytes of UTF-8.
+    # Text of one MCP call's result (its output or its error) kept at all; a longer result
+    # fails the call (the model reads why). Bytes of UTF-8: a memory bound, checked before
+    # anything counts tokens (what the model is given is bounded below, in tokens).
     mcp_max_output_bytes: int = Field(default=1024 * 1024, gt=0)
+    # Tokens of one server-run call's output (or error), as its harmony message, the model is
+    # given (every tool the server runs: MCP, browser, python, tool_search); never more than
+    # the context leaves less `output_reserve_tokens` (shared by a round's calls). Past it, or
+    # past the tokenizer's piece limit (harmony/pieces.py, checked first), the call fails and
+    # the model reads why (serve_app/serving/tools/bounds.py). 16k tokens (~64 KB of prose):
+    # a page or a program's output, with most of gpt-oss's 131k context left.
+    max_output_tokens: int = Field(default=16384, gt=0)
+    # Tokens of the context a tool's output never takes: the model's room to answer after it.
+    output_reserve_tokens: int = Field(default=8192, ge=0)
     # Bytes one HTTP response (or SSE event) from an MCP server may carry; more is cut off
     # as it arrives (never buffered whole) and fails the call or the listing.
     mcp_max_response_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
@@ -296,7 +312,9 @@ class ToolArgs(BaseModel):
     # `browser` (a request's web_search) and the one that runs `python` (code_interpreter), as
     # vLLM's --tool-server; streamable HTTP URLs (`http://127.0.0.1:8765/mcp`), one server may
     # be both. Unset (the default): a request offering that tool is a 400. The operator's own
-    # servers, so not held to `mcp_allow`; the timeouts and bounds above apply.
+    # servers, so not held to `mcp_allow`: reached at the name written here, also where it
+    # resolves to a private or loopback address (a cluster Service, a sidecar), never a
+    # link-local or metadata one; the timeouts and bounds above apply.
     browser_server_url: str | None = None
     python_server_url: str | None = None
     # A `web_search` tool (or `web_search_preview`) without a browser server: Codex puts one in
@@ -326,6 +344,126 @@ class ToolArgs(BaseModel):
         return ToolArgs.model_validate({**self.model_dump(), "mcp_allow": entries})
 
 
+class ModerationArgs(BaseModel):
+    """The moderation model (a request's ``moderation``, docs/protocol.md#moderation):
+    gpt-oss-safeguard served as its own engine deployment (``ModerationEngine``) in the same
+    Serve application, the operator's policy its prompt. Unset (the default): a request asking
+    for moderation is a 400 naming ``moderation``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The name results carry in `model`, and the names a request's `moderation.model` may use
+    # (OpenAI's default name among them, so clients written for OpenAI work unchanged; the
+    # results still name this model, the one that judged).
+    model: str = "gpt-oss-safeguard-20b"
+    model_aliases: list[str] = Field(default_factory=lambda: ["omni-moderation-latest"])
+    # The classifier's engine: vLLM with gpt-oss-safeguard's weights on GPUs, or the simulated
+    # engine (a script plays the classifier: tests, laptops).
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    # The policy the classifier is given (a text file); unset: the shipped default, OpenAI's
+    # moderation categories (serve_app/protocol/moderation_policy.md). Its categories are the
+    # bullets that start with a backticked name; its output format is one JSON object.
+    policy_file: str | None = None
+    # gpt-oss-safeguard's reasoning effort (harmony's system message): low answers fastest.
+    reasoning_effort: Literal["low", "medium", "high"] = "low"
+    # A category scored at least this is flagged.
+    threshold: float = Field(default=0.5, gt=0, le=1)
+    # Output is judged every this many tokens of output text (each judgement sees the window
+    # before it too, so content split across two windows is judged whole).
+    output_window_tokens: int = Field(default=128, gt=0)
+    # One judgement taking longer is an error result (`moderation_timeout`): the most
+    # moderation can add to a response's time to first token (with `block` on the input).
+    timeout_s: float = Field(default=5.0, gt=0)
+    # The classifier's output budget (its reasoning and the JSON answer), and the most tokens
+    # of content one judgement reads (an input's last ones).
+    max_answer_tokens: int = Field(default=1024, gt=0)
+    max_content_tokens: int = Field(default=8192, gt=0)
+
+    def served_names(self) -> set[str]:
+        return {self.model, *self.model_aliases}
+
+
+# The tiers a request is served at (issue 49), most urgent first: every value of the API's
+# `service_tier` resolves to one of them (serve_app/protocol/service_tiers.py).
+ServedTier = Literal["priority", "default", "flex"]
+SERVED_TIERS: tuple[ServedTier, ...] = ("priority", "default", "flex")
+# An owner digest: what `ApiKeys.owner` makes of a key (serve_app/serving/http/auth.py).
+_OWNER_DIGEST = re.compile(r"[0-9a-f]{32}")
+
+
+class TierPolicy(BaseModel):
+    """What one API key's requests may be served at: a request whose ``service_tier`` resolves
+    to a tier not in ``allowed`` is a 400 naming ``service_tier``; ``auto`` (and a request
+    that sets none) is served at ``auto``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    allowed: list[ServedTier] = Field(default_factory=lambda: list(SERVED_TIERS), min_length=1)
+    auto: ServedTier = "default"
+
+    @model_validator(mode="after")
+    def _auto_is_allowed(self) -> TierPolicy:
+        if self.auto not in self.allowed:
+            raise ValueError(f"auto tier {self.auto!r} is not among the allowed {self.allowed}")
+        return self
+
+
+def _default_deadlines() -> dict[ServedTier, float]:
+    return {"priority": 0.0, "default": 5.0, "flex": 60.0}
+
+
+class ServiceTierArgs(BaseModel):
+    """Service tiers (issue 49, docs/protocol.md#service-tiers): which tiers each API key may
+    use, and how the engines order the tiers' requests.
+
+    Every engine serves its waiting requests earliest deadline first, a request's deadline
+    being its arrival at the engine plus its tier's ``deadline_s`` (ties: arrival). So a
+    priority request goes ahead of the default and flex requests waiting, and a waiting
+    request's effective priority improves with its wait: a flex request is never passed by a
+    request arriving more than ``deadline_s["flex"] - deadline_s[its tier]`` seconds after it,
+    which is how long flex can be held back by the other tiers (no starvation).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Keys not listed in `keys`, and everyone when the API is open (no keys).
+    default: TierPolicy = Field(default_factory=TierPolicy)
+    # By owner digest: the 32 hex characters `python -m serve_app.serving.http.auth` prints for
+    # a key (keys are secrets: a config names their digests, as the store does).
+    keys: dict[str, TierPolicy] = Field(default_factory=dict)
+    # Seconds after its arrival at an engine by which a request of each tier is due.
+    deadline_s: dict[ServedTier, float] = Field(default_factory=_default_deadlines)
+    # Per engine replica: at most this many of a tier's requests in the engine at once; the
+    # rest wait in the replica (serve_app/serving/engine/tier_gate.py), so a flex flood cannot
+    # fill the engine's batch (its decode slots, its KV cache) and make a priority turn wait
+    # for a flex request to end. Unset: no cap.
+    max_running: dict[ServedTier, int] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _keys_are_digests_and_tiers_ordered(self) -> ServiceTierArgs:
+        for digest in self.keys:
+            if not _OWNER_DIGEST.fullmatch(digest):
+                raise ValueError(
+                    f"service_tiers.keys: {digest!r} is not a key's digest (32 hex characters: "
+                    "python -m serve_app.serving.http.auth prints it); never the key itself"
+                )
+        missing = [tier for tier in SERVED_TIERS if tier not in self.deadline_s]
+        if missing:
+            raise ValueError(f"service_tiers.deadline_s names no deadline for {missing}")
+        if any(limit < 1 for limit in self.max_running.values()):
+            raise ValueError("service_tiers.max_running: each at least 1")
+        deadlines = [self.deadline_s[tier] for tier in SERVED_TIERS]
+        if any(deadline < 0 for deadline in deadlines) or deadlines != sorted(deadlines):
+            raise ValueError(
+                "service_tiers.deadline_s: each 0 or more, priority's <= default's <= flex's"
+            )
+        return self
+
+    def policy(self, owner: str | None) -> TierPolicy:
+        """The policy of the key whose digest is ``owner`` (None: the API is open)."""
+        return self.keys.get(owner, self.default) if owner is not None else self.default
+
+
 class AppArgs(BaseModel):
     """What ``serve_app.app:build_app`` takes (validated by Ray Serve from the YAML ``args``)."""
 
@@ -341,6 +479,9 @@ class AppArgs(BaseModel):
     streaming: StreamingArgs = Field(default_factory=StreamingArgs)
     secrets: SecretArgs = Field(default_factory=SecretArgs)
     tools: ToolArgs = Field(default_factory=ToolArgs)
+    # The moderation model, when the app serves one (None: moderation is refused).
+    moderation: ModerationArgs | None = None
+    service_tiers: ServiceTierArgs = Field(default_factory=ServiceTierArgs)
     # An app reachable beyond this machine (Serve's http_options.host not loopback, as in
     # configs/gpt-oss.yaml, or a Ray cluster of several nodes) refuses to start without API
     # keys (serve_app/serving/http/exposure.py); true serves it open to anyone who reaches it,

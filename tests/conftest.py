@@ -1,12 +1,15 @@
 """Session fixtures: the app runs once per test session, exactly as users start it.
 
-`serve run` is given configs/local.yaml with five changes only: a free port, the scripted
+`serve run` is given configs/local.yaml with six changes only: a free port, the scripted
 engine turns in tests/fixtures/engine_script.yaml, two replicas of each deployment (so
-routing and the shared store are tested), small engine limits (so overload is reachable) and
-a response store in the session's temp folder; and two API keys (``API_KEY`` and
-``OTHER_API_KEY`` of tests/support: two tenants), so the app runs closed, as on a cluster,
-and every test sends a key. One Ray start-up serves every app test (started,
-awaited, joined and stopped by tests/support/serve_run.py).
+routing and the shared store are tested), small engine limits (so overload is reachable), a
+response store in the session's temp folder, and the moderation model its config comments out
+(the simulated engine playing gpt-oss-safeguard, tests/fixtures/moderation_script.yaml);
+and two API keys (``API_KEY`` and ``OTHER_API_KEY`` of tests/support: two tenants), so the app
+runs closed, as on a cluster, and every test sends a key. One Ray start-up serves every app
+test (started, awaited, joined and stopped by tests/support/serve_run.py), but one:
+tests/app/test_serve_deploy.py starts a Ray node of its own (`ray start`, then `serve deploy`,
+as operators run it).
 
 Two tiers, chosen by folder: every test under ``tests/app/`` and ``tests/clients/``
 (``SERVE_FOLDERS`` below) is marked ``serve`` at collection, so ``pytest -m "not serve"`` runs the
@@ -39,6 +42,7 @@ from tests.support import (
     API_KEY,
     ENGINE_SCRIPT,
     MCP_TEST_BOUNDS,
+    MODERATION_SCRIPT,
     OTHER_API_KEY,
     REPO,
     # Imported for its effect: it names the MCP test servers' ports in $SERVE_APP_MCP_ALLOW
@@ -86,7 +90,18 @@ def _test_config(tmp: Path, port: int, store_url: str) -> dict:
         app["args"]["engine"]["options"]["script"] = str(ENGINE_SCRIPT)
     app["args"]["store"] = {"url": store_url}
     app["args"]["tools"] = MCP_TEST_BOUNDS
+    # The moderation model (tests/app/test_moderation.py), the simulated engine playing
+    # gpt-oss-safeguard on a deployment of its own: one small replica.
+    app["args"]["moderation"] = {
+        "engine": {"kind": "simulated", "options": {"script": str(MODERATION_SCRIPT)}},
+        "timeout_s": 10,
+    }
+    app["deployments"].append(
+        {"name": "ModerationEngine", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}
+    )
     for deployment in app["deployments"]:
+        if deployment["name"] == "ModerationEngine":
+            continue
         deployment["num_replicas"] = REPLICAS
         if deployment["name"] == "EngineDeployment":  # small, so overload is reachable
             # ENGINE_MAX_ONGOING generations, plus each ingress replica's channel (as the

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import uvicorn
+from fastapi import FastAPI
 
 from serve_app.config import AppArgs, SecretArgs, ToolArgs
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
@@ -28,7 +31,11 @@ from serve_app.serving.reasoning_keys import shared_vault
 from tests.support import API_KEY, ENGINE_SCRIPT, MCP_TEST_BOUNDS, OTHER_API_KEY
 
 
-async def serve(port: int, decode_tokens_per_s: float, tools: ToolArgs | None = None) -> None:
+@contextlib.asynccontextmanager
+async def local_api(
+    decode_tokens_per_s: float, tools: ToolArgs | None = None
+) -> AsyncIterator[FastAPI]:
+    """The app this module serves, unserved: scripts/record_traffic.py wraps it in its recorder."""
     folder = Path(tempfile.mkdtemp(prefix="serve_app_local_"))
     # The MCP tests' short timeouts, beside the tool servers the command line names.
     tools = (tools or ToolArgs()).model_copy(update=MCP_TEST_BOUNDS)
@@ -46,12 +53,18 @@ async def serve(port: int, decode_tokens_per_s: float, tools: ToolArgs | None = 
         store,
         api_keys=ApiKeys.from_env(SecretArgs(api_keys=[API_KEY, OTHER_API_KEY])),
     )
-    server = uvicorn.Server(uvicorn.Config(api, host="127.0.0.1", port=port, log_level="warning"))
     try:
-        await server.serve()
+        yield api
     finally:
+        api.state.service.close()  # its render workers
         await engine.shutdown()
         await store.close()
+
+
+async def serve(port: int, decode_tokens_per_s: float, tools: ToolArgs | None = None) -> None:
+    async with local_api(decode_tokens_per_s, tools) as api:
+        config = uvicorn.Config(api, host="127.0.0.1", port=port, log_level="warning")
+        await uvicorn.Server(config).serve()
 
 
 def main() -> None:

@@ -63,6 +63,17 @@ class GenerateRequest:
     # the conversation's home for at least the ttl (docs/routing.md).
     cache_breakpoints: tuple[int, ...] = ()
     cache_ttl_s: int | None = None
+    # Scheduling (issue 49). An engine serves the requests waiting for it earliest deadline
+    # first, this request's deadline being its arrival plus ``deadline_s`` (ties: arrival).
+    # With a deadline fixed at arrival, a waiting request's effective priority improves with
+    # its wait (one second a second), so a request with a later deadline is never starved: it
+    # is passed only by requests arriving less than the difference of the two deadlines after
+    # it. ``priority`` is the caller's class of the request, lower more urgent (vLLM's
+    # convention; 0 the default): engines label what they report by it, and do not schedule
+    # by it otherwise. ``deadline_s`` may be negative: the request waited before it reached
+    # the engine (held by its caller) and is due already.
+    priority: int = 0
+    deadline_s: float = 0.0
 
 
 @dataclass
@@ -92,6 +103,10 @@ class GenerateChunk:
     # and transport in front of it. An engine that models its time (the simulated one) sets it
     # from its model; otherwise the deployment measures it.
     engine_ttft_s: float | None = None
+    # Of ``engine_ttft_s``, the seconds the request waited before its prefill started (for
+    # other requests' prefills, or for a decode slot), on the same chunk; None: the engine
+    # does not say (issue 49: the queue wait by tier).
+    engine_queue_s: float | None = None
     # One entry per id of ``token_ids`` when the request asked for logprobs, else None (the
     # common case pays nothing per token).
     logprobs: list[TokenLogprob] | None = None
@@ -120,6 +135,8 @@ class GenerateChunk:
         self.replica = self.replica or later.replica
         if self.engine_ttft_s is None:
             self.engine_ttft_s = later.engine_ttft_s
+        if self.engine_queue_s is None:
+            self.engine_queue_s = later.engine_queue_s
         if later.logprobs is not None:
             # A chunk without logprobs (e.g. the last one, with no tokens) adds none.
             if self.logprobs is None:

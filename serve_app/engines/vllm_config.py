@@ -35,6 +35,11 @@ class VLLMEngineConfig(BaseModel):
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     enable_prefix_caching: bool = True
     max_num_seqs: int | None = Field(default=None, gt=0)
+    # vLLM's scheduling policy (its --scheduling-policy). "priority": waiting requests by their
+    # priority, then arrival, which the engine sets to each request's deadline (its tier's:
+    # serve_app/engines/vllm_engine.py, docs/vllm.md), so tiers are scheduled as the simulated
+    # engine schedules them. "fcfs": arrival order, tiers reported but not scheduled.
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
     # The tokenizer is loaded for vLLM's structured outputs only (token ids stay in and out).
     # True: for a model directory without tokenizer files; constrained requests are then
     # refused (an engine error), never generated unconstrained.
@@ -93,6 +98,7 @@ class VLLMEngineConfig(BaseModel):
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "enable_prefix_caching": self.enable_prefix_caching,
             "skip_tokenizer_init": self.skip_tokenizer_init,
+            "scheduling_policy": self.scheduling_policy,
         }
         optional = {
             "max_model_len": self.max_model_len,

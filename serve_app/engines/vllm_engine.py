@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,8 @@ class VLLMEngine(Engine):
         self._in_flight: set[str] = set()
         self._kv_sinks: list[KVEventSink] = []
         self._kv_events: KVEventSubscriber | None = None
+        # Requests' priorities count milliseconds from here (`deadline_priority`).
+        self._epoch = time.monotonic()
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -131,6 +134,8 @@ class VLLMEngine(Engine):
         request_id = request.request_id
         if request_id in self._in_flight:
             raise EngineError(f"request {request_id} is already running", code="invalid_request")
+        # Fixed on arrival, before rendering: the deadline counts from here.
+        priority = deadline_priority(request.deadline_s, time.monotonic(), self._epoch)
         prompt = await _render(engine, request.prompt_token_ids, request.cache_salt)
         grammar = self._grammar(request.constraint)
         check = await self._constraint_check(grammar)
@@ -144,8 +149,12 @@ class VLLMEngine(Engine):
             # not whenever it is garbage-collected.
             # session_id: vLLM names it in the KV events of the blocks this request stores or
             # finds cached (KV_CACHE_REPORT), which is how the KV summary knows them per
-            # conversation.
-            outputs = engine.generate(prompt, params, request_id, session_id=request.session_id)
+            # conversation. priority: the request's deadline, which vLLM's priority policy
+            # schedules earliest first (`deadline_priority`).
+            outputs = engine.generate(
+                prompt, params, request_id, session_id=request.session_id, priority=priority
+            )
+            stamped = False
             async with contextlib.aclosing(outputs) as stream:
                 async for output in stream:
                     chunk = _to_chunk(
@@ -153,6 +162,9 @@ class VLLMEngine(Engine):
                     )
                     if chunk is None:
                         continue
+                    if chunk.token_ids and not stamped:
+                        chunk.engine_queue_s = _queue_s(output)
+                        stamped = True
                     if check is not None:
                         check.follow(chunk.token_ids)
                     # No break after the last chunk: vLLM's generator ends by itself then, where
@@ -293,6 +305,32 @@ async def _render(
     except Exception as exc:
         raise _engine_error(exc) from exc
     return rendered
+
+
+def deadline_priority(deadline_s: float, now: float, epoch: float) -> int:
+    """vLLM's ``priority`` for a request arriving at ``now`` (monotonic) due ``deadline_s``
+    later: its deadline, in milliseconds since ``epoch`` (the engine's start).
+
+    vLLM's waiting queue under the ``priority`` policy is a heap of requests ordered by
+    (``priority``, ``arrival_time``), lower first (vllm/v1/request.py ``Request.__lt__``,
+    vllm/v1/core/sched/request_queue.py ``PriorityRequestQueue``), and it never changes a
+    request's priority once submitted. A deadline fixed at arrival needs no change: ordering by
+    it is ordering by a priority that improves a second for every second waited (aging), so a
+    flex request is passed only by requests arriving within the tiers' difference of deadlines
+    after it. Milliseconds: vLLM compares priorities as ints; equal ones go by arrival."""
+    return round((now - epoch + deadline_s) * 1000)
+
+
+def _queue_s(output: object) -> float | None:
+    """The seconds vLLM held the request in its waiting queue (first scheduled less queued,
+    engine-core times of its ``RequestStateStats``), known from the first output on; None when
+    vLLM keeps no stats (``disable_log_stats``)."""
+    stats = getattr(output, "metrics", None)
+    queued = getattr(stats, "queued_ts", 0.0) or 0.0
+    scheduled = getattr(stats, "scheduled_ts", 0.0) or 0.0
+    if queued <= 0 or scheduled <= 0:
+        return None
+    return max(scheduled - queued, 0.0)
 
 
 def _stat_loggers() -> list[StatLoggerFactory] | None:

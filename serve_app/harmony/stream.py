@@ -210,23 +210,23 @@ class ResponseStreamTranslator:
         ``status: "cancelled"`` and has no ``response.cancelled`` stream event, so we send
         ``response.incomplete`` carrying a ``cancelled`` response with null
         ``incomplete_details`` (its reason has no value for cancellation). ``error``: as
-        ``fail()``. ``steered`` (ours, at a safe boundary): ``response.incomplete`` with reason
-        ``steered``. Anything else is logged and treated as ``stop``.
+        ``fail()``. Ours, ``steered`` (at a safe boundary) and ``content_filter`` (moderation
+        blocked it): ``response.incomplete`` with that reason. Else logged, taken as ``stop``.
         """
         if self._state is _State.DONE:
             return []
         if finish_reason == "error":
             return self.fail("The engine failed while generating.")
         self._writer.start()
-        aborted = finish_reason in ("length", "abort")
+        aborted = finish_reason in ("length", "abort", "content_filter")
         self._close_all("incomplete" if aborted else "completed")
         usage = builders.usage(
             prompt_tokens, cached_tokens, self._completion_tokens, self._reasoning_tokens
         )
         if finish_reason == "length":
             self._writer.finish("incomplete", usage, incomplete_reason="max_output_tokens")
-        elif finish_reason == "steered":
-            self._writer.finish("incomplete", usage, incomplete_reason="steered")
+        elif finish_reason in ("steered", "content_filter"):
+            self._writer.finish("incomplete", usage, incomplete_reason=finish_reason)
         elif finish_reason == "abort":
             self._writer.finish("cancelled", usage)
         else:

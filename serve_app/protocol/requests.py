@@ -36,6 +36,7 @@ from serve_app.protocol.client_tools import (
     ShellCallItem,
     ShellCallOutputItem,
 )
+from serve_app.protocol.moderation import ModerationOptions
 from serve_app.protocol.prompt_cache import (
     BREAKPOINT_PART_TYPES,
     PromptCacheBreakpoint,
@@ -43,6 +44,7 @@ from serve_app.protocol.prompt_cache import (
 )
 from serve_app.protocol.request_base import MAX_ITEM_ID_LENGTH, OPAQUE, ItemId, Lenient
 from serve_app.protocol.request_tools import Tool, ToolChoice
+from serve_app.protocol.service_tiers import ServiceTier
 from serve_app.protocol.tool_search import ToolSearchCallItem, ToolSearchOutputItem
 
 logger = logging.getLogger(__name__)
@@ -326,11 +328,15 @@ class ResponsesRequest(Lenient):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    # Every value the openai SDK types; what each is served at: protocol/service_tiers.py.
+    service_tier: ServiceTier | None = None
     safety_identifier: str | None = Field(default=None, max_length=128)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     prompt_cache_options: PromptCacheOptions | None = None
     context_management: list[ContextManagement] | None = None
+    # Judged by the moderation model the app serves (serve_app/protocol/moderation.py); null
+    # or absent: not moderated.
+    moderation: ModerationOptions | None = None
 
     @field_validator("metadata")
     @classmethod

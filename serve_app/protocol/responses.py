@@ -25,6 +25,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from openai.types.shared import Reasoning
 from pydantic import TypeAdapter, ValidationError
 
+from serve_app.config import ServedTier
 from serve_app.protocol import prompt_cache
 from serve_app.protocol.request_tools import (
     CustomTool,
@@ -45,9 +46,6 @@ DEFAULT_PENALTY = 0.0
 DEFAULT_TOP_LOGPROBS = 0
 DEFAULT_EFFORT = "medium"
 DEFAULT_VERBOSITY = "medium"
-# One processing tier serves every request; OpenAI reports the tier used ("auto" resolves to
-# "default"), which may differ from the one asked for.
-SERVICE_TIER = "default"
 # The Responses API's default for a function tool's `strict`.
 DEFAULT_FUNCTION_STRICT = True
 
@@ -125,8 +123,16 @@ def new_call_id() -> str:
 # --- the in-progress response --------------------------------------------------------------
 
 
-def initial_response(request: ResponsesRequest, *, response_id: str, model: str) -> Response:
-    """The ``in_progress`` Response that ``response.created`` carries, echoing the request."""
+def initial_response(
+    request: ResponsesRequest,
+    *,
+    response_id: str,
+    model: str,
+    service_tier: ServedTier = "default",
+) -> Response:
+    """The ``in_progress`` Response that ``response.created`` carries, echoing the request;
+    ``service_tier``: the tier it is served at (not the value asked: OpenAI reports "the
+    processing mode actually used"), which every event's Response and the stored one carry."""
     fields: dict[str, Any] = {
         "id": response_id,
         "object": "response",
@@ -158,7 +164,7 @@ def initial_response(request: ResponsesRequest, *, response_id: str, model: str)
         "presence_penalty": _or(request.presence_penalty, DEFAULT_PENALTY),
         "frequency_penalty": _or(request.frequency_penalty, DEFAULT_PENALTY),
         "top_logprobs": _or(request.top_logprobs, DEFAULT_TOP_LOGPROBS),
-        "service_tier": SERVICE_TIER,
+        "service_tier": service_tier,
         "safety_identifier": request.safety_identifier,
         "user": request.user,
         "prompt_cache_retention": request.prompt_cache_retention,
@@ -169,6 +175,9 @@ def initial_response(request: ResponsesRequest, *, response_id: str, model: str)
         # Null unless the request names a comparison (serve_app/serving/turn/cache_diagnostics.py).
         "prompt_cache_diagnostics": None,
     }
+    if request.moderation is not None:
+        # Null until the terminal event, which carries both sides' results.
+        fields["moderation"] = None
     if request.conversation_id is not None:  # only then: OpenAI leaves it out otherwise
         fields["conversation"] = {"id": request.conversation_id}
     return Response(**fields)

@@ -49,7 +49,7 @@ from openai.types.responses import (
     ResponseTextDoneEvent,
     ResponseUsage,
 )
-from openai.types.responses.response import IncompleteDetails
+from openai.types.responses.response import IncompleteDetails, Moderation
 from openai.types.responses.response_content_part_added_event import (
     PartReasoningText as AddedReasoningPart,
 )
@@ -112,6 +112,9 @@ class ResponseEventWriter(ToolCallEvents, ClientCallWriting):
         self._pending_calls: list[OpenItem] = []
         self._next_output_index = 0
         self._tool_calls = 0
+        # The request's moderation results (serve_app/serving/moderation.py), set before the
+        # terminal event: that event's Response carries them, never an earlier one.
+        self.moderation: Moderation | None = None
 
     @property
     def response(self) -> Response:
@@ -375,6 +378,32 @@ class ResponseEventWriter(ToolCallEvents, ClientCallWriting):
             )
         )
 
+    # --- items the client put in (response.inject) ------------------------------------------
+
+    def place(self, items: Sequence[ResponseOutputItem]) -> None:
+        """Items the client committed into the response (a WebSocket ``response.inject``'s
+        tool outputs), whole already: each at the next output index, ``output_item.added``
+        then ``output_item.done`` with the same complete item, as every item is announced."""
+        for item in items:
+            index = self._output_index()
+            self._finished(index, item)
+            self._events.append(
+                ResponseOutputItemAddedEvent(
+                    type="response.output_item.added",
+                    output_index=index,
+                    item=item,
+                    sequence_number=self._seq(),
+                )
+            )
+            self._events.append(
+                ResponseOutputItemDoneEvent(
+                    type="response.output_item.done",
+                    output_index=index,
+                    item=item,
+                    sequence_number=self._seq(),
+                )
+            )
+
     # --- the end -------------------------------------------------------------------------
 
     def finish(
@@ -389,6 +418,8 @@ class ResponseEventWriter(ToolCallEvents, ClientCallWriting):
         ``cancelled`` response too: OpenAI has no ``response.cancelled`` event). ``usage``
         None: the response's own is kept (a resumed writer's)."""
         fields: dict[str, Any] = {"output": list(self._items), "status": status}
+        if self.moderation is not None:
+            fields["moderation"] = self.moderation
         if usage is not None:
             fields["usage"] = usage
         if incomplete_reason is not None:
@@ -401,13 +432,14 @@ class ResponseEventWriter(ToolCallEvents, ClientCallWriting):
     def fail(self, code: str, message: str) -> None:
         """A ``failed`` Response with ``error`` (the finished items kept) and
         ``response.failed``."""
-        self._response = self._template.model_copy(
-            update={
-                "status": "failed",
-                "error": response_error(code, message),
-                "output": list(self._items),
-            }
-        )
+        fields: dict[str, Any] = {
+            "status": "failed",
+            "error": response_error(code, message),
+            "output": list(self._items),
+        }
+        if self.moderation is not None:
+            fields["moderation"] = self.moderation
+        self._response = self._template.model_copy(update=fields)
         self._events.append(terminal_event(self._response, self._seq()))
 
     def fail_ended(self, code: str, message: str) -> ResponseStreamEvent:

@@ -184,17 +184,19 @@ class ConversationPlacer:
         prompt_tokens: int | None = None,
         request_id: str | None = None,
         ttl_s: float | None = None,
+        priority: int | None = None,
     ) -> Choice | None:
         """The replica for this request of conversation ``key``, given ongoing requests (and
         the prompt's length, to place by predicted time to first token). ``ttl_s``: how long
         the request asked its prefix kept; the conversation keeps its home at least that
-        long after this request (None: ``idle_s``)."""
+        long after this request (None: ``idle_s``). ``priority``: its rank (its service tier's,
+        issue 49): its predicted time counts only the queue it would not pass."""
         members = self.ring.members
         if not members:
             return None
         home = self._home(key)
         if self.ttft_slack_s is not None and prompt_tokens is not None:
-            choice = self._place_by_ttft(key, loads, home, prompt_tokens)
+            choice = self._place_by_ttft(key, loads, home, prompt_tokens, priority)
         elif home is None:
             choice = self._place_new(key, loads)
         elif loads.get(home, 0) + 1 <= load_bound(
@@ -208,7 +210,7 @@ class ConversationPlacer:
             return None  # back as for an empty ring
         self.table.assign(key, choice.replica, ttl_s)
         if prompt_tokens is not None:
-            self.predictor.sent(choice.replica, key, prompt_tokens, request_id)
+            self.predictor.sent(choice.replica, key, prompt_tokens, request_id, priority)
         if choice.replica != home:
             self._unreported[key] = Sighting(
                 choice.replica, self._clock(), self.table.clamp_ttl(ttl_s)
@@ -231,7 +233,12 @@ class ConversationPlacer:
         return latest.replica if latest else None
 
     def _place_by_ttft(
-        self, key: str, loads: Mapping[str, int], home: str | None, prompt_tokens: int
+        self,
+        key: str,
+        loads: Mapping[str, int],
+        home: str | None,
+        prompt_tokens: int,
+        priority: int | None = None,
     ) -> Choice | None:
         """The lowest predicted TTFT among the replicas the bounds allow; within
         ``ttft_slack_s`` of it, the home, else the first on the ring from the key. A new
@@ -267,7 +274,7 @@ class ConversationPlacer:
         fewest = min(uncached.values())
 
         def cost(replica: str) -> float:
-            ttft = predictor.predict(replica, key, prompt_tokens)
+            ttft = predictor.predict(replica, key, prompt_tokens, priority)
             if predictor.evicting(replica):
                 ttft += (uncached[replica] - fewest) / predictor.rate(replica)
             return ttft

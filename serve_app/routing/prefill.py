@@ -11,6 +11,13 @@ so that is the rate the queue drains at. It goes in the routing-stats report (`r
   less what the one in progress has computed (by the measured rate since its prefill could
   start): a long prefill a second in is that much nearer its end, and with reports a second
   apart, counting it whole made a busy replica look up to a period further behind;
+- ``queued_prefill_tokens_ahead`` (issue 49): for each rank of request the replica has seen
+  (``GenerateRequest.priority``, a service tier's), what a turn of that rank arriving now would
+  wait for: the engine serves the earliest deadline first, so the queued requests due no later
+  than that turn would be (a request's deadline is its arrival plus its ``deadline_s``: one
+  that has waited long enough counts ahead of the most urgent turns), less what the prefill in
+  progress has done. A router places a priority turn by it, not behind a flex flood it would
+  pass;
 - ``prefill_tokens_per_s``: the measured rate (absent until measured);
 - ``decoding``: requests past their first token (the decode load);
 - ``shared_prefix_tokens``: what a turn of a conversation the replica holds none of finds
@@ -34,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 QUEUED_KEY = "queued_prefill_tokens"
+QUEUED_AHEAD_KEY = "queued_prefill_tokens_ahead"
 RATE_KEY = "prefill_tokens_per_s"
 DECODING_KEY = "decoding"
 SHARED_KEY = "shared_prefix_tokens"
@@ -48,6 +56,7 @@ class _Waiting:
     uncached_tokens: int
     arrived: float
     prompt_tokens: int | None  # a turn of a conversation the replica held none of: its prompt
+    due: float  # its deadline: arrival plus its deadline_s (the engine serves the earliest)
 
 
 class PrefillLedger:
@@ -59,14 +68,27 @@ class PrefillLedger:
         self._measured: deque[tuple[int, float]] = deque(maxlen=MEASURED_PREFILLS)
         # Cached tokens the engine counted for the latest turns that arrived cold.
         self._cold_cached: deque[int] = deque(maxlen=SHARED_SAMPLES)
+        # Each rank of request seen, with its deadline_s (the latest said: the app's settings).
+        self._deadlines: dict[int, float] = {}
 
     def arrived(
-        self, request_id: str, uncached_tokens: int, now: float, cold_prompt: int | None = None
+        self,
+        request_id: str,
+        uncached_tokens: int,
+        now: float,
+        cold_prompt: int | None = None,
+        *,
+        deadline_s: float = 0.0,
+        priority: int = 0,
     ) -> None:
         """A request with ``uncached_tokens`` to compute (an estimate) arrived; ``cold_prompt``:
         its prompt tokens, if the replica holds nothing of its conversation (the engine's
-        count at its first token then says what such a turn finds cached)."""
-        self._waiting[request_id] = _Waiting(max(uncached_tokens, 0), now, cold_prompt)
+        count at its first token then says what such a turn finds cached); ``deadline_s`` and
+        ``priority``: its scheduling (``GenerateRequest``'s)."""
+        self._deadlines[priority] = deadline_s
+        self._waiting[request_id] = _Waiting(
+            max(uncached_tokens, 0), now, cold_prompt, now + deadline_s
+        )
 
     @property
     def shared_prefix_tokens(self) -> int | None:
@@ -98,16 +120,40 @@ class PrefillLedger:
         return waiting or decoding
 
     def queued_tokens(self, now: float) -> int:
-        """The waiting requests' uncached tokens, less the progress of the first of them
-        (prefills run in arrival order) since it could start, at the measured rate."""
+        """The waiting requests' uncached tokens, less the progress of the one prefilling (the
+        first due: prefills run earliest deadline first) since it could start, at the
+        measured rate."""
         queued = sum(waiting.uncached_tokens for waiting in self._waiting.values())
+        return queued - self._head_done(now)
+
+    def queued_ahead(self, now: float) -> dict[str, int]:
+        """For each rank seen, the uncached tokens a turn of it arriving ``now`` would wait for:
+        those of the requests due no later than it would be, less the progress of the one
+        prefilling if it is among them. By rank as a string (the report crosses Ray)."""
+        head = self._head()
+        done = self._head_done(now)
+        ahead: dict[str, int] = {}
+        for rank, deadline_s in sorted(self._deadlines.items()):
+            due = now + deadline_s
+            tokens = sum(w.uncached_tokens for w in self._waiting.values() if w.due <= due)
+            if head is not None and head.due <= due:
+                tokens -= done
+            ahead[str(rank)] = tokens
+        return ahead
+
+    def _head(self) -> _Waiting | None:
+        """The waiting request the engine prefills first: the earliest due (then arrival)."""
+        return min(self._waiting.values(), key=lambda waiting: waiting.due, default=None)
+
+    def _head_done(self, now: float) -> int:
+        """What the prefill in progress has computed since it could start, at the measured
+        rate (0 without one, or before the rate is measured)."""
         rate = self.tokens_per_s
-        head = next(iter(self._waiting.values()), None)
+        head = self._head()
         if head is None or rate is None:
-            return queued
+            return 0
         began = max(head.arrived, self._last_first_token)
-        done = min(head.uncached_tokens, rate * max(now - began, 0.0))
-        return queued - round(done)
+        return round(min(head.uncached_tokens, rate * max(now - began, 0.0)))
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -117,6 +163,7 @@ class PrefillLedger:
     def report(self, now: float) -> dict[str, Any]:
         report: dict[str, Any] = {
             QUEUED_KEY: self.queued_tokens(now),
+            QUEUED_AHEAD_KEY: self.queued_ahead(now),
             DECODING_KEY: len(self._decoding),
         }
         rate = self.tokens_per_s

@@ -53,12 +53,16 @@ class ReplicaReporter:
         session_id: str | None,
         prompt_tokens: int,
         ttl_s: float | None = None,
+        *,
+        deadline_s: float = 0.0,
+        priority: int = 0,
     ) -> None:
         """A request reached the replica (asking its prefix kept ``ttl_s``, reported with its
         conversation: ``directory.py``): its uncached tokens are its prompt less what the
         replica holds of its conversation (by the KV summary, on the GPU or, at its load cost,
         in the CPU tier), or, if it holds none of it, less the shared prefix such turns found
-        cached (the ledger's `shared_prefix_tokens`)."""
+        cached (the ledger's `shared_prefix_tokens`). ``deadline_s`` and ``priority``: its
+        scheduling (issue 49), for the queue ahead of each rank."""
         held = on_cpu = 0
         if session_id:
             self.served.record(session_id, ttl_s)
@@ -67,10 +71,19 @@ class ReplicaReporter:
         if held or on_cpu:
             loaded = min(on_cpu, max(prompt_tokens - held, 0))  # what the prompt needs of it
             uncached = max(prompt_tokens - held - loaded, 0) + self._load_cost(loaded)
-            self.prefills.arrived(request_id, uncached, self._clock())
+            self.prefills.arrived(
+                request_id, uncached, self._clock(), deadline_s=deadline_s, priority=priority
+            )
             return
         shared = min(self.prefills.shared_prefix_tokens or 0, prompt_tokens - 1)
-        self.prefills.arrived(request_id, prompt_tokens - shared, self._clock(), prompt_tokens)
+        self.prefills.arrived(
+            request_id,
+            prompt_tokens - shared,
+            self._clock(),
+            prompt_tokens,
+            deadline_s=deadline_s,
+            priority=priority,
+        )
 
     def _load_cost(self, tokens: int) -> int:
         """Loading ``tokens`` from the CPU tier, in prefill tokens of the same time: the

@@ -141,8 +141,10 @@ class PrefixAffinityRouter(RequestRouter):
         request_id = pending_request.metadata.internal_request_id
         # The prompt-cache ttl the request asked: the conversation keeps its home that long.
         ttl_s = request.cache_ttl_s if request else None
+        # Its service tier's rank: placed by the queue it would not pass (issue 49).
+        priority = request.priority if request else None
         choice = self._placer.choose(
-            key, loads, len(prompt) if prompt else None, request_id, ttl_s=ttl_s
+            key, loads, len(prompt) if prompt else None, request_id, ttl_s=ttl_s, priority=priority
         )
         # The candidates in ring order from the key: fallbacks, or the walk when the chosen
         # replica is full or not yet known to the ring.

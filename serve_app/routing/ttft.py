@@ -31,7 +31,12 @@ prefill rate:
   shared tier) and stays when it cannot. With no tier configured or reported, nothing changes;
 - ``rate``: the replica's measured prefill rate; one that has not measured it yet (just
   started) is taken at the mean of the others', and with none measured at
-  ``prefill_tokens_per_s`` (then only the token counts matter).
+  ``prefill_tokens_per_s`` (then only the token counts matter);
+- tiers (issue 49): engines serve the earliest deadline first, so a turn of a rank the replica
+  reports (``queued_prefill_tokens_ahead``: ``serve_app.routing.prefill``) waits for that
+  queue, not the whole: a priority turn's home with a flex flood queued is still fast for it,
+  and it stays there. The turns this router sent since count ahead of the ranks at or after
+  their own. A turn of a rank the replica reports nothing for waits for the whole queue.
 
 `choose_fastest` sends the turn to the lowest prediction among the replicas the load bounds
 allow (``affinity.py``), preferring, among those within ``slack_s`` of the lowest, the first in
@@ -47,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serve_app.routing.directory import REPORTED_AT_KEY
-from serve_app.routing.prefill import QUEUED_KEY, RATE_KEY, SHARED_KEY
+from serve_app.routing.prefill import QUEUED_AHEAD_KEY, QUEUED_KEY, RATE_KEY, SHARED_KEY
 from serve_app.routing.replica_report import (
     CPU_HELD_KEY,
     HELD_KEY,
@@ -83,6 +88,7 @@ class _Sent:
     uncached_tokens: float
     at: float
     request_id: str | None = None
+    priority: int | None = None  # its rank (None: not known, ahead of every rank)
 
 
 @dataclass
@@ -92,6 +98,8 @@ class TTFTPredictor:
     # The KV tier all replicas share, pulled at this many tokens/s (None: no shared tier).
     shared_pull_tokens_per_s: float | None = None
     _backlogs: dict[str, _Backlog] = field(default_factory=dict)
+    # Each replica's queue ahead of each rank it reports (issue 49), as the backlog is.
+    _ahead: dict[str, dict[int, _Backlog]] = field(default_factory=dict)
     _rates: dict[str, float] = field(default_factory=dict)
     _held: dict[str, Mapping[int, int]] = field(default_factory=dict)
     _cpu_held: dict[str, Mapping[int, int]] = field(default_factory=dict)
@@ -123,6 +131,7 @@ class TTFTPredictor:
                 latest[replica] = stats
         self._reports = latest
         self._backlogs.clear()
+        self._ahead.clear()
         self._rates.clear()
         self._held.clear()
         self._cpu_held.clear()
@@ -133,6 +142,7 @@ class TTFTPredictor:
             reported_at = stats[REPORTED_AT_KEY]
             self._reported_at[replica] = reported_at
             self._backlogs[replica] = _Backlog(float(stats[QUEUED_KEY]), reported_at)
+            self._ahead[replica] = _ahead_backlogs(stats, reported_at)
             if stats.get(RATE_KEY):
                 self._rates[replica] = float(stats[RATE_KEY])
             self._held[replica] = stats.get(HELD_KEY) or {}
@@ -161,7 +171,7 @@ class TTFTPredictor:
         pushed = self._pushes.keys()
         for sent in self._sent:  # in the order sent: the backlog drains between them
             if sent.replica not in pushed:
-                self._backlog(sent.replica, sent.at).tokens += sent.uncached_tokens
+                self._add(sent)
 
     def pushed(self, replica: str, load: Mapping[str, Any]) -> bool:
         """The load ``replica`` pushed (`ReplicaReporter.load`: its queued prefill and rate as
@@ -187,9 +197,10 @@ class TTFTPredictor:
         if load.get(RATE_KEY):
             self._rates[replica] = float(load[RATE_KEY])
         self._backlogs[replica] = _Backlog(float(load[QUEUED_KEY]), at)
+        self._ahead[replica] = _ahead_backlogs(load, at)
         for sent in self._sent:
             if sent.replica == replica and sent.at > at:
-                self._backlog(replica, sent.at).tokens += sent.uncached_tokens
+                self._add(sent)
 
     def _note_evictions(self, replica: str, reported_at: float, stats: Mapping[str, Any]) -> None:
         removed = int((stats.get(KV_EVENTS_KEY) or {}).get("BlockRemoved", 0))
@@ -205,10 +216,13 @@ class TTFTPredictor:
     def evicting(self, replica: str) -> bool:
         return replica in self._evicting
 
-    def predict(self, replica: str, key: str, prompt_tokens: int) -> float:
-        """Seconds to the first token of a turn of ``key`` with ``prompt_tokens`` on ``replica``."""
+    def predict(
+        self, replica: str, key: str, prompt_tokens: int, priority: int | None = None
+    ) -> float:
+        """Seconds to the first token of a turn of ``key`` with ``prompt_tokens`` on ``replica``;
+        ``priority``: its rank (the queue ahead of it; None: the whole queue)."""
         now = self.clock()
-        queued = self._queued(replica, now)
+        queued = self._queued(replica, now, priority)
         return (queued + self.uncached(replica, key, prompt_tokens)) / self.rate(replica)
 
     def uncached(self, replica: str, key: str, prompt_tokens: int) -> float:
@@ -289,35 +303,69 @@ class TTFTPredictor:
         return self.default_rate
 
     def sent(
-        self, replica: str, key: str, prompt_tokens: int, request_id: str | None = None
+        self,
+        replica: str,
+        key: str,
+        prompt_tokens: int,
+        request_id: str | None = None,
+        priority: int | None = None,
     ) -> None:
-        """This router sent a turn of ``key`` to ``replica`` now. Ray's routing loop may ask
-        again for the same request (its first choice was full): with ``request_id``, the
-        latest choice replaces the earlier, so a turn is counted once."""
+        """This router sent a turn of ``key`` (of rank ``priority``) to ``replica`` now. Ray's
+        routing loop may ask again for the same request (its first choice was full): with
+        ``request_id``, the latest choice replaces the earlier, so a turn is counted once."""
         now = self.clock()
         if request_id is not None:
             for earlier in [sent for sent in self._sent if sent.request_id == request_id]:
                 self._sent.remove(earlier)
-                backlog = self._backlog(earlier.replica, now)
-                backlog.tokens = max(0.0, backlog.tokens - earlier.uncached_tokens)
+                for backlog in self._backlogs_holding(earlier, now):
+                    backlog.tokens = max(0.0, backlog.tokens - earlier.uncached_tokens)
         uncached = self.uncached(replica, key, prompt_tokens)
-        self._backlog(replica, now).tokens += uncached
         conversation = stable_hash(key)
-        self._sent.append(_Sent(replica, conversation, prompt_tokens, uncached, now, request_id))
+        sent = _Sent(replica, conversation, prompt_tokens, uncached, now, request_id, priority)
+        self._add(sent)
+        self._sent.append(sent)
 
-    def _queued(self, replica: str, now: float) -> float:
-        backlog = self._backlog(replica, now)
-        return backlog.tokens
+    def _add(self, sent: _Sent) -> None:
+        """A turn sent counts in its replica's backlog and in the queue ahead of every rank at
+        or after its own (the engine serves it before them; ranks order the deadlines)."""
+        for backlog in self._backlogs_holding(sent, sent.at):
+            backlog.tokens += sent.uncached_tokens
+
+    def _backlogs_holding(self, sent: _Sent, now: float) -> list[_Backlog]:
+        ahead = self._ahead.get(sent.replica, {})
+        ranks = [rank for rank in ahead if sent.priority is None or rank >= sent.priority]
+        return [
+            self._backlog(sent.replica, now),
+            *(self._drained(sent.replica, ahead[rank], now) for rank in ranks),
+        ]
+
+    def _queued(self, replica: str, now: float, priority: int | None = None) -> float:
+        ahead = self._ahead.get(replica, {}).get(priority) if priority is not None else None
+        if ahead is not None:
+            return self._drained(replica, ahead, now).tokens
+        return self._backlog(replica, now).tokens
 
     def _backlog(self, replica: str, now: float) -> _Backlog:
         """The replica's backlog drained to ``now`` at its rate."""
         backlog = self._backlogs.get(replica)
         if backlog is None:
             backlog = self._backlogs[replica] = _Backlog(0.0, now)
+        return self._drained(replica, backlog, now)
+
+    def _drained(self, replica: str, backlog: _Backlog, now: float) -> _Backlog:
+        """``backlog`` drained to ``now`` at the replica's rate (the queue ahead of a rank too:
+        the engine works through it first)."""
         if now > backlog.at:
             backlog.tokens = max(0.0, backlog.tokens - self.rate(replica) * (now - backlog.at))
             backlog.at = now
         return backlog
+
+
+def _ahead_backlogs(stats: Mapping[str, Any], at: float) -> dict[int, _Backlog]:
+    """The queue ahead of each rank in a replica's report or pushed load (none: an older
+    replica, or one that has seen no request)."""
+    ahead = stats.get(QUEUED_AHEAD_KEY) or {}
+    return {int(rank): _Backlog(float(tokens), at) for rank, tokens in ahead.items()}
 
 
 def choose_fastest(

@@ -44,6 +44,8 @@ from serve_app.serving.http.exposure import ApiAccess, Exposure, api_access, ser
 from serve_app.serving.http.keepalive import KeepAliveStreamingResponse
 from serve_app.serving.http.pagination import Paging
 from serve_app.serving.http.pagination import page as _page
+from serve_app.serving.logs import route_to_replica_log
+from serve_app.serving.moderation import Moderator
 from serve_app.serving.readiness import Readiness, not_ready_body
 from serve_app.serving.reasoning_keys import shared_vault
 from serve_app.serving.retention import RetentionSweep
@@ -81,10 +83,12 @@ def create_api(
     api_keys: ApiKeys | None = None,
     access: ApiAccess | None = None,
     tools: ToolRunners | None = None,
+    moderation: EngineClient | None = None,
 ) -> FastAPI:
     """The HTTP API, usable with any `EngineClient` (the Serve ingress passes a handle).
     ``access``: what `/health` says of the API (by default, closed when there are keys).
-    ``tools``: the runners of the tools the server runs (serving/tools/contract.py)."""
+    ``tools``: the runners of the tools the server runs (serving/tools/contract.py).
+    ``moderation``: the moderation model's engine, when ``args.moderation`` configures one."""
     api = FastAPI(title="serve_app", description="OpenAI Responses API for gpt-oss")
     api_keys = api_keys or ApiKeys([])
     access = access or ("closed" if api_keys.enabled else "open")
@@ -98,7 +102,12 @@ def create_api(
     # Added after RequireKey, so it runs first and names the replica on its refusals too.
     api.add_middleware(NameTheReplica, replica_id=replica_id)
 
-    service = ResponsesService(args, engine, vault, store, tools)
+    moderator = (
+        Moderator(args.moderation, moderation)
+        if args.moderation is not None and moderation is not None
+        else None
+    )
+    service = ResponsesService(args, engine, vault, store, tools, moderator)
     background = BackgroundRunner(service, store, replica_id, args.background)
     api.state.background = background  # the Serve ingress starts its lease sweep
     api.state.service = service  # its render workers stop with the replica (`close`)
@@ -364,7 +373,9 @@ def _install_error_handlers(api: FastAPI) -> None:
 class ResponsesIngress:
     """Routes are built per replica: they need the engine handle and the app's args."""
 
-    async def __init__(self, engine_handle, args: AppArgs) -> None:
+    async def __init__(self, engine_handle, args: AppArgs, moderation_handle=None) -> None:
+        # The app's lines in this replica's Serve log, with their request's id (serving/logs.py).
+        route_to_replica_log()
         store_url = args.store.resolved_url()
         nodes = alive_nodes()
         require_shared_store(store_url, nodes)
@@ -377,13 +388,14 @@ class ResponsesIngress:
         await self._store.start()
         streaming = args.streaming.resolved()
         vault = await shared_vault(args.secrets.resolved(), self._store)
+        actor_name = ray.get_runtime_context().get_actor_name()
         self._api = create_api(
             args,
             # Named so engine replicas abort this replica's requests should it die, and send
             # them its requests' chunks over one channel each (engine_channel).
             HandleEngineClient(
                 engine_handle,
-                caller=ray.get_runtime_context().get_actor_name(),
+                caller=actor_name,
                 channels=streaming.channels,
                 watchdog=Watchdog(
                     streaming.silence_s,
@@ -397,6 +409,14 @@ class ResponsesIngress:
             replica_id=serve.get_replica_context().replica_id.unique_id,
             api_keys=api_keys,
             access=access,
+            # The moderation model's deployment, when the app has one: its judgements are
+            # short, each on its own stream (no channel); named, so a judgement of a replica
+            # that died is aborted there too.
+            moderation=(
+                HandleEngineClient(moderation_handle, caller=actor_name, channels=False)
+                if moderation_handle is not None
+                else None
+            ),
         )
         # Background responses whose replica died (or whose app restarted) are ended now.
         self._api.state.background.start_sweeping()

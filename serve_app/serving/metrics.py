@@ -31,6 +31,19 @@ E2E_LATENCY = Histogram(
     "From request arrival to the terminal event.",
     buckets=_LATENCY_BUCKETS,
 )
+# Per service tier (issue 49): the tier a request was served at (or asked for and refused).
+TIER_REQUESTS = Counter(
+    "serve_app_tier_requests",
+    "Responses requests by the service tier they were served at and final status (completed, "
+    "incomplete, failed; rejected: the tier was refused to the request's API key).",
+    ["tier", "status"],
+)
+TIER_TIME_TO_FIRST_TOKEN = Histogram(
+    "serve_app_tier_time_to_first_token_seconds",
+    "From request arrival to the first completion token from the engine, by service tier.",
+    buckets=_LATENCY_BUCKETS,
+    labels=["tier"],
+)
 PROMPT_TOKENS = Counter("serve_app_prompt_tokens", "Prompt tokens sent to engines.")
 CACHED_PROMPT_TOKENS = Counter(
     "serve_app_prompt_cached_tokens", "Prompt tokens served from the engines' prefix caches."
@@ -72,8 +85,33 @@ ENGINE_CHANNELS = Gauge(
 ENGINE_REQUESTS = Counter(
     "serve_app_engine_requests", "Engine requests this engine replica received."
 )
+ENGINE_QUEUE_WAIT = Histogram(
+    "serve_app_engine_queue_wait_seconds",
+    "Engine requests' wait in the engine before their prefill started (behind other prefills, "
+    "or for a decode slot), by service tier: the engine's own figure (the simulated engine's "
+    "time model; vLLM's scheduled less queued time, when it keeps stats).",
+    buckets=_LATENCY_BUCKETS,
+    labels=["tier"],
+)
+ENGINE_RUNNING_BY_TIER = Gauge(
+    "serve_app_engine_running_requests_by_tier",
+    "Engine requests this engine replica is serving now, by service tier (what the autoscaling "
+    "policy may leave out: serve_app/serving/engine/autoscaling.py).",
+    ["tier"],
+)
 ENGINE_RUNNING = Gauge(
     "serve_app_engine_running_requests",
     "Engine requests this engine replica is serving now (Serve's own ongoing count also holds "
     "the open channels, which generate nothing).",
+)
+MODERATION_JUDGEMENTS = Counter(
+    "serve_app_moderation_judgements",
+    "Judgements of the moderation model (a request's `moderation`), by side (input or output) "
+    "and outcome (passed, flagged, or the error result's code).",
+    ["side", "outcome"],
+)
+MODERATION_SECONDS = Histogram(
+    "serve_app_moderation_judgement_seconds",
+    "One judgement of the moderation model, from the ingress: its prefill, reasoning and answer.",
+    buckets=_LATENCY_BUCKETS,
 )

@@ -166,6 +166,10 @@ class SteerDesk:
 
     # --- the responses -------------------------------------------------------------------
 
+    def record(self, response_id: str) -> Record | None:
+        """This connection's response ``response_id`` (running, or one of the last ended)."""
+        return self._records.get(response_id)
+
     def lane_of(self, response_id: str | None) -> str | Literal[False] | None:
         """The lane that made ``response_id``; False when this connection did not."""
         record = self._records.get(response_id or "")

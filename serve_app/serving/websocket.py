@@ -43,6 +43,7 @@ from serve_app.protocol.sse import event_json
 from serve_app.serving import metrics
 from serve_app.serving.admission import websocket as rules
 from serve_app.serving.http.auth import ApiKeys
+from serve_app.serving.inject import INJECT, InjectDesk, beta_enabled
 from serve_app.serving.lanes import (
     Lane,
     Lanes,
@@ -147,7 +148,9 @@ def websocket_router(service: ResponsesService, api_keys: ApiKeys, limits: Limit
         metrics.WEBSOCKET_CONNECTIONS.inc()
         try:
             recent = RecentResponses(limits.max_connection_responses)
-            await _serve_connection(socket, service, owner, recent, limits)
+            # The beta's response.inject (serve_app/serving/inject.py) is the connection's.
+            beta = beta_enabled(socket.headers.get("openai-beta"))
+            await _serve_connection(socket, service, owner, recent, limits, beta=beta)
         finally:
             metrics.WEBSOCKET_CONNECTIONS.dec()
             slots.give_back(owner)
@@ -189,20 +192,25 @@ async def _serve_connection(
     owner: str | None,
     recent: RecentResponses,
     limits: Limits,
+    *,
+    beta: bool = False,
 ) -> None:
     """Messages are read while responses stream, so a client that goes away mid-response is
     noticed at once: its responses are cancelled, which aborts their engine requests.
     ``response.create`` messages queue on their lane (serve_app.serving.lanes);
-    ``response.steer`` is decided as it arrives (serve_app.serving.steering). With no
+    ``response.steer`` is decided as it arrives (serve_app.serving.steering), and
+    ``response.inject`` is read as it arrives and offered to its response
+    (serve_app.serving.inject). With no
     response running or queued, a connection silent for ``websocket_idle_timeout_s`` is
     closed."""
     outbox = Outbox(socket)
     pending = PendingInput(limits.max_websocket_queued_requests, limits.max_websocket_pending_bytes)
     desk = SteerDesk(outbox, limits, pending)
+    injects = InjectDesk(desk, outbox, pending, beta=beta, wait_s=limits.websocket_inject_wait_s)
 
     async def serve(lane: Lane, message: _Message | _TooLarge) -> None:
         await _serve_message(
-            lane.sink, message, service, owner, recent, limits.max_body_bytes, desk
+            lane.sink, message, service, owner, recent, limits.max_body_bytes, desk, injects
         )
 
     lanes = Lanes(outbox, limits, pending, serve)
@@ -220,6 +228,14 @@ async def _serve_connection(
                 lanes.last_activity = time.monotonic()
                 desk.steer(body, size)
                 continue
+            if isinstance(body, dict) and body.get("type") == INJECT:
+                lanes.last_activity = time.monotonic()
+                injects.inject(body, size)
+                continue
+            if isinstance(body, dict):
+                # A response.create continuing a response that waits for the client's outputs:
+                # the client answers the old way, so the wait ends now (it runs after it).
+                injects.release(body.get("previous_response_id"))
             stream_id = rules.usable_stream_id(body)
             refused = lanes.offer(stream_id, message, size if isinstance(message, _Message) else 0)
             if isinstance(refused, str):
@@ -265,6 +281,7 @@ async def _serve_message(
     recent: RecentResponses,
     max_bytes: int,
     desk: SteerDesk,
+    injects: InjectDesk,
 ) -> None:
     """One client message of a lane: its responses streamed back (with any successors that
     steering makes), or an error event."""
@@ -299,7 +316,7 @@ async def _serve_message(
         if not create.generate:
             await _prewarm(sink, turn, service, recent, desk)
             return
-        successor = await _stream(sink, turn, service, recent, desk, unsteerable)
+        successor = await _stream(sink, turn, service, recent, desk, injects, unsteerable)
         if successor is None:
             return
         request, steers = successor.request, successor.steers
@@ -311,11 +328,13 @@ async def _stream(
     service: ResponsesService,
     recent: RecentResponses,
     desk: SteerDesk,
+    injects: InjectDesk,
     unsteerable: str | None,
 ) -> Successor | None:
     """One response streamed on its lane; the successor steering asks for, if any."""
     metrics.WEBSOCKET_RESPONSES.inc()
     record = desk.start(turn, sink.stream_id, unsteerable)
+    injects.open(record)
     refused: RateLimited | None = None
     try:
         async with aclosing(service.event_batches(turn)) as batches:
@@ -326,6 +345,7 @@ async def _stream(
     except RateLimited as error:  # the engines at capacity before its first event
         refused = error
     finally:
+        injects.end(record)  # before `desk.end` forgets the turn
         successor = desk.end(record)
     request = turn.request
     if refused is not None:

@@ -1,5 +1,6 @@
 """The reference tool server, for tests and laptops: gpt-oss's `browser` tool over a local
-document folder and its `python` tool in a limited subprocess, as one MCP server.
+document folder and its `python` tool in a bubblewrap sandbox per call (sandbox.py; no python
+tool where none can be made, unless told to run it unsandboxed), as one MCP server.
 
 A package of its own beside the app's layers: it imports nothing of serve_app's layers and the
 app imports nothing of it (`lint-imports` checks both); the app reaches it as it reaches any MCP

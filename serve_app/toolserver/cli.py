@@ -3,7 +3,8 @@
     serve-app-tools --docs DIR --port 8101 [--host 127.0.0.1] [--tools browser,python]
 
 Loopback by default: the python tool runs whatever code it is sent, so listening anywhere else
-takes `--allow-remote` as well.
+takes `--allow-remote` as well. Its runs are sandboxed with bubblewrap, or the tool does not
+start (`--python-sandbox none` runs them unsandboxed, on purpose).
 """
 
 from __future__ import annotations
@@ -11,13 +12,19 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import uvicorn
 
 from serve_app.toolserver.documents import DEFAULT_BASE_URL
-from serve_app.toolserver.python_runner import PythonLimits, resolve_isolation
+from serve_app.toolserver.python_runner import (
+    Isolation,
+    NoSandbox,
+    PythonLimits,
+    resolve_isolation,
+)
 from serve_app.toolserver.server import ToolServerConfig, build_app
 
 TOOLS = ("browser", "python")
@@ -42,12 +49,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--python-output-bytes", type=int, default=defaults.output_bytes)
     p.add_argument("--python-concurrency", type=int, default=defaults.concurrency)
     p.add_argument(
+        "--python-sandbox",
+        choices=["bwrap", "none"],
+        default="bwrap",
+        help="bwrap (default): each run in a bubblewrap sandbox (only its work directory and "
+        "the interpreter, read-only but the former; no network, no host Unix socket, a process "
+        "limit); refuse to start the python tool where it cannot be made. none: run the code "
+        "UNSANDBOXED, as this server's user (tests and laptops only; logged as a warning)",
+    )
+    p.add_argument(
         "--python-network",
         choices=["auto", "netns", "hook"],
         default="auto",
-        help="netns: a new network namespace (unshare), refuse to start without; hook: only an "
-        "audit hook in the child; auto (default): netns when this machine can make one",
+        help="with --python-sandbox none only: netns: a new network namespace (unshare), refuse "
+        "to start without; hook: only an audit hook in the child; auto (default): netns when "
+        "this machine can make one",
     )
+    p.add_argument("--python-processes", type=int, default=defaults.processes)
     p.add_argument("--python-executable", help="the interpreter the code runs in (default: this)")
     return p
 
@@ -68,9 +86,16 @@ def config_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> ToolSer
         wall_seconds=args.python_wall_seconds,
         memory_bytes=args.python_memory_mb * 2**20,
         output_bytes=args.python_output_bytes,
+        processes=args.python_processes,
         concurrency=args.python_concurrency,
     )
-    isolation = resolve_isolation(args.python_network) if "python" in tools else "hook"
+    isolation: Isolation = "hook"
+    if "python" in tools:
+        python = args.python_executable or sys.executable
+        try:
+            isolation = resolve_isolation(args.python_sandbox, args.python_network, python)
+        except NoSandbox as refused:
+            p.error(str(refused))
     return ToolServerConfig(
         tools=tools,  # type: ignore[arg-type]
         docs=args.docs,

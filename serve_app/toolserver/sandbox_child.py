@@ -1,7 +1,9 @@
 """Run in the python tool's child process, before the model's code: its limits, then the code.
 
 `python -I -u sandbox_child.py LIMITS_JSON SCRIPT`. The limits are set as hard limits, so the
-code cannot raise them again. With `block_network` (when no network namespace could be made)
+code cannot raise them again. With `uid` (a root server's bubblewrap sandbox: sandbox.py) it
+becomes that user, which drops the two capabilities bwrap left it for that: the process limit
+binds no root. With `block_network` (when no network namespace could be made)
 an audit hook refuses sockets other than Unix ones and new processes, which could run without
 the hook; an audit hook is not a security boundary (ctypes reaches libc without one): see
 docs/tools.md. Standard library only: this file runs outside the server's environment.
@@ -46,6 +48,15 @@ def set_limits(limits: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     nofile = int(limits["open_files"])
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    processes = int(limits["processes"])
+    resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+
+
+def become(uid: int, gid: int) -> None:
+    """Run as ``uid``:``gid`` from here on, with no supplementary group and no capability."""
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
 
 
 def _refuse(event: str, args: tuple) -> None:
@@ -83,6 +94,8 @@ def main() -> None:
     limits = json.loads(sys.argv[1])
     script = sys.argv[2]
     set_limits(limits)
+    if "uid" in limits:
+        become(int(limits["uid"]), int(limits["gid"]))
     if limits.get("block_network"):
         sys.addaudithook(_refuse)
     sys.argv = [script]

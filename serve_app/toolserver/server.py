@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from serve_app.toolserver.browser import Browser, BrowserError, Display
 from serve_app.toolserver.documents import DEFAULT_BASE_URL, DocumentFolder
-from serve_app.toolserver.python_runner import PythonLimits, PythonRunner
+from serve_app.toolserver.python_runner import Isolation, PythonLimits, PythonRunner
 
 ToolName = Literal["browser", "python"]
 
@@ -41,7 +41,7 @@ class ToolServerConfig:
     docs: Path | None = None
     base_url: str = DEFAULT_BASE_URL
     python_limits: PythonLimits = field(default_factory=PythonLimits)
-    python_isolation: Literal["netns", "hook"] = "hook"
+    python_isolation: Isolation = "hook"
     python_executable: str | None = None
 
 

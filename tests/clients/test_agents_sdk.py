@@ -84,3 +84,38 @@ async def test_hosted_mcp_tool_with_an_approval_callback_runs_its_call(app_url: 
         if item.type == "mcp_call"
     ]
     assert [call.output for call in calls] == ["MCP-ECHOED-7"]
+
+
+async def test_a_compaction_session_compacts_and_the_next_run_sends_the_compaction(
+    app_url: str,
+) -> None:
+    """The Agents SDK's `OpenAIResponsesCompactionSession`: after a run it compacts the session's
+    history with `responses.compact` (here after every run) and keeps what comes back, the
+    user's messages and one compaction item; the next run sends that with its new message, and
+    the app opens the compaction item (one it could not open would be a 400)."""
+    from agents import SQLiteSession
+    from agents.memory import OpenAIResponsesCompactionSession
+
+    set_tracing_disabled(True)
+    client = AsyncOpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0)
+    session = OpenAIResponsesCompactionSession(
+        "weather",
+        SQLiteSession("weather"),  # in memory
+        client=client,
+        model=MODEL,
+        should_trigger_compaction=lambda context: True,
+    )
+    agent = Agent(
+        name="weather",
+        instructions="Answer weather questions.",
+        model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+    )
+    first = await Runner.run(agent, "SDK-TEXT: is it sunny in Paris?", session=session)
+    assert first.final_output == "Hello from the scripted engine."
+    kept = [item.get("type") for item in await session.get_items()]
+    assert kept == ["message", "compaction"]
+
+    second = await Runner.run(agent, "SDK-REASON: and tomorrow?", session=session)
+    assert second.final_output == "Hi there."
+    kept = [item.get("type") for item in await session.get_items()]
+    assert kept == ["message", "message", "compaction"]

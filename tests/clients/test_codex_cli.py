@@ -1,4 +1,6 @@
-"""The real Codex CLI (from npm) runs a tool-call turn against the app and finishes.
+"""The real Codex CLI (from npm) runs a tool-call turn against the app and finishes, set up as
+a new user would: the minimal provider block, no line turning its web search off, with and
+without the gpt-oss model catalog, over HTTP and over a WebSocket.
 
 The scripted engine plays the model: a first turn that calls Codex's shell tool, and a final
 answer once the command's output comes back. Codex runs the command for real.
@@ -32,12 +34,14 @@ def codex_binary(version: str) -> Path:
 
 
 def write_codex_home(home: Path, app_url: str, websockets: bool = False) -> None:
+    """A new user's config: the model, what Codex may do in the test's folder, and the minimal
+    provider block (its base URL, the Responses wire API, the key's variable). Nothing turns
+    Codex's web search off: its default `web_search` tool reaches the app, which names no
+    browser tool server and serves the request without it."""
     home.mkdir()
     (home / "config.toml").write_text(
         'model = "gpt-oss-120b"\n'
         'model_provider = "local"\n'
-        # The session app names no browser tool server: its web_search is a 400.
-        'web_search = "disabled"\n'
         'approval_policy = "never"\n'
         'sandbox_mode = "danger-full-access"\n\n'
         "[model_providers.local]\n"
@@ -89,25 +93,29 @@ def agent_messages(stdout: str) -> list[str]:
     return texts
 
 
-def websocket_responses(app_url: str) -> float:
-    """Responses created over WebSocket, summed over the ingress replicas."""
-    pattern = r"^serve_app_websocket_responses_total ([0-9.e+]+)$"
+def counted(app_url: str, sample: str) -> float:
+    """A counter's sample (``name{labels}``) summed over the ingress replicas."""
+    pattern = rf"^{re.escape(sample)} ([0-9.e+]+)$"
     pages = scrape_metrics(app_url).values()
     return sum(float(value) for page in pages for value in re.findall(pattern, page, re.M))
 
 
+WEBSOCKET_RESPONSES = "serve_app_websocket_responses_total"
+WEB_SEARCH_OMITTED = 'serve_app_tools_omitted_total{tool="web_search"}'
+
+
+@pytest.mark.parametrize("catalog", [False, True], ids=["no-catalog", "catalog"])
 @pytest.mark.parametrize("websockets", [False, True], ids=["http", "websocket"])
 def test_codex_0169_runs_exec_command_and_finishes(
-    app_url: str, tmp_path: Path, websockets: bool
+    app_url: str, tmp_path: Path, websockets: bool, catalog: bool
 ) -> None:
-    before = websocket_responses(app_url)
+    before = {name: counted(app_url, name) for name in (WEBSOCKET_RESPONSES, WEB_SEARCH_OMITTED)}
     result, work = run_codex(
         "0.169",
         app_url,
         tmp_path,
         "E2E-EXEC-TASK: create the marker file",
-        "-c",
-        f'model_catalog_json="{CATALOG}"',
+        *(["-c", f'model_catalog_json="{CATALOG}"'] if catalog else []),
         websockets=websockets,
     )
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
@@ -115,8 +123,10 @@ def test_codex_0169_runs_exec_command_and_finishes(
     assert "Done: marker.txt holds e2e-marker-169." in agent_messages(result.stdout)
     # Over a WebSocket both turns (the tool call and the answer) went over the socket; over
     # HTTP none did.
-    over_socket = websocket_responses(app_url) - before
+    over_socket = counted(app_url, WEBSOCKET_RESPONSES) - before[WEBSOCKET_RESPONSES]
     assert over_socket >= 2 if websockets else over_socket == 0
+    # Both turns carried Codex's default web_search tool, served without it.
+    assert counted(app_url, WEB_SEARCH_OMITTED) - before[WEB_SEARCH_OMITTED] >= 2
 
 
 def test_codex_063_runs_shell_and_finishes(app_url: str, tmp_path: Path) -> None:

@@ -55,3 +55,21 @@ def test_openai_js_stream_with_context_management(app_url: str) -> None:
     assert events[done]["item_type"] == "compaction" and events[done]["encrypted"] > 0
     assert events[done + 1]["output_index"] == 1
     assert result["output"] == ["compaction", "message"]
+
+
+def test_agents_js_compaction_session(app_url: str) -> None:
+    """The Agents JS SDK's ``OpenAIResponsesCompactionSession``: after the first run it compacts
+    the session's history (``responses.compact`` by previous_response_id) and keeps the user's
+    message and one compaction item; the next run sends the compaction item and its new message,
+    and the app opens it. (The SDK compacts no more after that run: the history it keeps begins
+    with the first message, which that run did not send.)"""
+    output = js_scenarios.run(SCRIPT, "agents-compaction-session", app_url)
+    result, sent = output["result"], output["requests"]
+    assert result["finalOutputs"] == ["Hello from the scripted engine.", "Hi there."]
+    assert result["kept"][0] == ["message", "compaction"]
+    assert [(request["path"], request["status"]) for request in sent] == [
+        ("/v1/responses", 200),
+        ("/v1/responses/compact", 200),
+        ("/v1/responses", 200),
+    ]
+    assert input_kinds(sent[2]) == ["compaction", "user"]

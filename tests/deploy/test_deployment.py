@@ -241,10 +241,10 @@ def kubernetes_validate(*paths: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_plain_manifests_match_the_kubernetes_schemas() -> None:
-    plain = [K8S / "models.yaml", K8S / "postgres.yaml", K8S / "service.yaml"]
+    plain = [K8S / "models.yaml", K8S / "postgres.yaml", K8S / "ingress.yaml"]
     result = kubernetes_validate(*plain)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("passed for resource") == 6, result.stdout
+    assert result.stdout.count("passed for resource") == 5, result.stdout
 
 
 def test_the_schemas_reject_an_unknown_field(tmp_path: Path) -> None:
@@ -253,3 +253,107 @@ def test_the_schemas_reject_an_unknown_field(tmp_path: Path) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump(statefulset))
     assert kubernetes_validate(path).returncode != 0
+
+
+# --- what `serve deploy` brings to the replicas -----------------------------------------------
+
+# The production configs, deployed with `serve deploy` onto a cluster `ray start` made.
+PRODUCTION = [REPO / "configs" / "gpt-oss.yaml", REPO / "configs" / "gpt-oss-shared-kv.yaml"]
+# What never goes in a config: the keys, the store's URL (it carries a password), tokens.
+SECRET_NAME = re.compile(r"KEY|TOKEN|PASSWORD|SECRET|STORE_URL", re.I)
+
+
+def runtime_env_vars(config: dict[str, Any]) -> dict[str, str]:
+    (app,) = config["applications"]
+    return app.get("runtime_env", {}).get("env_vars", {})
+
+
+@pytest.mark.parametrize("path", PRODUCTION, ids=lambda path: path.name)
+def test_a_production_config_brings_the_fast_path_its_replicas_read(path: Path) -> None:
+    """`serve deploy` of a production config onto a cluster runs its replicas with the
+    replica-side part of configs/fast-path.env whatever the nodes' environment: the config's
+    runtime_env has it, with the file's values, and HF_HUB_OFFLINE (the weights are on every
+    node already, docs/deploy.md). The cluster-wide part (HAProxy, direct ingress) stays out:
+    every Ray process, the controller included, must agree on it (serve_app/fast_path.py)."""
+    from serve_app.fast_path import CLUSTER_WIDE, replica_env
+
+    env = runtime_env_vars(yaml.safe_load(path.read_text()))
+    assert replica_env() and {name: env.get(name) for name in replica_env()} == replica_env()
+    assert env.get("HF_HUB_OFFLINE") == "1"
+    assert not CLUSTER_WIDE & set(env), CLUSTER_WIDE & set(env)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_no_config_carries_a_secret_or_a_fast_path_value_of_its_own(path: Path) -> None:
+    """A config's runtime_env holds no key, token or password (the API keys stay in the
+    environment or the Secret), and a fast-path variable it sets has configs/fast-path.env's
+    value: one place says what the fast path is."""
+    from serve_app.fast_path import CLUSTER_WIDE, read_env_file
+
+    env = runtime_env_vars(yaml.safe_load(path.read_text()))
+    assert not [name for name in env if SECRET_NAME.search(name)], env
+    fast_path = read_env_file()
+    assert {k: v for k, v in env.items() if k in fast_path} == {
+        k: fast_path[k] for k in env if k in fast_path
+    }
+    assert not CLUSTER_WIDE & set(env)
+    assert all(isinstance(value, str) for value in env.values())  # Ray takes strings only
+
+
+# --- the moderation model (a commented block in each shipped config) -------------------------
+
+# A line of a config's moderation block: `#~ ` then the YAML it holds once uncommented. One
+# right after a line setting the same key replaces that line (the value with moderation on).
+MODERATION_LINE = re.compile(r"^(\s*)#~ ?(.*)$")
+
+
+def with_moderation(text: str) -> str:
+    """``text`` with its moderation block uncommented, as an operator turns it on."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        found = MODERATION_LINE.match(line)
+        if found is None:
+            lines.append(line)
+            continue
+        indent, content = found[1], found[2]
+        key = content.split(":", 1)[0]
+        previous = lines[-1] if lines else ""
+        if previous.startswith(indent + key + ":") and not content.startswith("-"):
+            lines[-1] = indent + content
+        else:
+            lines.append(indent + content)
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_moderation_is_off_unless_asked(path: Path) -> None:
+    config = yaml.safe_load(path.read_text())
+    (app,) = config["applications"]
+    assert AppArgs.model_validate(app["args"]).moderation is None
+    assert "ModerationEngine" not in deployments(config)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_each_configs_moderation_block_fits_its_hardware(path: Path) -> None:
+    """Uncommented, the block is a valid config whose moderation model and engine replicas
+    all fit the GPUs its `# hardware:` line says (no replica waits for GPUs forever)."""
+    text = path.read_text()
+    assert "#~ moderation:" in text, f"{path.name} has no commented moderation block"
+    config = yaml.safe_load(with_moderation(text))
+    (app,) = config["applications"]
+    args = AppArgs.model_validate(app["args"])
+    assert args.moderation is not None
+    found = HARDWARE.search(text)
+    assert found
+    nodes, gpus_per_node = int(found[1]), int(found[2])
+    placed = deployments(config)
+    moderation = placed["ModerationEngine"]
+    used = sum(
+        max_replicas(placed[name]) * gpus_per_replica(placed[name])
+        for name in ("EngineDeployment", "ModerationEngine")
+    )
+    assert used <= nodes * gpus_per_node, f"{path.name}: {used} GPUs of {nodes * gpus_per_node}"
+    if args.moderation.engine.kind == "vllm":
+        options = args.moderation.engine.options
+        assert gpus_per_replica(moderation) == options.get("tensor_parallel_size", 1)
+        assert "safeguard" in options["model"]

@@ -75,19 +75,86 @@ def test_the_base_image_is_the_ray_and_python_the_project_pins() -> None:
     assert base["cuda"] == "130"
 
 
-def test_the_image_installs_the_extras_the_cluster_config_needs() -> None:
-    (extras,) = re.findall(r'pip install --no-cache-dir "/tmp/serve_app\[([\w,]+)\]"', DOCKERFILE)
+def test_the_image_installs_the_extras_the_cluster_configs_need() -> None:
+    """One image for both RayServices (k8s/rayservice.yaml and k8s/shared-kv/): vLLM, asyncpg
+    for the PostgreSQL store, and LMCache for the shared tier's connector, all in one install
+    (scripts/image_install_check.py reads that line too)."""
+    (extras,) = re.findall(r'pip install --no-cache-dir "/tmp/serve_app\[([\w,-]+)\]"', DOCKERFILE)
     installed = set(extras.split(","))
     assert installed <= set(PYPROJECT["optional-dependencies"])
-    (rayservice,) = [doc for doc in manifests() if doc["kind"] == "RayService"]
-    (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
-    needed = {"vllm"} if app["args"]["engine"]["kind"] == "vllm" else set()
-    store_urls = {
-        var["value"]
-        for container in containers(rayservice)
-        for var in container.get("env", [])
-        if var["name"] == "SERVE_APP_STORE_URL"
-    }
-    if any(url.startswith("postgresql+asyncpg://") for url in store_urls):
-        needed.add("postgres")  # asyncpg
-    assert needed == installed
+    needed = set()
+    for path in (REPO / "k8s" / "rayservice.yaml", REPO / "k8s" / "shared-kv" / "rayservice.yaml"):
+        (rayservice,) = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
+        engine = app["args"]["engine"]
+        if engine["kind"] == "vllm":
+            needed.add("vllm")
+        transfer = engine["options"].get("kv_transfer_config") or {}
+        if transfer.get("kv_connector") == "LMCacheConnectorV1":
+            needed.add("shared-kv")  # vLLM's LMCacheConnectorV1 imports lmcache
+        store_urls = {
+            var["value"]
+            for container in containers(rayservice)
+            for var in container.get("env", [])
+            if var["name"] == "SERVE_APP_STORE_URL"
+        }
+        if any(url.startswith("postgresql+asyncpg://") for url in store_urls):
+            needed.add("postgres")  # asyncpg
+    assert needed == installed == {"vllm", "postgres", "shared-kv"}
+
+
+def test_the_image_installs_its_packages_in_one_resolution() -> None:
+    """Two pip installs resolve apart: the second (LMCache, whose caps on protobuf, numpy,
+    OpenTelemetry and prometheus-client are under what vLLM's set resolved to) downgrades what
+    the first chose and leaves its dependants broken (`pip check` failed the build: issue 47).
+    One install line, then pip check; LMCache comes in as the `shared-kv` extra, pinned."""
+    code = "\n".join(line for line in DOCKERFILE.splitlines() if not line.startswith("#"))
+    installs = re.findall(r"\bpip install\b[^\n]*", code)
+    assert len(installs) == 1, installs
+    assert re.search(r"\bpip check\b", code)
+    (lmcache,) = [Requirement(r) for r in PYPROJECT["optional-dependencies"]["shared-kv"]]
+    assert lmcache.name == "lmcache" and str(lmcache.specifier).startswith("==")
+
+
+def test_the_install_check_reads_the_dockerfile_and_checks_as_pip_check_does() -> None:
+    """scripts/image_install_check.py (a stage of scripts/test.sh; it needs the index): the
+    command it resolves is the Dockerfile's line for the image's platform, and its pip check
+    finds an unmet requirement, a version out of range and two builds of one module."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import image_install_check as checker
+    finally:
+        sys.path.pop(0)
+    extras = checker.install_extras(DOCKERFILE)
+    # ray[all] declares cupy's CUDA 12 build, LMCache needs the CUDA 13 one: one `cupy` module,
+    # so the base image's goes before the install (the check then leaves it out).
+    assert checker.uninstalled_first(DOCKERFILE) == ["cupy-cuda12x"]
+    command = checker.pip_command(REPO / "report.json", "3.11", "2.60.0", extras)
+    assert "--dry-run" in command and "--only-binary=:all:" in command
+    assert command[-2:] == ["ray[all]==2.60.0", f"{REPO}[vllm,postgres,shared-kv]"]
+    tags = [command[i + 1] for i, arg in enumerate(command) if arg == "--platform"]
+    assert "manylinux_2_39_x86_64" in tags and "manylinux_2_40_x86_64" not in tags
+
+    def dist(name: str, version: str, *requires: str) -> dict:
+        return {"metadata": {"name": name, "version": version, "requires_dist": list(requires)}}
+
+    clean = [
+        dist("vllm", "0.33.0", "protobuf>=5.29.6", "nvtx==0.2.15; platform_system == 'Darwin'"),
+        dist("protobuf", "6.33.6"),
+        dist("lmcache", "0.5.6", "protobuf<7,>=6.31.1", "nixl>=1; extra == 'nixl'"),
+    ]
+    assert checker.check(clean, "3.11") == []
+    broken = [
+        *clean,
+        dist("grpcio-reflection", "1.85.1", "protobuf<8.0.0,>=7.31.1"),
+        dist("opentelemetry-sdk", "1.45.2", "opentelemetry-api==1.45.2"),
+        dist("cupy-cuda12x", "14.0.0"),
+        dist("cupy-cuda13x", "14.2.0"),
+    ]
+    problems = checker.check(broken, "3.11")
+    assert len(problems) == 3, problems
+    assert "grpcio-reflection 1.85.1 has requirement protobuf<8.0.0,>=7.31.1" in problems[0]
+    assert "opentelemetry-api, not installed" in problems[1]
+    assert "cupy-cuda12x and cupy-cuda13x" in problems[2]

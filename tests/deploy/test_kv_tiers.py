@@ -18,10 +18,12 @@ from __future__ import annotations
 import copy
 import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
@@ -209,5 +211,112 @@ def test_the_kv_server_matches_the_kubernetes_schemas() -> None:
 
 
 def test_the_image_installs_the_shared_tiers_connector() -> None:
+    """LMCache is the `shared-kv` extra, which the image's one install line names
+    (tests/deploy/test_image.py checks that line resolves as one)."""
+    shared_kv = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]["shared-kv"]
+    assert [re.match(r"[\w-]+", requirement)[0] for requirement in shared_kv] == ["lmcache"]
     dockerfile = (REPO / "docker" / "Dockerfile").read_text()
-    assert re.search(r'pip install --no-cache-dir "lmcache==[\d.]+"', dockerfile)
+    assert re.search(r'pip install --no-cache-dir "/tmp/serve_app\[[\w,-]*shared-kv', dockerfile)
+
+
+# --- tiers that degrade, and fit their hardware -----------------------------------------------
+
+
+def serve_configs_with_a_tier() -> list[tuple[str, dict[str, Any]]]:
+    """Every shipped Serve config whose engines have a KV tier: configs/*.yaml and the two
+    RayServices'."""
+    shipped = [(path.name, load(path)) for path in sorted(CONFIGS.glob("*.yaml"))]
+    shipped += [
+        ("k8s/rayservice.yaml", serve_config_of(REPO / "k8s" / "rayservice.yaml")),
+        ("k8s/shared-kv/rayservice.yaml", serve_config_of(SHARED_KV / "rayservice.yaml")),
+    ]
+    return [
+        (name, config)
+        for name, config in shipped
+        if app_args(config).engine.kind == "vllm" and engine(config).kv_transfer_config
+    ]
+
+
+def test_a_block_a_tier_cannot_load_is_recomputed_not_a_failed_turn() -> None:
+    """vLLM 0.33's KVTransferConfig.kv_load_failure_policy (default `fail`): a block its
+    connector reports it could not load (LMCache's retrieve missing a chunk the Valkey server
+    evicted between lookup and load, or a restarted server) fails the request unless it is
+    `recompute` (vllm/v1/core/sched/scheduler.py). Every shipped tier sets it."""
+    tiers = serve_configs_with_a_tier()
+    assert {name for name, _ in tiers} == {
+        "gpt-oss.yaml",
+        "gpt-oss-shared-kv.yaml",
+        "k8s/rayservice.yaml",
+        "k8s/shared-kv/rayservice.yaml",
+    }
+    for name, config in tiers:
+        policy = engine(config).kv_transfer_config.get("kv_load_failure_policy")
+        assert policy == "recompute", (name, policy)
+
+
+# The `# hardware:` line of a config: nodes, GPUs per node, host memory and /dev/shm per node.
+HARDWARE = re.compile(
+    r"^# hardware: (?P<nodes>\d+) nodes? x (?P<gpus>\d+) GPUs?"
+    r"(?:, (?P<memory>\d+) GiB memory, (?P<shm>\d+) GiB /dev/shm)?",
+    re.M,
+)
+# What an engine replica's node holds besides its KV tier (the configs' comments derive them):
+# the weights' page cache (gpt-oss-120b, MXFP4, read once from disk and kept by the kernel) and
+# each replica's processes (the replica actor, vLLM's engine core and its TP workers).
+WEIGHTS_PAGE_CACHE = 65 * 10**9
+PROCESS_MEMORY_PER_REPLICA = 20 * GIB
+# Ray's object store when `object-store-memory` is not set (ray/_private/utils.py,
+# resolve_object_store_memory): 30% of the node's memory, at most 200 GB, in /dev/shm.
+OBJECT_STORE_SHARE, OBJECT_STORE_MAX = 0.3, 200 * 10**9
+
+
+def host_needs(config: dict[str, Any], replicas: int, object_store: int) -> tuple[int, int]:
+    """(host memory, /dev/shm) a node running ``replicas`` engine replicas of ``config`` needs:
+    the native CPU tier lives in /dev/shm (vLLM 0.33: one region per engine), LMCache's local
+    CPU buffer is pinned memory of each TP rank (not /dev/shm); /dev/shm pages are memory."""
+    options = engine(config)
+    tier = options.kv_transfer_config or {}
+    extra = tier.get("kv_connector_extra_config", {})
+    shm = object_store
+    pinned = 0
+    if tier.get("kv_connector") == "OffloadingConnector":
+        shm += replicas * extra["cpu_bytes_to_use"]
+    if tier.get("kv_connector") == "LMCacheConnectorV1":
+        ranks = options.tensor_parallel_size
+        pinned += replicas * ranks * int(extra["lmcache.max_local_cpu_size"] * GIB)
+    memory = shm + pinned + WEIGHTS_PAGE_CACHE + replicas * PROCESS_MEMORY_PER_REPLICA
+    return memory, shm
+
+
+@pytest.mark.parametrize("name", [name for name, _ in serve_configs_with_a_tier()])
+def test_each_configs_kv_tiers_fit_the_host_memory_and_shm_of_its_hardware(name: str) -> None:
+    """A config's `# hardware:` line names each node's memory and /dev/shm; a RayService's GPU
+    worker pod has its memory limit, its /dev/shm volume and Ray's object store set: the engine
+    replicas a node holds, with their KV tiers, fit both. Too big a tier fails at start-up
+    (vLLM cannot map its region) or later (the node's OOM killer)."""
+    config = dict(serve_configs_with_a_tier())[name]
+    per_replica_gpus = gpus_per_replica(deployments(config)["EngineDeployment"])
+    autoscaled = deployments(config)["EngineDeployment"]["autoscaling_config"]["max_replicas"]
+    if name.startswith("k8s/"):
+        path = REPO / name
+        for group in rayservice(path)["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+            spec = group["template"]["spec"]
+            (container,) = spec["containers"]
+            limits = container["resources"]["limits"]
+            replicas = int(limits["nvidia.com/gpu"]) // per_replica_gpus
+            object_store = int(group["rayStartParams"]["object-store-memory"])
+            (shm,) = [v for v in spec["volumes"] if v["name"] == "dshm"]
+            memory, shm_needed = host_needs(config, replicas, object_store)
+            assert shm_needed <= shm_bytes(shm["emptyDir"]["sizeLimit"]), (name, shm_needed)
+            assert memory <= shm_bytes(limits["memory"]), (name, memory / GIB)
+        return
+    hardware = HARDWARE.search((CONFIGS / name).read_text())
+    assert hardware and hardware["memory"], f"{name}'s `# hardware:` names no memory and /dev/shm"
+    memory_bytes = int(hardware["memory"]) * GIB
+    replicas = min(autoscaled, int(hardware["gpus"]) // per_replica_gpus)
+    object_store = min(int(OBJECT_STORE_SHARE * memory_bytes), OBJECT_STORE_MAX)
+    memory, shm_needed = host_needs(config, replicas, object_store)
+    assert shm_needed <= int(hardware["shm"]) * GIB, (name, shm_needed / GIB)
+    assert memory <= memory_bytes, (name, memory / GIB)

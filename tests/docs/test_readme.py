@@ -1,12 +1,13 @@
 """The README names only what exists: every path it gives (``serve_app/...``, ``configs/...``,
 ``docs/...``, ``loadtests/...``, ``scripts/...``, ``k8s/...``, ``tests/...``, ``docker/...``, and
-the paths under ``serve_app/`` its map and walk give relative to it; docs/ and k8s/README.md
-too) is a file or folder here,
-every link's section is a heading of its page, and every code name of the map's diagram and of
-the walk ("Follow one request") is defined where the README says it is (found with ``ast``):
-``Name`` (``path``) in that module, ``Class.method`` on that class, ``module.name`` in that
-module, a bare name somewhere in serve_app (or, for the API's own words such as
-``response.failed`` or ``server_error``, a string serve_app sends).
+the paths under ``serve_app/`` its map and walk give relative to it) is a file or folder here,
+every file a link names exists and its section is a heading of that page (the pages of docs/ and
+k8s/README.md too), and every code name of the map's diagram and of the walk ("Follow one
+request") is defined where the README says it is (found with ``ast``): ``Name`` (``path``) in
+that module, ``Class.method`` on that class, ``module.name`` in that module, a bare name
+somewhere in serve_app (or, for the API's own words such as ``response.failed`` or
+``server_error``, a string serve_app sends). And it stays a map: about 200 lines that open with
+the start and test commands and name every page of docs/.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ PATH_CHARS = r"[A-Za-z0-9_.*/-]"
 
 
 def section(text: str, title: str) -> str:
-    """The text of the ``## title`` section."""
+    """The text of the ``## title`` section of a page."""
     match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    assert match, f"README has no section {title!r}"
+    assert match, f"no section {title!r}"
     return match.group(1)
 
 
@@ -63,11 +64,15 @@ def table_paths(text: str) -> Iterator[str]:
                 yield folder + name
 
 
-def links(text: str) -> Iterator[tuple[str, str]]:
-    """(page, section) of each Markdown link to a section: ``(docs/x.md#anchor)``, ``(#anchor)``."""
-    for target in re.findall(r"\]\(([^)\s]*#[^)\s]+)\)", text):
-        page, anchor = target.split("#", 1)
-        yield page or "README.md", anchor
+def links(page: Path) -> Iterator[tuple[str, Path, str]]:
+    """(link, file, section) of each Markdown link of a page to a file of the repository, its
+    path taken from the page's folder: ``(docs/x.md#anchor)``, ``(../k8s/README.md)``,
+    ``(#anchor)`` (that page); the section is empty for a link to a whole file. Not code."""
+    text = re.sub(r"```.*?```|`[^`\n]*`", "", page.read_text(), flags=re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if not re.match(r"[a-z]+:", target):  # not https:, mailto:
+            path, _, anchor = target.partition("#")
+            yield target, (page.parent / path).resolve() if path else page, anchor
 
 
 def anchors(page: Path) -> set[str]:
@@ -217,11 +222,36 @@ def test_every_path_a_page_gives_exists(page: Path) -> None:
     assert not missing, f"{page.name} names paths that do not exist: {missing}"
 
 
-def test_every_section_the_readme_links_to_exists() -> None:
-    found = list(links(README.read_text()))
-    assert found
-    broken = [f"{page}#{anchor}" for page, anchor in found if anchor not in anchors(REPO / page)]
-    assert not broken, f"README.md links to sections that do not exist: {broken}"
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(REPO)))
+def test_every_file_and_section_a_page_links_to_exists(page: Path) -> None:
+    found = list(links(page))
+    if page == README:
+        assert len(found) > 10  # the reader found the links, not nothing
+    broken = [
+        link
+        for link, target, anchor in found
+        if not target.exists() or (anchor and anchor not in anchors(target))
+    ]
+    assert not broken, f"{page.name} links to files or sections that do not exist: {broken}"
+
+
+def test_the_readme_opens_with_the_start_and_the_test_command() -> None:
+    """A fresh machine needs two commands: one installs what is missing and starts the app,
+    one runs the tests."""
+    first_block = re.search(r"```\w*\n(.*?)```", README.read_text(), re.S)
+    assert first_block
+    commands = [line.split("#", 1)[0].strip() for line in first_block.group(1).splitlines()]
+    assert commands == ["./scripts/start.sh", "./scripts/test.sh"]
+
+
+def test_the_readme_is_a_map() -> None:
+    """About 200 lines that name every page of docs/; the detail lives there."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 220
+    unnamed = [
+        doc.name for doc in sorted((REPO / "docs").glob("*.md")) if f"docs/{doc.name}" not in text
+    ]
+    assert not unnamed, f"README.md names no docs/{unnamed}"
 
 
 @pytest.mark.parametrize("part", ["the map's diagram", "the walk"])
@@ -237,10 +267,10 @@ def test_every_code_name_is_where_the_readme_says(part: str) -> None:
 
 
 def test_the_gpu_command_runs_production_closed_and_on_the_fast_path() -> None:
-    """The "On GPUs" command starts what the README calls production: Ray's fast path
-    (configs/fast-path.env exported before `serve run`) and API keys, without which
+    """The "On GPUs" command (docs/deploy.md) starts what the README calls production: Ray's
+    fast path (configs/fast-path.env exported before `serve run`) and API keys, without which
     configs/gpt-oss.yaml, listening on every interface, refuses to start."""
-    gpu = section(README.read_text(), "On GPUs")
+    gpu = section((REPO / "docs" / "deploy.md").read_text(), "On GPUs")
     (block,) = re.findall(r"```bash\n(.*?)```", gpu, re.S)[:1]
     lines = [line.split("#", 1)[0].strip() for line in block.splitlines()]
     run = next(i for i, line in enumerate(lines) if "serve run configs/gpt-oss.yaml" in line)

@@ -9,6 +9,9 @@
 // 1 when the SDK threw (the JSON then holds the error). Scenarios:
 //   agents-stateless   two Agents SDK runs at store: false, the second from result.history
 //   agents-chained     two runs, the second by previousResponseId with only its new input
+//   agents-compaction-session
+//                      two runs on an OpenAIResponsesCompactionSession that compacts after
+//                      each (responses.compact); the second sends the compacted history
 //   openai-stream      openai SDK responses.create({stream: true, context_management})
 //   numbers            many generateObject (AI SDK) and responses.parse (openai SDK, zod)
 //                      answers under strict schemas with numbers: each parsed and validated
@@ -17,7 +20,13 @@
 // the newest message is answered "Resuming from the summary: Paris is sunny.").
 
 import { createOpenAI } from '@ai-sdk/openai';
-import { Agent, OpenAIResponsesModel, run, setTracingDisabled } from '@openai/agents';
+import {
+  Agent,
+  OpenAIResponsesCompactionSession,
+  OpenAIResponsesModel,
+  run,
+  setTracingDisabled,
+} from '@openai/agents';
 import { generateObject } from 'ai';
 import OpenAI from 'openai';
 import { zodTextFormat } from 'openai/helpers/zod';
@@ -82,6 +91,29 @@ const scenarios = {
     return {
       first: { output: outputTypes(first), finalOutput: first.finalOutput },
       second: { output: outputTypes(second), finalOutput: second.finalOutput },
+    };
+  },
+
+  // The session compacts its history after every run (shouldTriggerCompaction: always) and
+  // keeps what responses.compact returns: the user's messages and one compaction item.
+  async 'agents-compaction-session'() {
+    const session = new OpenAIResponsesCompactionSession({
+      client,
+      model: MODEL,
+      shouldTriggerCompaction: () => true,
+    });
+    const weather = new Agent({
+      name: 'weather',
+      instructions: 'Answer weather questions.',
+      model: new OpenAIResponsesModel(client, MODEL),
+    });
+    const kept = async () => (await session.getItems()).map((item) => item.type ?? item.role);
+    const first = await run(weather, 'SDK-TEXT: is it sunny in Paris?', { session });
+    const afterFirst = await kept();
+    const second = await run(weather, 'SDK-REASON: and tomorrow?', { session });
+    return {
+      finalOutputs: [first.finalOutput, second.finalOutput],
+      kept: [afterFirst, await kept()],
     };
   },
 

@@ -20,6 +20,8 @@ MODEL = "gpt-oss-120b"
 # The scripted engine turns (tests/fixtures/engine_script.yaml): the session app, local_app and
 # in-process apps that need the scripted turns play them.
 ENGINE_SCRIPT = REPO / "tests" / "fixtures" / "engine_script.yaml"
+# The turns the simulated engine plays as the moderation model (gpt-oss-safeguard).
+MODERATION_SCRIPT = REPO / "tests" / "fixtures" / "moderation_script.yaml"
 # The session app's API keys (tests/conftest.py gives `serve run` both, and `python -m
 # tests.local_app` takes them too): the app runs closed, as on a cluster, so every serve-tier
 # test sends one; two tenants are two keys. ``AUTH``: the header for ``API_KEY``.

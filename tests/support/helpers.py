@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import uvicorn
@@ -27,6 +27,9 @@ from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.serving.engine.client import EngineClient, InProcessEngineClient
 from serve_app.serving.ingress import app_store, create_api
 from tests.support import API_KEY, API_KEY_ENV, REPO
+
+if TYPE_CHECKING:
+    import httpx2
 
 # The JavaScript clients (npm, installed by scripts/test.sh): the AI SDK, zod.
 JS_DIR = REPO / "tests" / "js"
@@ -74,14 +77,23 @@ async def in_process_api(
 
     ``db``: an SQLite file, or a store URL (e.g. the session's PostgreSQL). ``engine``: the
     simulated engine's config (default: fast and unscripted); the engine itself is the app's
-    ``state.engine``, for tests that look inside it. ``engine_client``: wraps the in-process
-    engine client (a test's refusals, delays). ``options`` go to ``create_api``.
+    ``state.engine``, for tests that look inside it. With ``args.moderation``, its engine (the
+    simulated one, playing gpt-oss-safeguard) runs here too, as ``state.moderation_engine``,
+    unless ``options`` bring a ``moderation`` client of their own. ``engine_client``: wraps the
+    in-process engine client (a test's refusals, delays). ``options`` go to ``create_api``.
     """
     args = args or AppArgs()
     store = app_store(db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}", args)
     await store.start()
     simulated = SimulatedEngine(engine or SimulatedEngineConfig(decode_tokens_per_s=50_000))
     await simulated.start()
+    classifier = None
+    if args.moderation is not None and "moderation" not in options:
+        classifier = SimulatedEngine(
+            SimulatedEngineConfig.model_validate(args.moderation.engine.options)
+        )
+        await classifier.start()
+        options["moderation"] = InProcessEngineClient(classifier)
     try:
         client: EngineClient = InProcessEngineClient(simulated)
         api = create_api(
@@ -92,12 +104,15 @@ async def in_process_api(
             **options,
         )
         api.state.engine = simulated
+        api.state.moderation_engine = classifier
         try:
             yield api
         finally:
             await api.state.service.aclose()
     finally:
         await simulated.shutdown()
+        if classifier is not None:
+            await classifier.shutdown()
         await store.close()
 
 
@@ -158,6 +173,28 @@ def run_locust(
         text=True,
         timeout=seconds + 120,
     )
+
+
+def recording_http_client(
+    bodies: list[dict[str, Any]], *, asynchronous: bool = False
+) -> httpx2.Client | httpx2.AsyncClient:
+    """An HTTP client that appends the JSON body of every request it sends to ``bodies``: the
+    transport to give a Python client built on the openai SDK (LangChain, pydantic-ai), to see
+    what it sent. It changes nothing of what is sent: it is the SDK's own kind of client
+    (httpx2, the transport of openai 3.5x; pydantic-ai needs it too)."""
+    import httpx2
+
+    def record(request: httpx2.Request) -> None:
+        if request.content:
+            bodies.append(json.loads(request.content))
+
+    if asynchronous:
+
+        async def record_async(request: httpx2.Request) -> None:
+            record(request)
+
+        return httpx2.AsyncClient(event_hooks={"request": [record_async]}, timeout=60)
+    return httpx2.Client(event_hooks={"request": [record]}, timeout=60)
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 20) -> bool:

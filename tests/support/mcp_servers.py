@@ -12,7 +12,8 @@ port, started and stopped by the test.
 Kinds (`KINDS`), each also listing `echo` unless said otherwise:
 - ``good``: ``echo(text)``, ``add(a, b)``, ``slow(seconds)`` (sleeps, then says so),
   ``fail(message)`` (an ``isError`` result with that message), ``seen_headers()`` (the
-  ``authorization`` and ``x-*`` header values every HTTP request to this server carried, JSON),
+  ``authorization`` and ``x-*`` header values every HTTP request to this server carried, and
+  any ``Host`` but its own loopback address, ``Forwarded``, ``Via`` or ``Proxy-*``, JSON),
   ``charge(amount)`` (a side effect: counts the charges made, answers ``charge #N of AMOUNT``)
   and ``charges()`` (how many were made: what an exactly-once test reads);
 - ``hang``: ``hang()`` never answers;
@@ -260,6 +261,14 @@ async def _send_stats(send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _foreign(name: str, value: str) -> bool:
+    """A routing header a client should never have chosen: a ``Host`` other than this
+    server's own loopback address, or any ``Forwarded``/``Via``/``Proxy-*``."""
+    if name == "host":
+        return not value.startswith(("127.0.0.1:", "localhost:"))
+    return name in ("forwarded", "via") or name.startswith("proxy-")
+
+
 def _guarded(app: Any, token: str | None) -> Any:
     """The ASGI app, noting the headers each request carries and, with a token, refusing
     requests without it."""
@@ -271,7 +280,7 @@ def _guarded(app: Any, token: str | None) -> Any:
         if scope["type"] == "http":
             headers = {name.decode().lower(): value.decode() for name, value in scope["headers"]}
             for name, value in headers.items():
-                if name == "authorization" or name.startswith("x-"):
+                if name == "authorization" or name.startswith("x-") or _foreign(name, value):
                     _SEEN_HEADERS.add(f"{name}: {value}")
             session = headers.get("mcp-session-id")
             if session is not None:

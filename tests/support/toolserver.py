@@ -5,7 +5,9 @@ it: `python -m serve_app.toolserver` on a free loopback port, awaited (`/health`
         server.mcp_url     # http://127.0.0.1:PORT/mcp (streamable HTTP); server.sse_url: /sse
 
 Its output goes to `log` (a file beside the docs folder's parent unless given), shown when it
-fails to start. It imports nothing of serve_app: the server is a process, not a module here.
+fails to start. Its python tool is sandboxed (bubblewrap) where this machine can make the
+sandbox, else started with `--python-sandbox none`. The server is a process, not a module
+here (only `bwrap_works` is asked of serve_app.toolserver).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from serve_app.toolserver.sandbox import bwrap_works
 from tests.support import REPO
 from tests.support.serve_run import free_port
 
@@ -49,6 +52,10 @@ def tool_server(docs: Path | None, *args: str, log: Path | None = None) -> Itera
     """The server on `docs` (None: `--tools python`, no browser) with CLI `args` added."""
     port = free_port()
     log = log or Path(tempfile.mkstemp(prefix="toolserver-", suffix=".log")[1])
+    if "--python-sandbox" not in args and not bwrap_works(sys.executable):
+        # No sandbox can be made here (no bubblewrap, no namespaces): the tests of what the
+        # tools do run unsandboxed; the sandbox's own tests skip (test_sandbox.py).
+        args = (*args, "--python-sandbox", "none")
     command = [sys.executable, "-m", "serve_app.toolserver", "--port", str(port)]
     command += ["--docs", str(docs)] if docs is not None else ["--tools", "python"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}

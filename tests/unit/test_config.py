@@ -80,3 +80,24 @@ def test_mcp_allowlist_is_empty_by_default_and_the_variable_replaces_it(
 def test_an_mcp_allowlist_entry_is_an_http_url_without_credentials(entry: str) -> None:
     with pytest.raises(ValueError, match=r"tools\.mcp_allow"):
         AppArgs.model_validate({"tools": {"mcp_allow": [entry]}})
+
+
+def test_service_tiers_refuse_what_they_cannot_mean() -> None:
+    """Issue 49: a key named by anything but its digest (a key pasted into a config is a
+    leaked secret), an auto tier the key may not use, deadlines out of the tiers' order."""
+    from pydantic import ValidationError
+
+    from serve_app.config import ServiceTierArgs, TierPolicy
+
+    with pytest.raises(ValidationError, match="not a key's digest"):
+        ServiceTierArgs(keys={"sk-live-123": TierPolicy()})
+    with pytest.raises(ValidationError, match="auto tier 'priority'"):
+        TierPolicy(allowed=["default", "flex"], auto="priority")
+    with pytest.raises(ValidationError, match="priority's <= default's <= flex's"):
+        ServiceTierArgs(deadline_s={"priority": 0, "default": 90, "flex": 60})
+    with pytest.raises(ValidationError, match="no deadline for"):
+        ServiceTierArgs(deadline_s={"priority": 0, "default": 5})
+    digest = "0123456789abcdef0123456789abcdef"
+    tiers = ServiceTierArgs(keys={digest: TierPolicy(allowed=["flex"], auto="flex")})
+    assert tiers.policy(digest).auto == "flex"
+    assert tiers.policy("f" * 32) == tiers.policy(None) == TierPolicy()

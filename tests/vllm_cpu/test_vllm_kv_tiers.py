@@ -1,7 +1,7 @@
-"""Both shipped KV tiers pass vLLM's own argument parsing: the engine options of
-configs/gpt-oss.yaml (the native CPU tier, OffloadingConnector) and of
-configs/gpt-oss-shared-kv.yaml (LMCache on a shared server, LMCacheConnectorV1), built into a
-``VllmConfig`` exactly as the engine builds them (`VLLMEngineConfig.engine_args`, then
+"""Both shipped KV tiers (and the scheduler options, issue 49) pass vLLM's own argument
+parsing: the engine options of configs/gpt-oss.yaml (the native CPU tier, OffloadingConnector)
+and of configs/gpt-oss-shared-kv.yaml (LMCache on a shared server, LMCacheConnectorV1), built
+into a ``VllmConfig`` exactly as the engine builds them (`VLLMEngineConfig.engine_args`, then
 ``AsyncEngineArgs(...).create_engine_config()`` with our ``KVTransferConfig``), on the stage's
 tiny random gpt-oss checkpoint (its model and tensor parallel 1 in place of the config's).
 
@@ -61,6 +61,7 @@ def test_the_native_cpu_tier_is_accepted_by_vllm(checkpoint: Path) -> None:
     extra = built.kv_connector_extra_config
     assert extra["cpu_bytes_to_use"] == 128 << 30
     assert extra["self_describing_kv_events"] is True
+    assert built.kv_load_failure_policy == "recompute"  # a block it cannot load: recomputed
 
 
 def test_the_shared_tier_is_accepted_by_vllm(checkpoint: Path) -> None:
@@ -69,6 +70,8 @@ def test_the_shared_tier_is_accepted_by_vllm(checkpoint: Path) -> None:
     assert built.kv_connector == "LMCacheConnectorV1"
     assert built.is_kv_producer and built.is_kv_consumer  # kv_both: stores and loads
     assert built.get_from_extra_config("lmcache.remote_url", None).startswith("redis://")
+    # A chunk the shared server evicted before LMCache loaded it: recomputed, not a failed turn.
+    assert built.kv_load_failure_policy == "recompute"
     # LMCacheConnectorV1 is not SupportsHMA: vLLM turns the hybrid KV-cache manager off
     # (docs/vllm.md: the sliding-window layers then take full-length blocks).
     assert config.scheduler_config.disable_hybrid_kv_cache_manager is True
@@ -85,3 +88,15 @@ def test_vllm_rejects_a_tier_it_does_not_know(checkpoint: Path) -> None:
     options["kv_transfer_config"] = {**options["kv_transfer_config"], "kv_role": "kv_everything"}
     with pytest.raises(ValueError, match="kv_role"):
         _build_vllm_config(VLLMEngineConfig.model_validate(options).engine_args())
+
+
+@pytest.mark.parametrize("config", ["gpt-oss.yaml", "gpt-oss-shared-kv.yaml"])
+def test_the_priority_scheduler_and_batch_are_vllms_own_parse(
+    checkpoint: Path, config: str
+) -> None:
+    """Issue 49: vLLM's own parse of the shipped scheduler options: its waiting queue is the
+    priority heap (serve_app/engines/vllm_engine.py hands it each request's deadline) and its
+    batch the 48 sequences the engine deployment's max_ongoing_requests leaves a queue beyond."""
+    scheduler = vllm_config(config, checkpoint).scheduler_config
+    assert scheduler.policy == "priority"
+    assert scheduler.max_num_seqs == 48

@@ -20,8 +20,16 @@ class SimulatedEngineConfig(BaseModel):
     # Prefix cache model: block size and capacity (KV tokens the replica can keep cached).
     block_size: int = Field(default=16, gt=0)
     kv_cache_tokens: int = Field(default=262_144, gt=0)
-    # Prefill speed for uncached prompt tokens; one prefill runs at a time, in arrival order.
+    # Prefill speed for uncached prompt tokens; one prefill runs at a time, earliest deadline
+    # first (GenerateRequest.deadline_s; timing.py).
     prefill_tokens_per_s: float = Field(default=20_000, gt=0)
+    # A prefill runs this many tokens' time at once, and between chunks the request due first
+    # takes the accelerator (vLLM's chunked prefill, its step's max_num_batched_tokens); None:
+    # a prefill, once started, runs whole.
+    prefill_chunk_tokens: int | None = Field(default=None, gt=0)
+    # Decode slots (vLLM's max_num_seqs): requests held from the start of their prefill to their
+    # end; one finding none free waits, in deadline order. None: no limit.
+    max_num_seqs: int | None = Field(default=None, gt=0)
     # A CPU tier behind the GPU cache (vLLM's OffloadingConnector): KV tokens it holds, 0 for
     # none (the default: today's model). Every block computed is written to it too, and a
     # prefix found only there is loaded at `kv_load_tokens_per_s` instead of computed.

@@ -117,6 +117,7 @@ class SimulatedEngine(Engine):
                         chunk.logprobs = self._logprobs(running, token_ids)
                     if token_ids and not stamped:
                         chunk.engine_ttft_s = running.first_token_at - running.arrived
+                        chunk.engine_queue_s = running.queue_s
                         stamped = True
                     yield chunk
         finally:

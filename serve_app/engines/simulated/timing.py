@@ -1,14 +1,39 @@
 """The simulated engine's time model: prefill of the *uncached* prompt tokens (one prefill at a
-time, first come first served, as prefills share one accelerator) and decode steps that slow
+time, as prefills share one accelerator, earliest deadline first) and decode steps that slow
 down as more requests decode together. Only the timing is wall-clock; ``first_token_at`` is the
 model's, so a benchmark on a busy host measures where requests were sent, not how late the
-host's timers fired."""
+host's timers fired.
+
+Scheduling (issue 49), as vLLM's ``priority`` policy schedules once the engine wrapper gives it
+each request's deadline (serve_app/engines/vllm_engine.py):
+
+- the accelerator prefills one request at a time; when it is free, the waiting request with
+  the earliest deadline (its arrival plus its ``deadline_s``; ties: arrival) takes it. A
+  deadline fixed at arrival is aging: a waiting request's effective priority improves by a
+  second each second, so a request of a later deadline is passed only by requests arriving
+  less than the difference of the deadlines after it, and is never starved;
+- with ``prefill_chunk_tokens``, a prefill runs a chunk's time at once (vLLM's chunked prefill:
+  a step's ``max_num_batched_tokens``), and between chunks the earliest deadline waiting takes
+  the accelerator: an urgent request waits for the chunk running at most, the prefill it cut in
+  on resumes after it. vLLM continues the prefills already running first and gives a new one
+  what is left of the step's token budget, so there an urgent request shares steps with them
+  rather than going ahead whole: the same work, split differently. Without it a prefill, once
+  started, runs whole (the model before issue 49);
+- decode slots (``max_num_seqs``, vLLM's): a request holds one from the start of its prefill to
+  its end, and one that finds none free waits, handed the next in the same deadline order.
+  Nobody is preempted for a slot (vLLM preempts only when KV blocks run out, the lowest
+  priority first: KV exhaustion is not modelled here);
+- every request past its prefill decodes in one batch, one token a step each, whatever its
+  tier: the step slows with the batch (``batch_slowdown``), for every request alike, as vLLM's
+  batch has no priority. So a flood of low-tier requests slows an urgent one's decode by the
+  slots it holds, which ``max_num_seqs`` bounds.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -38,6 +63,23 @@ class Running:
     arrived: float = field(default_factory=time.monotonic)
     prefilled_at: float = 0.0
     first_token_at: float = 0.0
+    # Scheduling: arrival order among equal deadlines; when its prefill started (the model's
+    # time: its queue wait ends there); whether it holds a decode slot and, if it had to wait
+    # for one, since when.
+    seq: int = 0
+    started_at: float | None = None
+    holds_slot: bool = False
+    slot_at: float = 0.0
+
+    @property
+    def due(self) -> float:
+        """Its deadline: arrival plus its tier's ``deadline_s`` (fixed at arrival: aging)."""
+        return self.arrived + self.request.deadline_s
+
+    @property
+    def queue_s(self) -> float | None:
+        """Seconds it waited before its prefill started, by the model (None: not started)."""
+        return None if self.started_at is None else self.started_at - self.arrived
 
 
 class Aborted(Exception):
@@ -51,55 +93,122 @@ class TimingModel:
         self.config = config
         self.cache = cache
         self.num_decoding = 0
-        # Requests waiting for prefill, the one prefilling first.
-        self._prefill_queue: deque[Running] = deque()
-        # When the modelled accelerator finishes the prefills admitted so far (monotonic).
+        # Requests wanting the accelerator: not started, or between chunks of their prefill.
+        self._waiting: list[Running] = []
+        # The request prefilling now (a chunk, or its whole prefill), if any.
+        self._busy: Running | None = None
+        # When the modelled accelerator finishes the prefill work admitted so far (monotonic).
         self._prefill_free_at = 0.0
+        # Decode slots held, and when the latest was given back while requests waited for one.
+        self._slots_held = 0
+        self._slot_freed_at = 0.0
+        self._arrivals = itertools.count()
 
     def finished(self, running: Running) -> None:
         """``running`` leaves the engine (ended, failed or aborted)."""
         if running.decoding:
             self.num_decoding -= 1
+        if running.holds_slot:
+            limit = self.config.max_num_seqs
+            was_full = limit is not None and self._slots_held >= limit
+            running.holds_slot = False
+            self._slots_held -= 1
+            if was_full and self._waiting:
+                # The request that waited for this slot starts no sooner than now.
+                self._slot_freed_at = time.monotonic()
+            self._dispatch()
 
     async def prefill(self, running: Running) -> CacheHit:
         """Prefill the prompt's uncached tokens; returns what the cache served of the prompt.
 
-        Prefills run one at a time in arrival order because they share one accelerator: cache
-        misses cost the replica throughput, not only the request latency, which is what makes
-        cache-affine routing matter. The cache is looked up when the prefill starts, as vLLM's
-        scheduler does, so a request queued behind one with the same prefix reuses its blocks.
+        Prefills run one at a time, earliest deadline first (the module docstring), because
+        they share one accelerator: cache misses cost the replica throughput, not only the
+        request latency, which is what makes cache-affine routing matter. The cache is looked
+        up when the prefill starts, as vLLM's scheduler does, so a request queued behind one
+        with the same prefix reuses its blocks.
 
-        Each prefill ends at a time the model sets (after the arrival and the prefill before
-        it), not after a sleep of its length: a timer that fires late on a busy host delays
-        this prefill, not every one queued behind it.
+        Each chunk ends at a time the model sets (after the arrival and the work before it),
+        not after a sleep of its length: a timer that fires late on a busy host delays this
+        prefill, not every one queued behind it.
         """
-        queue = self._prefill_queue
-        queue.append(running)
+        running.seq = next(self._arrivals)
+        self._waiting.append(running)
+        hit: CacheHit | None = None
+        remaining_s = 0.0  # the accelerator's time its prefill has left, once started
         try:
-            while queue[0] is not running:
-                await self.sleep(running, None)  # woken when the request ahead leaves
-            prompt = running.request.prompt_token_ids
-            session, salt = running.request.session_id, running.request.cache_salt
-            # A shared tier in another process answers for the prompt first (one call; its
-            # wall time is not the model's: the pull is charged at the pull rate below).
-            await self.cache.prefetch_shared(prompt, salt)
-            hit = self.cache.lookup_hit(prompt, session, salt)
-            running.prefilled_at = max(running.arrived, self._prefill_free_at) + self.prefill_s(
-                len(prompt), hit
-            )
-            self._prefill_free_at = running.prefilled_at
-            await self.sleep(running, running.prefilled_at - time.monotonic())
+            while True:
+                while not self._is_turn(running):
+                    await self.sleep(running, None)  # woken when it may be its turn
+                self._busy = running
+                if hit is None:
+                    hit = await self._start(running)
+                    remaining_s = self.prefill_s(len(running.request.prompt_token_ids), hit)
+                start = max(running.arrived, running.slot_at, self._prefill_free_at)
+                if running.started_at is None:
+                    running.started_at = start
+                chunk_s = self._chunk_s(remaining_s)
+                self._prefill_free_at = start + chunk_s
+                await self.sleep(running, self._prefill_free_at - time.monotonic())
+                remaining_s -= chunk_s
+                self._busy = None
+                if remaining_s <= 0:
+                    break
+                self._dispatch()  # a request due sooner may take the next chunk
+            running.prefilled_at = self._prefill_free_at
             # vLLM caches a prompt's full blocks once computed, before the request ends.
+            session, salt = running.request.session_id, running.request.cache_salt
+            prompt = running.request.prompt_token_ids
             running.prompt_keys = self.cache.insert(prompt, hit.keys, session, salt)
             return hit
         finally:
-            was_first = queue[0] is running
-            queue.remove(running)
-            if was_first and running.prompt_keys is None:
-                # Aborted mid-prefill: the accelerator is free now, not when it would have ended.
+            self._waiting.remove(running)
+            if self._busy is running:
+                # Aborted mid-chunk: the accelerator is free now, not when it would have ended.
+                self._busy = None
                 self._prefill_free_at = min(self._prefill_free_at, time.monotonic())
-            if was_first and queue:
-                resolve(queue[0].wakeup)
+            self._dispatch()
+
+    async def _start(self, running: Running) -> CacheHit:
+        """The request's prefill starts: it takes its decode slot and looks its prompt up."""
+        running.holds_slot = True
+        self._slots_held += 1
+        running.slot_at = self._slot_freed_at
+        prompt = running.request.prompt_token_ids
+        session, salt = running.request.session_id, running.request.cache_salt
+        # A shared tier in another process answers for the prompt first (one call; its
+        # wall time is not the model's: the pull is charged at the pull rate below).
+        await self.cache.prefetch_shared(prompt, salt)
+        return self.cache.lookup_hit(prompt, session, salt)
+
+    def _chunk_s(self, remaining_s: float) -> float:
+        """The accelerator's time the next chunk of a prefill takes: all that is left, or at
+        most a chunk of ``prefill_chunk_tokens`` at the prefill rate."""
+        chunk_tokens = self.config.prefill_chunk_tokens
+        if chunk_tokens is None:
+            return remaining_s
+        return min(remaining_s, chunk_tokens / self.config.prefill_tokens_per_s)
+
+    def _is_turn(self, running: Running) -> bool:
+        return self._busy is None and self._next() is running
+
+    def _next(self) -> Running | None:
+        """Who takes the accelerator when it is free: among the waiting requests that hold a
+        decode slot or can take one, those that had arrived by then (the model's time), the
+        earliest deadline, then the earliest arrival; if none had, the first to arrive."""
+        free_slot = self.config.max_num_seqs is None or self._slots_held < self.config.max_num_seqs
+        eligible = [waiting for waiting in self._waiting if waiting.holds_slot or free_slot]
+        if not eligible:
+            return None
+        free_at = max(self._prefill_free_at, self._slot_freed_at)
+        arrived = [waiting for waiting in eligible if waiting.arrived <= free_at]
+        if not arrived:
+            return min(eligible, key=lambda waiting: waiting.seq)
+        return min(arrived, key=lambda waiting: (waiting.due, waiting.seq))
+
+    def _dispatch(self) -> None:
+        """Wake the request whose turn it is, if the accelerator is free."""
+        if self._busy is None and (head := self._next()) is not None:
+            resolve(head.wakeup)
 
     def prefill_s(self, prompt_tokens: int, hit: CacheHit) -> float:
         """The accelerator's time for a prompt: its uncached tokens at the prefill rate, and

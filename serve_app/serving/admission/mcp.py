@@ -1,9 +1,11 @@
 """The rules on a request's ``mcp`` tools and MCP items, before any server is reached: each
 tool names a server by ``server_url`` (no connectors or tunnels), under the operator's
-allowlist (serve_app.serving.tools.mcp.policy), by a label no other tool uses; every
-``mcp_approval_response`` answers an approval request of its context, and one that approves
-answers a request this server issued to this owner, for the server the request names
-(serve_app.serving.tools.mcp_trust): a client cannot have a call run that no model asked for."""
+allowlist (serve_app.serving.tools.mcp.policy), by a label no other tool uses, with no
+hop-by-hop or routing header among its ``headers`` (a request never picks the virtual host
+behind an allowed address); every ``mcp_approval_response`` answers an approval request of its
+context, and one that approves answers a request this server issued to this owner, for the
+server the request names (serve_app.serving.tools.mcp_trust): a client cannot have a call run
+that no model asked for."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from serve_app.config import ToolArgs
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.mcp_items import McpApprovalRequestItem, McpApprovalResponseItem, McpTool
 from serve_app.protocol.requests import InputItem, ResponsesRequest
-from serve_app.serving.tools.mcp.policy import check_server_url
+from serve_app.serving.tools.mcp.policy import check_headers, check_server_url
 from serve_app.serving.tools.mcp_trust import TrustedMcp
 
 
@@ -59,6 +61,7 @@ def check_mcp_tools(request: ResponsesRequest, args: ToolArgs) -> None:
                 code="missing_required_parameter",
             )
         check_server_url(tool.server_url, f"{param}.server_url", args.mcp_allow)
+        check_headers(tool.headers, f"{param}.headers")
 
 
 NOTHING_TRUSTED = TrustedMcp()

@@ -2,7 +2,8 @@
 turn can earn.
 
 The turn's door (`Door` in serve_app.serving.turn.admit) applies them in this order, before
-anything is rendered: the request on its own (`check_request`), the items it continues once
+anything is rendered: the request on its own (`check_request`, then the tier its key may use:
+`service_tier`), the items it continues once
 loaded (`history_not_found`, `check_references`), then request and items together
 (`check_strict_schemas`, `check_items`, `check_generation`; the rules on tools and schemas are
 in `tools`). Rendering only renders and loading only loads; neither rejects. Two
@@ -18,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from pydantic import BaseModel
 
-from serve_app.config import AppArgs
+from serve_app.config import AppArgs, ServedTier
 from serve_app.engines.base import CLIENT_ERROR_CODES
 from serve_app.harmony import compaction
 from serve_app.harmony.pieces import MAX_PIECE_CHARS, long_piece
@@ -38,6 +39,8 @@ from serve_app.protocol.errors import (
 from serve_app.protocol.request_base import OPAQUE
 from serve_app.protocol.request_tools import HostedTool
 from serve_app.protocol.requests import CompactionItem, InputItem, ItemReference, ResponsesRequest
+from serve_app.protocol.service_tiers import served_tier
+from serve_app.serving import metrics
 from serve_app.serving.admission import builtin
 from serve_app.serving.admission import tools as tool_rules
 
@@ -73,10 +76,32 @@ def check_request(args: AppArgs, request: ResponsesRequest, *, check_limits: boo
     check_text(request)
     check_prewarm(request)
     check_context_management(request)
+    check_moderation(args, request)
     builtin.check_builtin_tools(request)
     if request.conversation_id is not None and request.previous_response_id is not None:
         raise InvalidRequest(
             "Use `conversation` or `previous_response_id`, not both.", param="conversation"
+        )
+
+
+def check_moderation(args: AppArgs, request: ResponsesRequest) -> None:
+    """``moderation`` only where the app serves a moderation model, by one of its names."""
+    asked = request.moderation
+    if asked is None:
+        return
+    served = args.moderation
+    if served is None:
+        raise InvalidRequest(
+            "Moderation is not available on this server: it serves no moderation model.",
+            param="moderation",
+        )
+    if asked.model not in served.served_names():
+        names = ", ".join(sorted(served.served_names()))
+        raise InvalidRequest(
+            f"The moderation model `{asked.model}` does not exist (this server moderates "
+            f"with: {names}).",
+            param="moderation.model",
+            code="model_not_found",
         )
 
 
@@ -162,6 +187,26 @@ def _check_limits(args: AppArgs, request: ResponsesRequest) -> None:
         )
     if len(request.tools) > limits.max_tools:
         raise InvalidRequest(f"Too many tools: at most {limits.max_tools}.", param="tools")
+
+
+def service_tier(args: AppArgs, request: ResponsesRequest, owner: str | None) -> ServedTier:
+    """The tier the request is served at (``service_tier`` resolved by its key's policy:
+    `serve_app.protocol.service_tiers`); a tier the key may not use is a 400 naming
+    ``service_tier``, before anything is loaded or rendered."""
+    policy = args.service_tiers.policy(owner)
+    tier = served_tier(request.service_tier, policy)
+    if tier not in policy.allowed:
+        metrics.TIER_REQUESTS.labels(tier, "rejected").inc()
+        asked = request.service_tier or "auto"
+        served = "" if asked == tier else f" (served as '{tier}')"
+        allowed = ", ".join(f"'{name}'" for name in policy.allowed)
+        raise InvalidRequest(
+            f"This API key may not use service_tier '{asked}'{served}. Tiers it may use: "
+            f"{allowed}.",
+            param="service_tier",
+            code="invalid_value",
+        )
+    return tier
 
 
 def history_not_found(request: ResponsesRequest) -> NotFound:

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from serve_app.config import EngineConfig, StreamingArgs
+from serve_app.config import EngineConfig, ServiceTierArgs, StreamingArgs
 from serve_app.engines.base import (
     SERVER_ERROR,
     Engine,
@@ -41,9 +42,10 @@ from serve_app.engines.base import (
     error_chunk,
 )
 from serve_app.engines.factory import make_engine
+from serve_app.protocol.service_tiers import tier_of
 from serve_app.routing.replica_report import ReplicaReporter
-from serve_app.serving import metrics
-from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS
+from serve_app.serving import logs, metrics
+from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS, TIERS, tier_metric
 from serve_app.serving.engine.channel import (
     CHANNEL_IDLE_S,
     ChannelClosed,
@@ -52,6 +54,7 @@ from serve_app.serving.engine.channel import (
     Outbox,
 )
 from serve_app.serving.engine.liveness import HEARTBEAT, HEARTBEAT_S, Accepted, Heartbeat
+from serve_app.serving.engine.tier_gate import TierGate
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +67,11 @@ CALLER_CHECK_PERIOD_S = 2.0
 # (bench_stream.py: 1.04-1.15 tokens per chunk). This is its value for a replica built without
 # app args (the tests' bare replicas, which may set it); a deployed replica takes the app's.
 STREAM_WINDOW_S = StreamingArgs().resolved().window_s
+
+
+def _tier_label(request: GenerateRequest) -> str:
+    """The service tier of an engine request, by its rank ("other": a rank no tier has)."""
+    return tier_of(request.priority) or "other"
 
 
 def _live_actor_names() -> set[str]:
@@ -221,13 +229,20 @@ class _Route:
 
 @serve.deployment(name="EngineDeployment", max_ongoing_requests=64)
 class EngineDeployment:
-    async def __init__(self, engine: EngineConfig, streaming: StreamingArgs | None = None) -> None:
+    async def __init__(
+        self,
+        engine: EngineConfig,
+        streaming: StreamingArgs | None = None,
+        tiers: ServiceTierArgs | None = None,
+    ) -> None:
+        logs.route_to_replica_log()  # the app's lines in this replica's Serve log file
         # Same id the request router puts on its ring: lets the ingress attribute cache hits.
         self._serve(
             make_engine(engine),
             serve.get_replica_context().replica_id.unique_id,
             # Resolved here: the environment overrides are this node's.
             streaming=(streaming or StreamingArgs()).resolved(),
+            tiers=tiers,
         )
         await self._engine.start()
 
@@ -238,11 +253,15 @@ class EngineDeployment:
         live_callers: Callable[[], Awaitable[set[str]]] | None = None,
         caller_check_period_s: float = CALLER_CHECK_PERIOD_S,
         streaming: StreamingArgs | None = None,
+        tiers: ServiceTierArgs | None = None,
     ) -> None:
         """The replica's state around ``engine`` (the tests build one without Serve so;
-        ``streaming`` None: the module's `STREAM_WINDOW_S` and `CHANNEL_IDLE_S`)."""
+        ``streaming`` None: the module's `STREAM_WINDOW_S` and `CHANNEL_IDLE_S`; ``tiers``
+        None: no tier capped in the engine)."""
         self._streaming = streaming
         self._engine = engine
+        # At most max_running of a tier's requests in the engine at once (issue 49).
+        self._gate = TierGate((tiers or ServiceTierArgs()).max_running)
         self._replica_id = replica_id
         # What the routers are told (record_routing_stats): conversations served, the prefix
         # cache per conversation from the engine's own KV-cache events, queued prefill.
@@ -255,6 +274,9 @@ class EngineDeployment:
         if subscribe is None or not subscribe(self._reporter.held):
             logger.info("the engine publishes no KV-cache events; routers get none from here")
         self._producers: dict[str, asyncio.Task] = {}
+        # The requests in flight here by service tier (issue 49): for the autoscaling policy,
+        # which may leave a tier out, and the metrics.
+        self._by_tier: Counter[str] = Counter()
         self._outboxes: dict[str, Outbox] = {}  # caller -> its open channel (engine_channel)
         self._callers = CallerWatch(
             self._abort_orphan, live_callers or self._live_callers, caller_check_period_s
@@ -284,19 +306,25 @@ class EngineDeployment:
 
         ``caller``: the name of the calling replica's actor, watched while the request runs.
         """
+        logs.REQUEST_ID.set(request.request_id)  # its lines' id where Serve's context has none
         self._reporter.arrived(
             request.request_id,
             request.session_id,
             len(request.prompt_token_ids),
             request.cache_ttl_s,  # reported: every router keeps the home that long
+            deadline_s=request.deadline_s,  # the queue ahead of each tier (issue 49)
+            priority=request.priority,
         )
         self._ledger_changed()
         route = _Route(request.request_id, self._replica_id)
         producer = asyncio.create_task(self._produce_routed(request, route))
         self._watch(caller, request.request_id, producer)
         finished = accepted = False
+        tier = _tier_label(request)
         metrics.ENGINE_REQUESTS.inc()
         metrics.ENGINE_RUNNING.inc()
+        self._by_tier[tier] += 1
+        metrics.ENGINE_RUNNING_BY_TIER.labels(tier).inc()
         try:
             while not finished:
                 outbox = self._outboxes.get(caller) if caller else None
@@ -329,6 +357,8 @@ class EngineDeployment:
                     await asyncio.sleep(window_s)
         finally:
             metrics.ENGINE_RUNNING.dec()
+            self._by_tier[tier] -= 1
+            metrics.ENGINE_RUNNING_BY_TIER.labels(tier).dec()
             await self._settle(caller, request.request_id, producer, finished)
 
     async def channel(
@@ -398,6 +428,8 @@ class EngineDeployment:
             with contextlib.suppress(asyncio.CancelledError):
                 await producer
             await self._engine.abort(request_id)
+        ended = "generated to its end" if finished else "stopped: cancelled, failed or orphaned"
+        logger.info("request %s: %s", request_id, ended, extra={"response_id": request_id})
 
     def _ended(self, request_id: str) -> None:
         if self._reporter.ended(request_id):  # the second of its two ends changes nothing
@@ -429,6 +461,8 @@ class EngineDeployment:
         arrived = self._reporter.now()
 
         def send(chunk: GenerateChunk, first_token: bool) -> None:
+            if first_token and chunk.engine_queue_s is not None:
+                metrics.ENGINE_QUEUE_WAIT.labels(_tier_label(request)).observe(chunk.engine_queue_s)
             if first_token and chunk.engine_ttft_s is not None:  # to the prefill ledger
                 uncached = chunk.num_prompt_tokens - chunk.num_cached_tokens
                 at = arrived + chunk.engine_ttft_s
@@ -437,7 +471,8 @@ class EngineDeployment:
             route.send(chunk, first_token)
 
         try:
-            await self._produce(request, send)
+            async with self._gate.admitted(request) as admitted:
+                await self._produce(admitted, send)
         finally:
             self._ended(request.request_id)
             route.queue.put_nowait(_END)  # for the own stream, if it is still reading
@@ -483,10 +518,15 @@ class EngineDeployment:
         return self._reporter.report()
 
     async def record_autoscaling_stats(self) -> dict[str, int]:
-        """Ray Serve's custom autoscaling metric: the requests the engine holds, which the
-        engine deployment's policy scales on (``serve_app.serving.engine.autoscaling``). Serve's own
-        ongoing count also holds the open channels, which generate nothing."""
-        return {GENERATING_REQUESTS: self._engine.num_ongoing_requests()}
+        """Ray Serve's custom autoscaling metrics: the requests the engine holds, which the
+        engine deployment's policy scales on (``serve_app.serving.engine.autoscaling``), and
+        those of each service tier, which it may leave out. Serve's own ongoing count also
+        holds the open channels, which generate nothing."""
+        # Those held at the tier gate are load too, the engine's queue in all but name.
+        generating = self._engine.num_ongoing_requests() + self._gate.waiting()
+        stats = {GENERATING_REQUESTS: generating}
+        stats.update({tier_metric(tier): self._by_tier[tier] for tier in TIERS})
+        return stats
 
     async def check_health(self) -> None:
         await self._engine.check_health()

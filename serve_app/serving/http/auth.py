@@ -7,6 +7,9 @@ no keys configured the API is open: on loopback only, unless the operator allows
 (serve_app/serving/http/exposure.py: closed by default). Stored responses and conversations
 belong to the key that created them (by a digest, never the key itself); another key gets 404.
 
+A key's digest (`owner_digest`) is also how a config names it (`service_tiers.keys`): print a
+key's with ``python -m serve_app.serving.http.auth`` (keys on standard input, one a line).
+
 The key is checked before anything else of an HTTP request (`RequireKey`, pure ASGI): a missing
 or wrong key is a 401 whatever the body, and a request without a valid key never has its body
 read (an unauthenticated client cannot hold a request slot by trickling a body in).
@@ -17,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -71,7 +75,17 @@ class ApiKeys:
         # Compare with every key, always: how long this takes says nothing about which matched.
         matches = [hmac.compare_digest(candidate, key) for key in self._keys]
         access.check_key(any(matches))
-        return hashlib.sha256(b"serve_app owner\x00" + candidate).hexdigest()[:32]
+        return _digest(candidate)
+
+
+def owner_digest(key: str) -> str:
+    """The owner digest of ``key``: what the store keeps its responses under and a config
+    names it by (`serve_app.config.ServiceTierArgs.keys`), never the key."""
+    return _digest(key.strip().encode())
+
+
+def _digest(key: bytes) -> str:
+    return hashlib.sha256(b"serve_app owner\x00" + key).hexdigest()[:32]
 
 
 class RequireKey:
@@ -118,3 +132,10 @@ async def caller(request: Request) -> str | None:
 
 
 Owner = Annotated[str | None, Depends(caller)]
+
+
+if __name__ == "__main__":
+    # Keys on standard input, not as arguments: arguments stay in the shell's history.
+    for line in sys.stdin:
+        if line.strip():
+            print(owner_digest(line))

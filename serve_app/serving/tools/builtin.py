@@ -54,12 +54,11 @@ _MAX_TRACKED = 1024
 
 def tool_server_client(url: str, args: ToolArgs) -> McpClient:
     """The MCP client (serving/tools/mcp/client.py: its timeouts, response and output bounds,
-    calls in flight per server) for the operator's tool server at ``url``: that server its one
-    allowed entry, whatever `mcp_allow` (and $SERVE_APP_MCP_ALLOW) holds for requests' `mcp`
-    tools, so a loopback or cluster-internal address the operator named is reached."""
-    client = McpClient(args)
-    client.args = client.args.model_copy(update={"mcp_allow": [url]})
-    return client
+    calls in flight per server) for the operator's tool server at ``url``, reached at the name
+    the operator wrote (a cluster Service resolving to a private ClusterIP, a sidecar on
+    loopback: `operator_entry`), whatever `mcp_allow` holds for requests' `mcp` tools, which
+    this client never reaches (it calls ``url`` only)."""
+    return McpClient(args.model_copy(update={"mcp_allow": []}), operator_urls=[url])
 
 
 class BuiltinToolRunner:

@@ -10,7 +10,9 @@ runner working concurrently with the others, each call's done events and ``outpu
 in the model's order as soon as it and every call before it finished. The continuation's prompt
 is the last prompt, the completion up to its last ``<|call|>``, the tools' messages and
 ``<|start|>assistant``: exactly the tokens the engine replica holds in its prefix cache, sent
-with the same session id and cache salt (so the same replica), nothing re-rendered.
+with the same session id and cache salt (so the same replica), nothing re-rendered. Each
+result is held to what the model may be given first (bounds.py: the piece limit, then tokens
+within what the context leaves), its message rendered there, off the event loop when large.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Literal, Protocol
 
 from openai.types.responses import Response, ResponseStreamEvent
-from openai_harmony import Author, Message, Role
 
 from serve_app.config import AppArgs
 from serve_app.constraints import build as constraint_build
@@ -33,6 +34,7 @@ from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry, ToolSpec
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.stream_items import CALL_CHANNEL, OpenItem
+from serve_app.serving.tools.bounds import Bounded, Budget, OutputBounds
 from serve_app.serving.tools.contract import (
     CancelScope,
     ToolCall,
@@ -71,8 +73,14 @@ class Round:
 
     calls: list[OpenItem] = dataclasses.field(default_factory=list)
     results: list[ToolResult | None] = dataclasses.field(default_factory=list)
+    # Each result's harmony message as the continuation's prompt appends it (bounds.py
+    # rendered it when it checked the result's size): beside ``results``, in the same order.
+    messages: list[list[int]] = dataclasses.field(default_factory=list)
     # The same completion also called a tool the client runs.
     client_called: bool = False
+    # Tokens in the context when the calls were made (the prompt and the completion that
+    # made them): what the results' bound leaves room for.
+    context_tokens: int = 0
 
     @property
     def awaits_client(self) -> bool:
@@ -82,9 +90,13 @@ class Round:
 class ToolLoop:
     """Runs the calls of tools the server runs, with the runners it was built with."""
 
-    def __init__(self, args: AppArgs, runners: ToolRunners) -> None:
+    def __init__(
+        self, args: AppArgs, runners: ToolRunners, bounds: OutputBounds | None = None
+    ) -> None:
         self._args = args
         self._runners = runners
+        # What the model is given of each result (bounds.py), large ones rendered off the loop.
+        self._bounds = bounds or OutputBounds(args)
 
     @property
     def runners(self) -> ToolRunners:
@@ -100,22 +112,34 @@ class ToolLoop:
         for item in calls:
             writer.tool_running(item)
         yield writer.take_events()
-        tasks = [scope.spawn(self._run(turn, item, scope)) for item in calls]
+        budget = self._bounds.budget(done.context_tokens, len(calls))
+        tasks = [scope.spawn(self._run(turn, item, scope, budget)) for item in calls]
         try:
             for item, task in zip(calls, tasks, strict=True):
-                result = await task
+                bounded = await task
                 done.calls.append(item)
-                done.results.append(result)
-                writer.close_tool_call(item, result, "completed")
+                done.results.append(bounded.result)
+                done.messages.append(bounded.tokens)
+                writer.close_tool_call(item, bounded.result, "completed")
                 yield writer.take_events()
         finally:
             if any(not task.done() for task in tasks):
                 scope.cancel("the response ended")
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _run(self, turn: Turn, item: OpenItem, scope: CancelScope) -> ToolResult:
-        """One call through its kind's runner; any failure a result the model reads."""
+    async def _run(self, turn: Turn, item: OpenItem, scope: CancelScope, budget: Budget) -> Bounded:
+        """One call through its kind's runner, its result within ``budget`` (bounds.py);
+        any failure a result the model reads."""
         spec = _spec(turn, item)
+        result = await self._result(turn, item, scope, spec)
+        channel = item.data.get(CALL_CHANNEL) or "commentary"
+        return await self._bounds.apply(result, spec.recipient, channel, budget, turn.owner)
+
+    async def _result(
+        self, turn: Turn, item: OpenItem, scope: CancelScope, spec: ToolSpec
+    ) -> ToolResult:
+        """What the kind's server gives in the response's session (a call past the bound on
+        calls per response: not run; a server that raises: a failed result)."""
         cap = self._args.tools.max_calls_per_response
         if turn.server_calls >= cap:
             return ToolResult(error=over_cap(cap))
@@ -177,16 +201,27 @@ class ToolLoop:
         translator = turn.translator
         if done.awaits_client or translator.call_limit.refused or not done.calls:
             return "stop"
-        cut = _after_last_call(completion)
+        cut = after_last_call(completion)
         if cut is None or done.client_called:
             return "stop"
         if turn.completions >= self._runners.max_rounds:
             logger.warning("response %s: tool rounds at their bound", turn.response.id)
             return "stop"
+        return self.continue_with(turn, completion[:cut], _tool_messages(done))
+
+    def continue_with(
+        self, turn: Turn, completion: Sequence[int], tool_messages: Sequence[int]
+    ) -> GenerateRequest | Literal["length"]:
+        """The engine request that continues the response after ``completion`` (cut after its
+        last ``<|call|>``) with the tools' messages: the last prompt, the completion, the
+        messages and ``<|start|>assistant``, the same session id and cache salt (so the same
+        replica, its prefix cached); ``length`` when no output tokens are left. The server's
+        tool rounds continue this way, and so does a response resumed with the outputs the
+        client injected (serving/turn/client_outputs.py)."""
         prompt = [
             *turn.generate.prompt_token_ids,
-            *completion[:cut],
-            *_tool_messages(turn, done),
+            *completion,
+            *tool_messages,
             *_ASSISTANT_START,
         ]
         max_tokens = self.output_left(turn, len(prompt))
@@ -240,7 +275,7 @@ def _spec(turn: Turn, item: OpenItem) -> ToolSpec:
     return spec or ToolSpec(name=item.name, kind=item.tool_kind or "", namespace=item.namespace)
 
 
-def _after_last_call(completion: Sequence[int]) -> int | None:
+def after_last_call(completion: Sequence[int]) -> int | None:
     """Where the completion is cut for the continuation: after its last ``<|call|>`` (None:
     it has none; its calls were cut short, not made)."""
     for index in range(len(completion) - 1, -1, -1):
@@ -249,22 +284,16 @@ def _after_last_call(completion: Sequence[int]) -> int | None:
     return None
 
 
-def _tool_messages(turn: Turn, done: Round) -> list[int]:
+def _tool_messages(done: Round) -> list[int]:
     """The tools' harmony messages (author: the recipient; the call's channel: commentary, or
-    analysis where gpt-oss calls its own browser and python), in order."""
-    encoding = get_encoding()
-    tokens: list[int] = []
-    for item, result in zip(done.calls, done.results, strict=True):
-        if result is None:
-            continue
-        author = Author.new(Role.TOOL, _spec(turn, item).recipient)
-        message = (
-            Message.from_author_and_content(author, result.model_text)
-            .with_channel(item.data.get(CALL_CHANNEL) or "commentary")
-            .with_recipient("assistant")
-        )
-        tokens.extend(encoding.render(message))
-    return tokens
+    analysis where gpt-oss calls its own browser and python), in order: rendered when each
+    result was bounded (bounds.py), off the event loop when large."""
+    return [
+        token
+        for result, message in zip(done.results, done.messages, strict=True)
+        if result is not None
+        for token in message
+    ]
 
 
 def client_calls(turn: Turn) -> int:

@@ -37,6 +37,7 @@ from serve_app.protocol.stream_events import ResponseEventWriter
 from serve_app.protocol.stream_items import OpenItem
 from serve_app.protocol.tool_events import ToolCallEvents
 from serve_app.serving.tools import mcp_trust
+from serve_app.serving.tools.bounds import OutputBounds
 from serve_app.serving.tools.contract import (
     CancelScope,
     RunnerServer,
@@ -168,7 +169,12 @@ class McpTurns:
     rendered and the stage it runs once its response exists (`stage`)."""
 
     def __init__(
-        self, servers: McpServers, once: OnceCalls, max_calls: int, vault: ReasoningVault
+        self,
+        servers: McpServers,
+        once: OnceCalls,
+        max_calls: int,
+        vault: ReasoningVault,
+        bounds: OutputBounds | None = None,
     ) -> None:
         self.servers = servers
         self.runner = McpRunner(servers)
@@ -176,6 +182,8 @@ class McpTurns:
         self._vault = vault  # seals the listings it makes (mcp_trust.py)
         # The server's bound on the calls one response runs (approved ones are among them).
         self._max_calls = max_calls
+        # What the model is given of an approved call's result (the loop bounds the others).
+        self._bounds = bounds
 
     def plan(
         self,
@@ -268,7 +276,7 @@ class McpTurns:
         read_only = planned.read_only(asked.server_label, asked.name, done)
 
         async def run() -> ToolResult:
-            return await call(
+            result = await call(
                 self.servers,
                 tool,
                 asked.name,
@@ -276,9 +284,24 @@ class McpTurns:
                 owner=turn.owner,
                 read_only=read_only,
             )
+            # Bounded before it is recorded: a retry is given what the model was.
+            return await self._bounded(asked, result, turn.owner)
 
         result = await self._once.run(turn.owner, asked.id, turn.response.id, run)
         return replace(result, data={**result.data, "approval_request_id": asked.id})
+
+    async def _bounded(
+        self, asked: McpApprovalRequestItem, result: ToolResult, owner: str | None
+    ) -> ToolResult:
+        """An approved call's result as the model is given it: within
+        ``tools.max_output_tokens`` and the piece limit (the prompt it joins is rendered, and
+        cut to fit, after)."""
+        if self._bounds is None:
+            return result
+        recipient = f"{asked.server_label}.{asked.name}"
+        bounds = self._bounds
+        bounded = await bounds.apply(result, recipient, "commentary", bounds.budget(), owner)
+        return bounded.result
 
 
 def _open_listing(writer: ToolCallEvents, tool: McpTool) -> OpenItem:

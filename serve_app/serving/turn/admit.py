@@ -50,13 +50,14 @@ class Door:
         checked and replaced by the stored items they name."""
         request = omit_unavailable(self._args, ask.request)
         rules.check_request(self._args, request, check_limits=ask.check_limits)
+        tier = rules.service_tier(self._args, request, ask.owner)
         continued = await history.load(self._store, ask)
         if continued is None:
             raise rules.history_not_found(request)
         given = request.input_items
         if not any(isinstance(item, ItemReference) for item in [*continued, *given]):
-            return Context(request, continued)
+            return Context(request, continued, tier=tier)
         found = await find_referenced(self._store, ask.owner, [*continued, *given])
         rules.check_references(continued, given, found, history_param=rules.history_param(request))
         request = request.model_copy(update={"input": replace_references(given, found)})
-        return Context(request, replace_references(continued, found))
+        return Context(request, replace_references(continued, found), tier=tier)

@@ -1,8 +1,10 @@
 """What the engine is asked for a turn (`engine_request`): the prompt's token ids, the
-request's sampling, harmony's stop tokens, and what the completion must obey."""
+request's sampling, harmony's stop tokens, what the completion must obey, and its tier's
+scheduling (issue 49)."""
 
 from __future__ import annotations
 
+from serve_app.config import ServedTier, ServiceTierArgs
 from serve_app.constraints import build as constraint_build
 from serve_app.constraints.spec import CompletionConstraint
 from serve_app.engines.base import (
@@ -21,6 +23,7 @@ from serve_app.protocol.prompt_cache import (
     written_breakpoints,
 )
 from serve_app.protocol.requests import ResponsesRequest
+from serve_app.protocol.service_tiers import PRIORITY
 
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
 # The cache salt's prefix of a request that caches nothing (its response id follows).
@@ -35,11 +38,16 @@ def engine_request(
     max_tokens: int,
     session_id: str | None,
     cache_salt: str | None,
+    tier: ServedTier = "default",
+    tiers: ServiceTierArgs | None = None,
 ) -> GenerateRequest:
     """What the engine is asked for a turn: the prompt's token ids and the request's sampling
     (the engine's defaults where it sets none), stopping at harmony's ``<|return|>`` or
     ``<|call|>``, and what the completion must obey. ``session_id``: the routing key;
-    ``cache_salt``: the caller's prefix-cache namespace (``routing.keys.cache_salt``)."""
+    ``cache_salt``: the caller's prefix-cache namespace (``routing.keys.cache_salt``);
+    ``tier``: the tier it is served at, whose rank and deadline (``tiers``: the app's settings)
+    the engine schedules it by."""
+    deadlines = (tiers or ServiceTierArgs()).deadline_s
     return GenerateRequest(
         request_id=request_id,
         prompt_token_ids=prompt.token_ids,
@@ -55,6 +63,8 @@ def engine_request(
         constraint=_constraint(request, prompt.tools),
         cache_breakpoints=written_breakpoints(_mode(request), list(prompt.breakpoints)),
         cache_ttl_s=TTL_SECONDS[applied(request.prompt_cache_options).ttl or DEFAULT_TTL],
+        priority=PRIORITY[tier],
+        deadline_s=deadlines[tier],
     )
 
 

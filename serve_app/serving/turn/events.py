@@ -12,14 +12,18 @@ from dataclasses import dataclass, field
 
 from openai.types.responses import Response, ResponseStreamEvent
 
-from serve_app.engines.base import SERVER_ERROR, GenerateChunk
+from serve_app.engines.base import SERVER_ERROR, GenerateChunk, GenerateRequest
+from serve_app.harmony.render import tool_output_tokens
+from serve_app.protocol.client_tools import OWED_CALL_TYPES
 from serve_app.protocol.errors import RATE_LIMITED, APIError, RateLimited
 from serve_app.protocol.tool_items import tool_items
 from serve_app.routing import metrics as routing_metrics
 from serve_app.serving import metrics
 from serve_app.serving.engine.client import EngineClient
 from serve_app.serving.tools.contract import CancelScope
-from serve_app.serving.tools.loop import Round, ToolLoop, client_calls
+from serve_app.serving.tools.loop import Round, ToolLoop, after_last_call, client_calls
+from serve_app.serving.turn.client_outputs import Committed, owed_calls
+from serve_app.serving.turn.history import INPUT_ITEMS
 from serve_app.serving.turn.persistence import NOT_STORED_MESSAGE, NotStored, Persistence
 from serve_app.serving.turn.state import Turn
 
@@ -40,6 +44,8 @@ class _Completion:
     # How it ended: the response's terminal events, or calls of server-run tools pending.
     terminal: list[ResponseStreamEvent] = field(default_factory=list)
     tools_pending: bool = False
+    # It ended with calls of tools the client runs, whose outputs the response waits for.
+    awaits_client: bool = False
 
 
 class EventLoop:
@@ -65,6 +71,24 @@ class EventLoop:
         return turn.response
 
     async def event_batches(self, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]:
+        """`_event_batches`; a moderated turn's input is judged from now on, beside the engine
+        request it makes at once (serve_app/serving/moderation.py), and no judgement outlives
+        the turn."""
+        moderation = turn.moderation
+        if moderation is None:
+            async with contextlib.aclosing(self._event_batches(turn)) as batches:
+                async for batch in batches:
+                    yield batch
+            return
+        moderation.begin()
+        try:
+            async with contextlib.aclosing(self._event_batches(turn)) as batches:
+                async for batch in batches:
+                    yield batch
+        finally:
+            moderation.cancel()
+
+    async def _event_batches(self, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]:
         """``events``, as one non-empty list per engine chunk: what a transport sends in one
         write (one ASGI message costs the same whether it carries one event or ten).
 
@@ -112,10 +136,30 @@ class EventLoop:
                             yield [*opening, *batch]
                             opening = []
                 terminal = completion.terminal
+                if completion.awaits_client:
+                    # The client's outputs, injected while the response waits, continue it.
+                    resumed, placed = await self._client_outputs(turn, completion)
+                    if placed:
+                        yield placed
+                    if isinstance(resumed, str):
+                        if await self._settle(turn, wait=True):
+                            resumed = "content_filter"
+                        terminal = translator.finish(
+                            resumed,
+                            prompt_tokens=turn.prompt_tokens,
+                            cached_tokens=turn.cached_tokens,
+                        )
+                        break
+                    turn.generate = resumed
+                    translator.begin_completion()
+                    continue
                 if terminal or not completion.tools_pending or self._tools is None:
                     break
                 # The completion's pending calls run; the response goes on, or ends here.
-                done = Round(client_called=client_calls(turn) > completion.client_calls)
+                done = Round(
+                    client_called=client_calls(turn) > completion.client_calls,
+                    context_tokens=len(turn.generate.prompt_token_ids) + len(completion.token_ids),
+                )
                 calls = translator.writer.pending_calls  # pending until each is closed
                 scope = CancelScope()
                 async with contextlib.aclosing(
@@ -128,6 +172,8 @@ class EventLoop:
                 if not isinstance(following, str) and steer is not None and steer():
                     following = "steered"  # between two completions: a safe boundary
                 if isinstance(following, str):
+                    if await self._settle(turn, wait=True):
+                        following = "content_filter"
                     terminal = translator.finish(
                         following,
                         prompt_tokens=turn.prompt_tokens,
@@ -137,6 +183,7 @@ class EventLoop:
                 turn.generate = following
                 translator.begin_completion()
             if not terminal:
+                await self._settle(turn, wait=False)
                 terminal = translator.fail("The engine stream ended early.", "server_error")
         except RateLimited as busy:
             # Every engine replica is full and the queue too (the engine client's word for
@@ -146,13 +193,16 @@ class EventLoop:
             logger.warning("response %s: engines at capacity", turn.response.id)
             if opening and not turn.announced:
                 raise
+            await self._settle(turn, wait=False)
             terminal = translator.fail(busy.message, RATE_LIMITED)
         except APIError as error:  # what runs before the answer could not be done
             if opening and not turn.announced:
                 raise  # before the first event (the response not stored): the client's error
+            await self._settle(turn, wait=False)
             terminal = translator.fail(error.message, error.code or SERVER_ERROR)
         except Exception as exc:  # a replica died or the handle failed: never hang the client
             logger.exception("response %s: engine call failed", turn.response.id)
+            await self._settle(turn, wait=False)
             terminal = translator.fail(f"The engine failed: {type(exc).__name__}", "server_error")
         try:
             # Stored before the terminal event, so a client chaining right after it finds it,
@@ -195,8 +245,9 @@ class EventLoop:
         turn.completions += 1
         completion.client_calls = client_calls(turn)
         # A continuation's prompt holds the completion's tokens: kept when tools may run.
-        keep_tokens = self._tools is not None and any(
-            tool_items(spec.kind) is not None for spec in turn.tools.tools
+        keep_tokens = self._tools is not None and (
+            turn.client_outputs is not None
+            or any(tool_items(spec.kind) is not None for spec in turn.tools.tools)
         )
         try:
             # Closed on leaving (a steered end breaks out early): that aborts the engine request.
@@ -212,21 +263,31 @@ class EventLoop:
                         completion.token_ids.extend(chunk.token_ids)
                     if chunk.token_ids and turn.first_token_at is None:
                         turn.first_token_at = time.monotonic()
-                        metrics.TIME_TO_FIRST_TOKEN.observe(turn.first_token_at - turn.arrived_at)
+                        ttft_s = turn.first_token_at - turn.arrived_at
+                        metrics.TIME_TO_FIRST_TOKEN.observe(ttft_s)
+                        metrics.TIER_TIME_TO_FIRST_TOKEN.labels(turn.tier).observe(ttft_s)
                     if turn.end_at_boundary is not None and turn.end_at_boundary():
                         fed, read = translator.feed_to_boundary(chunk.token_ids, chunk.logprobs)
+                        _observe(turn, fed)
                         yield fed
                         # At a boundary with the completion not over: end here. (Its last token
                         # read and the engine done: it ended on its own, as below.)
                         over = read == len(chunk.token_ids) and chunk.finish_reason is not None
                         if translator.at_safe_boundary and not over:
-                            completion.terminal = self._finish(turn, completion, "steered")
+                            completion.terminal = await self._end(turn, completion, "steered")
                             return
                     else:
-                        yield translator.feed(chunk.token_ids, chunk.logprobs)
+                        fed = translator.feed(chunk.token_ids, chunk.logprobs)
+                        _observe(turn, fed)
+                        yield fed
+                    if turn.moderation is not None and turn.moderation.output_blocked:
+                        # A flagged output window under `block`: no more output.
+                        completion.terminal = await self._end(turn, completion, "content_filter")
+                        return
                     if chunk.finish_reason == "error":
                         # The engine's code says whose fault it was (invalid_prompt: the client's).
                         code = chunk.error_code or SERVER_ERROR
+                        await self._settle(turn, wait=False)
                         completion.terminal = translator.fail(
                             chunk.error or "The engine failed.", code
                         )
@@ -234,8 +295,10 @@ class EventLoop:
                     if chunk.finish_reason is not None:
                         if chunk.finish_reason == "stop" and self._runs_pending(turn):
                             completion.tools_pending = True
+                        elif chunk.finish_reason == "stop" and self._awaits_client(turn):
+                            completion.awaits_client = True
                         else:
-                            completion.terminal = self._finish(
+                            completion.terminal = await self._end(
                                 turn, completion, chunk.finish_reason
                             )
                         return
@@ -251,6 +314,71 @@ class EventLoop:
         loop, the response ends and they close unrun)."""
         return self._tools is not None and bool(turn.translator.writer.pending_calls)
 
+    def _awaits_client(self, turn: Turn) -> bool:
+        """The response may wait for the client's outputs (`Turn.client_outputs`), and owes
+        some (without the tool loop it cannot go on, and ends as without the wait)."""
+        return (
+            self._tools is not None
+            and turn.client_outputs is not None
+            and bool(owed_calls(turn.translator.output_items))
+        )
+
+    async def _client_outputs(
+        self, turn: Turn, completion: _Completion
+    ) -> tuple[GenerateRequest | str, list[ResponseStreamEvent]]:
+        """The wait for the client's outputs after ``completion``: the engine request that
+        continues the response once every call has its output (else how it ends: ``stop``,
+        completed with the calls still owed, as without the wait; ``length``), and the events
+        placing the outputs committed meanwhile in the response."""
+        box, tools, translator = turn.client_outputs, self._tools, turn.translator
+        if box is None or tools is None:  # `_awaits_client` said yes: not reached
+            return "stop", []
+        committed = await box.collect(translator.output_items)
+        if not committed:
+            return "stop", []
+        translator.writer.place([item for batch in committed for item in batch.items])
+        placed = translator.writer.take_events()
+        cut = after_last_call(completion.token_ids)
+        if owed_calls(translator.output_items) or cut is None:
+            return "stop", placed
+        messages = self._output_messages(turn, committed)
+        return tools.continue_with(turn, completion.token_ids[:cut], messages), placed
+
+    @staticmethod
+    def _output_messages(turn: Turn, committed: list[Committed]) -> list[int]:
+        """The committed outputs as the tools' harmony messages, in commit order."""
+        calls = INPUT_ITEMS.validate_python(
+            [
+                item.model_dump(mode="json", exclude_none=True)
+                for item in turn.translator.output_items
+                if item.type in OWED_CALL_TYPES
+            ]
+        )
+        outputs = [output for batch in committed for output in batch.inputs]
+        return tool_output_tokens(outputs, calls, turn.tools)
+
+    async def _end(
+        self, turn: Turn, completion: _Completion, reason: str
+    ) -> list[ResponseStreamEvent]:
+        """`_finish`, with the turn's moderation settled first: a flagged `block` side makes
+        it ``content_filter`` (a cancelled response stays cancelled, judged no further)."""
+        # Blocked or cancelled: no judgement still running is waited for.
+        wait = reason not in ("abort", "content_filter")
+        if await self._settle(turn, wait=wait) and reason != "abort":
+            reason = "content_filter"
+        return self._finish(turn, completion, reason)
+
+    @staticmethod
+    async def _settle(turn: Turn, *, wait: bool) -> bool:
+        """The turn's moderation results onto the Response its terminal event carries (made
+        next); whether a `block` side was flagged. ``wait`` false: a failed or cancelled
+        response does not wait for judgements still running (error results)."""
+        moderation = turn.moderation
+        if moderation is None:
+            return False
+        turn.translator.writer.moderation = await moderation.settle(wait=wait)
+        return moderation.blocked
+
     @staticmethod
     def _finish(turn: Turn, completion: _Completion, reason: str) -> list[ResponseStreamEvent]:
         """The terminal event for ``reason``, usage summed over the response's completions."""
@@ -263,7 +391,10 @@ class EventLoop:
     async def _engine_chunks(self, turn: Turn) -> AsyncIterator[GenerateChunk]:
         """The engine's chunks, until the translator has made the ``max_tool_calls`` calls
         allowed: then a ``stop`` in place of the rest, and the engine request is aborted."""
-        async with contextlib.aclosing(self._engine.stream(turn.generate)) as chunks:
+        stream = self._engine.stream(turn.generate)
+        if turn.moderation is not None:  # under `block`, output waits for the input's verdict
+            stream = turn.moderation.gate(stream)
+        async with contextlib.aclosing(stream) as chunks:
             async for chunk in chunks:
                 yield chunk
                 if chunk.finish_reason is not None:
@@ -274,9 +405,16 @@ class EventLoop:
                     return
 
 
+def _observe(turn: Turn, events: list[ResponseStreamEvent]) -> None:
+    """The output text of ``events`` to the turn's output moderation, if it has any."""
+    if turn.moderation is not None and events:
+        turn.moderation.observe(events)
+
+
 def _record(turn: Turn) -> None:
     response = turn.response
     metrics.REQUESTS.labels(response.status or "unknown").inc()
+    metrics.TIER_REQUESTS.labels(turn.tier, response.status or "unknown").inc()
     metrics.E2E_LATENCY.observe(time.monotonic() - turn.arrived_at)
     usage = response.usage
     if usage is not None:

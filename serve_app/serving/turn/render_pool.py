@@ -38,6 +38,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -71,14 +72,32 @@ class RenderPool:
         size = text_size(context, max(bound, self._limits.render_inline_chars))
         if size <= self._limits.render_inline_chars:
             return self._render(self._args, self._vault, context, owner, truncate)
-        size = min(size, bound)
+        return await self._in_worker(owner, min(size, bound), _render_job, context, owner, truncate)
+
+    async def tokens_of(
+        self, render: Callable[..., list[int]], args: tuple[Any, ...], size: int, owner: str | None
+    ) -> list[int]:
+        """``render(*args)``: token ids of text that is not a request's (a tool's output as
+        the next prompt holds it), here when ``size`` (its characters) is at most
+        ``render_inline_chars``, else in a worker, counted against ``owner``'s bound as a
+        request is. ``render`` is a module-level function: a worker imports it by name."""
+        if size <= self._limits.render_inline_chars:
+            return render(*args)
+        bound = self._limits.max_render_chars_per_owner
+        return await self._in_worker(owner, min(size, bound), _call_job, render, *args)
+
+    async def _in_worker(
+        self, owner: str | None, size: int, job_fn: Callable[..., array], *args: Any
+    ) -> list[int]:
+        """``job_fn(*args)`` in a worker, ``size`` characters counted against ``owner``'s
+        bound while it is queued or running (a 429 `RateLimited` past it)."""
         self._admit(owner, size)
         loop = asyncio.get_running_loop()
         try:
-            job = self._pool().submit(_render_job, context, owner, truncate)
+            job = self._pool().submit(job_fn, *args)
         except BrokenProcessPool:
             self._executor = None  # a worker died: a new pool
-            job = self._pool().submit(_render_job, context, owner, truncate)
+            job = self._pool().submit(job_fn, *args)
         self._queued[owner] += size
         job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release, owner, size))
         try:
@@ -178,6 +197,11 @@ def _exit_with(parent: int) -> None:
 
 def _warm() -> None:
     """A job that only makes sure its worker has started."""
+
+
+def _call_job(render: Callable[..., list[int]], *args: Any) -> array:
+    """In a worker: ``render(*args)``'s token ids, as an array."""
+    return array("I", render(*args))
 
 
 def _render_job(context: Context, owner: str | None, truncate: bool) -> array:

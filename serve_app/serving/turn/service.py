@@ -31,7 +31,9 @@ from serve_app.routing.keys import cache_salt, key_digest, routing_key
 from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
+from serve_app.serving.moderation import Moderator, TurnModeration, input_text
 from serve_app.serving.tools import mcp_turn, tool_search
+from serve_app.serving.tools.bounds import OutputBounds
 from serve_app.serving.tools.builtin import register_builtin_runners
 from serve_app.serving.tools.contract import ToolContext, ToolDescription, ToolRunners
 from serve_app.serving.tools.loop import ToolLoop
@@ -60,8 +62,11 @@ class ResponsesService:
         vault: ReasoningVault,
         store: ResponseStore,
         tools: ToolRunners | None = None,
+        moderator: Moderator | None = None,
     ) -> None:
         self._args = args
+        # The moderation model's client, when the app serves one (`AppArgs.moderation`).
+        self._moderator = moderator
         self._vault = vault
         self._door = Door(args, store, vault)
         self._store = store
@@ -69,6 +74,8 @@ class ResponsesService:
         self._persistence = Persistence(store)
         # The runners of the tools the server runs, by kind (serving/tools/contract.py).
         self._tools = tools if tools is not None else ToolRunners()
+        # What the model is given of a tool's result; large ones counted in the render pool.
+        bounds = OutputBounds(args, self._renderer.pool)
         # MCP servers' tools: listed once the response exists, their calls run by the loop,
         # an approved call run once whoever asks (the store decides).
         mcp_client = McpClient(args.tools)
@@ -77,13 +84,14 @@ class ResponsesService:
             OnceCalls(store, args.tools.resolved()),
             args.tools.max_calls_per_response,
             vault,
+            bounds,
         )
         self._tools.add_server(mcp_turn.McpToolServer(self._mcp))
         # gpt-oss's browser and python; the MCP clients whose sessions end with the service.
         self._mcp_clients = [mcp_client, *register_builtin_runners(self._tools, args.tools)]
         tool_search.register(self._tools)  # needs no configuration: always run
         self._engine = engine
-        self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools))
+        self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools, bounds))
 
     @property
     def tools(self) -> ToolRunners:
@@ -120,7 +128,9 @@ class ResponsesService:
         context = replace(context, tools=_with_specs(door_tools, _described_specs(described)))
         prompt = await self._renderer.render(context, owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
-        response = initial_response(request, response_id=new_response_id(), model=request.model)
+        response = initial_response(
+            request, response_id=new_response_id(), model=request.model, service_tier=context.tier
+        )
         kept = cache_diagnostics.fingerprint(
             request, context.history, prompt.token_ids, self._args.model
         )
@@ -149,6 +159,8 @@ class ResponsesService:
             max_tokens=max_tokens,
             session_id=key,
             cache_salt=cache_salt(owner),
+            tier=context.tier,
+            tiers=self._args.service_tiers,
         )
         translator = ResponseStreamTranslator(
             response,
@@ -169,11 +181,13 @@ class ResponsesService:
             request=request,
             generate=generate,
             translator=translator,
+            moderation=self._moderation(request, response.id),
             owner=owner,
             prompt=kept,
             comparison=compared if isinstance(compared, PromptFingerprint) else None,
             history=context.history,
             tools=prompt.tools,
+            tier=context.tier,
             before_answer=(
                 functools.partial(context_management.compact_first, self)
                 if context_management.due(self._args, request, len(prompt.token_ids))
@@ -203,6 +217,12 @@ class ResponsesService:
         specs = [spec for d in described for spec in (d.stage.specs() if d.stage else d.specs)]
         await self.retarget(turn, turn.request, _with_specs(door_tools, specs))
 
+    def _moderation(self, request: ResponsesRequest, response_id: str) -> TurnModeration | None:
+        """The turn's moderation, when it asked (the door made sure the app serves it)."""
+        if request.moderation is None or self._moderator is None:
+            return None
+        return TurnModeration(self._moderator, request.moderation, response_id, input_text(request))
+
     async def retarget(
         self, turn: Turn, request: ResponsesRequest, tools: ToolRegistry | None = None
     ) -> None:
@@ -212,7 +232,7 @@ class ResponsesService:
         if turn.server_items:
             shown = [*request.input_items, *turn.server_items]
             request = request.model_copy(update={"input": shown})
-        context = Context(request, turn.history, tools=tools or turn.tools)
+        context = Context(request, turn.history, tools=tools or turn.tools, tier=turn.tier)
         prompt = await self._renderer.render(context, turn.owner, truncate=True)
         turn.tools = turn.translator.tools = prompt.tools
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
@@ -234,6 +254,8 @@ class ResponsesService:
             max_tokens=max_tokens,
             session_id=key,
             cache_salt=cache_salt(turn.owner),
+            tier=turn.tier,
+            tiers=self._args.service_tiers,
         )
 
     async def render(self, ask: Ask) -> RenderedPrompt:

@@ -9,13 +9,16 @@ from dataclasses import dataclass, field
 
 from openai.types.responses import Response, ResponseStreamEvent
 
+from serve_app.config import ServedTier
 from serve_app.engines.base import GenerateRequest
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.prompt_cache_diagnostics import PromptFingerprint
 from serve_app.protocol.requests import InputItem, ResponsesRequest
+from serve_app.serving.moderation import TurnModeration
 from serve_app.serving.tools.contract import ToolSession
 from serve_app.serving.tools.mcp_trust import TrustedMcp
+from serve_app.serving.turn.client_outputs import ClientOutputs
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class Context:
     tools: ToolRegistry | None = None
     # The context's MCP listings and approval requests this server issued to the owner.
     mcp: TrustedMcp = field(default_factory=TrustedMcp)
+    # The tier it is served at: its `service_tier` as its key's policy resolves it (issue 49).
+    tier: ServedTier = "default"
 
 
 @dataclass
@@ -59,6 +64,8 @@ class Turn:
     history: list[InputItem] = field(default_factory=list)
     # Who made the request (a digest of their API key; None when the API is open).
     owner: str | None = None
+    # The tier it is served at (issue 49): every engine request of the turn is scheduled so.
+    tier: ServedTier = "default"
     # What it keeps of its rendered prompt for prompt-cache diagnostics (None: nothing).
     prompt: PromptFingerprint | None = None
     # The fingerprint of the response its diagnostics compare with, when one was found (a
@@ -70,6 +77,10 @@ class Turn:
     # at_safe_boundary`) as ``incomplete`` with reason ``steered``: a WebSocket steer waits
     # for it (serve_app.serving.steering). None: never.
     end_at_boundary: Callable[[], bool] | None = None
+    # Where a response whose model called tools the client runs waits for their outputs and
+    # goes on in place (a WebSocket with the ``response.inject`` beta: serve_app.serving.
+    # inject). None: such a response ends with the calls.
+    client_outputs: ClientOutputs | None = None
     # What runs after ``response.created`` and before the engine is asked for the answer
     # (a compaction, serve_app.serving.turn.context_management): its event batches; it may point
     # ``generate`` elsewhere. An `APIError` from it ends the turn failed.
@@ -99,6 +110,8 @@ class Turn:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
+    # The request's moderation (input beside the prefill, output in windows), when it asked.
+    moderation: TurnModeration | None = None
 
     @property
     def response(self) -> Response:

@@ -8,12 +8,18 @@ import pytest
 from pydantic import ValidationError
 
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.harmony.render import render_request
+from serve_app.harmony.render import (
+    LongPiece,
+    TooManyTokens,
+    _piece_boundary,
+    render_request,
+    tool_message_tokens,
+)
 from serve_app.protocol.body_errors import from_validation_errors
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.admission import responses as validation
-from tests.support import MODEL
+from tests.support import MODEL, REPO
 from tests.support.helpers import CAPTURES, capture_body, decode
 
 NOW = datetime(2026, 11, 22, tzinfo=UTC)
@@ -288,3 +294,22 @@ def test_a_tool_schema_too_deep_for_harmony_is_a_400() -> None:
     with pytest.raises(InvalidRequest) as caught:
         render_text(body)
     assert caught.value.status_code == 400
+
+
+def test_a_tool_message_over_a_bound_is_found_from_a_prefix_that_matches_the_whole() -> None:
+    """`tool_message_tokens` cuts a prefix where o200k's pieces never span (a space after a
+    non-space) and tokenizes only that to find a message over its bound; below, the whole
+    message. The prefix's tokens are the whole message's first ones, wherever it is cut."""
+    text = (REPO / "docs" / "protocol.md").read_text()[:60_000]
+    whole = tool_message_tokens("docs.read", "commentary", text)
+    for at in range(1_000, 60_000, 997):
+        cut = _piece_boundary(text, at)
+        assert 0 < cut <= at and text[cut] == " " and not text[cut - 1].isspace()
+        body = tool_message_tokens("docs.read", "commentary", text[:cut])[:-1]  # no <|end|>
+        assert whole[: len(body)] == body
+    assert tool_message_tokens("docs.read", "commentary", text, len(whole)) == whole
+    with pytest.raises(TooManyTokens) as over:
+        tool_message_tokens("docs.read", "commentary", text, 1_000)
+    assert 1_000 < over.value.tokens < len(whole)  # a prefix told it: not all was tokenized
+    with pytest.raises(LongPiece):
+        tool_message_tokens("docs.read", "commentary", "x" * 20_001)

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from serve_app.config import AppArgs, ToolArgs
+from serve_app.config import AppArgs, ModerationArgs, ToolArgs
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.conversations import ConversationCreate
 from tests.support import MODEL
@@ -203,6 +203,10 @@ MAIN_REQUEST: dict[str, Any] = {
     "background": False,
     "user": "tester",
     "context_management": [{"type": "compaction", "compact_threshold": 2000}],
+    "moderation": {
+        "model": "omni-moderation-latest",
+        "policy": {"input": {"mode": "block"}, "output": {"mode": "score"}},
+    },
     "prompt_cache_options": {
         "mode": "implicit",
         "ttl": "12h",
@@ -542,7 +546,11 @@ async def http(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.
     # Tool servers named (never reached: the engine calls no tool), so web_search and
     # code_interpreter are served.
     unused = "http://127.0.0.1:9/mcp"
-    args = AppArgs(tools=ToolArgs(browser_server_url=unused, python_server_url=unused))
+    # A moderation model (the simulated engine, unscripted), so `moderation` is served too.
+    args = AppArgs(
+        tools=ToolArgs(browser_server_url=unused, python_server_url=unused),
+        moderation=ModerationArgs(),
+    )
     async with in_process_api(db, args) as api:
         transport = httpx.ASGITransport(app=api)
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:

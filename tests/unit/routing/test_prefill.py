@@ -5,7 +5,7 @@ replica holds none of is estimated by the shared prefix such turns found cached.
 from __future__ import annotations
 
 from serve_app.engines.kv_events import BlockStored
-from serve_app.routing.prefill import QUEUED_KEY, SHARED_KEY
+from serve_app.routing.prefill import QUEUED_AHEAD_KEY, QUEUED_KEY, SHARED_KEY
 from serve_app.routing.replica_report import ReplicaReporter
 
 SHARED = 4800  # Codex's developer prompt, cached on every replica that served any conversation
@@ -84,3 +84,22 @@ def test_the_prefill_in_progress_counts_what_it_has_left() -> None:
     assert reporter.report()[QUEUED_KEY] == 500
     clock.now += 1  # overdue: it counts nothing more than done
     assert reporter.report()[QUEUED_KEY] == 0
+
+
+def test_the_queue_ahead_of_each_tier_is_what_a_turn_of_it_would_wait_for() -> None:
+    """Issue 49: the engine serves the earliest deadline first, so a turn arriving now waits
+    only for the queued requests due no later than it would be. Each rank the replica has seen
+    gets that figure, aging included: a default request queued longer than the deadlines'
+    difference counts ahead of a priority turn."""
+    clock = Clock()
+    reporter = ReplicaReporter("r", clock=clock)
+    reporter.arrived("flex", "f", 8000, deadline_s=60.0, priority=1)
+    reporter.arrived("default", "d", 2000, deadline_s=5.0, priority=0)
+    reporter.arrived("urgent", "u", 500, deadline_s=0.0, priority=-1)
+    report = reporter.report()
+    assert report[QUEUED_KEY] == 10_500
+    assert report[QUEUED_AHEAD_KEY] == {"-1": 500, "0": 2500, "1": 10_500}
+    clock.now += 6  # the default request is past the 5 s between the two deadlines
+    assert reporter.report()[QUEUED_AHEAD_KEY] == {"-1": 2500, "0": 2500, "1": 10_500}
+    reporter.ended("flex")
+    assert reporter.report()[QUEUED_AHEAD_KEY]["1"] == 2500

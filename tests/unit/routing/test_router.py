@@ -10,6 +10,7 @@ long as the router lets it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -387,3 +388,24 @@ async def test_a_load_pushed_from_another_thread_steers_the_next_new_conversatio
         return
     assert placed.replica_id.unique_id == other
     assert counted == {"applied": 1, "stale": 1, "superseded": 1}
+
+
+async def test_the_router_places_by_the_requests_tier() -> None:
+    """Issue 49: the engine request's rank (its service tier's) reaches the placer, which
+    predicts its time to first token by the queue ahead of that rank (tests/unit/routing/
+    test_ttft.py)."""
+    router = make_router(report_wait_s=0)
+    router.update_replicas([StandInReplica("a"), StandInReplica("b")])
+    asked: list[int | None] = []
+    choose = router._placer.choose
+
+    def spy(*args: Any, priority: int | None = None, **kwargs: Any) -> Any:
+        asked.append(priority)
+        return choose(*args, priority=priority, **kwargs)
+
+    router._placer.choose = spy  # type: ignore[method-assign]
+    for rank in (-1, 1):
+        request = pending(f"tiered-{rank}", later_turn=False)
+        request.args[0] = dataclasses.replace(request.args[0], priority=rank)
+        await asyncio.wait_for(route(router, request), ROUTED_WITHIN_S)
+    assert asked == [-1, 1]

@@ -432,3 +432,54 @@ def test_the_placer_moves_a_turn_off_a_home_the_other_routers_filled_once_it_is_
     placers[0].predictor.pushed("r1", full)
     assert placers[0].choose("c", {"r1": 5, "r2": 0}, 5000).replica == "r2"
     assert placers[1].choose("c", {"r1": 5, "r2": 0}, 5000).replica == "r1"
+
+
+def _tiered_report(clock: Clock, replica: str, flex_queued: int, held: dict[str, int]) -> dict:
+    """A replica measured at 5,000 tokens/s, with ``flex_queued`` uncached tokens of flex
+    requests (deadline 60 s) waiting, and a priority request seen earlier (so it reports the
+    queue ahead of each of the two ranks)."""
+    reporter = ReplicaReporter(replica, clock=clock)
+    reporter.prefills.arrived("measured", RATE, clock() - 1, deadline_s=0.0, priority=-1)
+    reporter.prefills.first_token("measured", RATE, clock())
+    if flex_queued:
+        reporter.prefills.arrived("flood", flex_queued, clock(), deadline_s=60.0, priority=1)
+    for key, tokens in held.items():
+        blocks = tuple(hash((replica, key, index)) for index in range(tokens // 16))
+        reporter.held([BlockStored(blocks, None, 16, key)])
+    return reporter.report()
+
+
+def test_a_priority_turn_stays_home_behind_a_flex_queue_it_goes_ahead_of() -> None:
+    """Issue 49: home holds the conversation and 20,000 tokens of flex prefill queued (4 s);
+    the other replica is idle. A priority turn goes ahead of the flood there, so home is
+    fastest for it (100 tokens); a flex turn would wait for the flood, so it moves, as a turn
+    whose rank the replica reports nothing for (the whole queue counts)."""
+    clock = Clock()
+    placer = _placer(clock)
+    loads = {"r1": 1, "r2": 1}
+    placer.set_reports(
+        {
+            "r1": _tiered_report(clock, "r1", flex_queued=20_000, held={"c": 6000}),
+            "r2": _tiered_report(clock, "r2", flex_queued=0, held={}),
+        }
+    )
+    predictor = placer.predictor
+    assert predictor.predict("r1", "c", 6100, priority=-1) == pytest.approx(100 / RATE)
+    assert predictor.predict("r1", "c", 6100, priority=1) == pytest.approx(20_100 / RATE)
+    assert predictor.predict("r1", "c", 6100) == pytest.approx(20_100 / RATE)
+    assert placer.choose("c", loads, 6100, priority=-1).replica == "r1"
+    assert placer.choose("d", loads, 6100, priority=1).replica == "r2"
+
+
+def test_a_turn_sent_counts_ahead_of_the_ranks_at_or_after_its_own() -> None:
+    """What this router sends before the replica reports it: a priority turn is ahead of every
+    later turn; a flex one only of later flex turns (and of those the replica ranks none for)."""
+    clock = Clock()
+    predictor = TTFTPredictor(clock=clock)
+    predictor.update({"r": _tiered_report(clock, "r", flex_queued=0, held={})})
+    predictor.sent("r", "flex-turn", 3000, priority=1)
+    assert predictor.predict("r", "x", 100, priority=-1) == pytest.approx(100 / RATE)
+    assert predictor.predict("r", "x", 100, priority=1) == pytest.approx(3100 / RATE)
+    predictor.sent("r", "urgent-turn", 1000, priority=-1)
+    assert predictor.predict("r", "x", 100, priority=-1) == pytest.approx(1100 / RATE)
+    assert predictor.predict("r", "x", 100) == pytest.approx(4100 / RATE)

@@ -1,5 +1,6 @@
-"""One reference tool server per test session on a small document folder, and a python-only
-one whose network isolation is the audit hook (the fallback where no namespace can be made)."""
+"""One reference tool server per test session on a small document folder (its python runs
+sandboxed, the default), and a python-only one told to run unsandboxed whose network
+isolation is the audit hook (the fallback where no namespace can be made)."""
 
 from __future__ import annotations
 
@@ -69,5 +70,7 @@ def server(docs: Path) -> Iterator[ToolServer]:
 
 @pytest.fixture(scope="session")
 def hook_server() -> Iterator[ToolServer]:
-    with tool_server(None, *PYTHON_LIMITS, "--python-network", "hook") as running:
+    with tool_server(
+        None, *PYTHON_LIMITS, "--python-sandbox", "none", "--python-network", "hook"
+    ) as running:
         yield running

@@ -9,12 +9,14 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from serve_app.toolserver.python_runner import NO_OUTPUT, PythonLimits, PythonRunner, netns_works
+from serve_app.toolserver.sandbox import bwrap_works
 from tests.support.toolserver import ToolServer, mcp_session, text_of, tool_server
 
 WALL_SECONDS = 10  # the server's (conftest.py): room for 1 CPU second on a loaded machine
@@ -222,37 +224,68 @@ def _alive(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
-@pytest.mark.parametrize("network", ["netns", "hook"])
-async def test_a_run_dies_with_a_killed_server(network: str, tmp_path: Path) -> None:
-    """The server killed outright (no chance to stop its runs): its runs die with it."""
-    if network == "netns" and not netns_works():
+@pytest.mark.parametrize("isolation", ["bwrap", "netns", "hook"])
+async def test_a_run_dies_with_a_killed_server(isolation: str, tmp_path: Path) -> None:
+    """The server killed outright (no chance to stop its runs): its runs die with it. The run
+    sleeps in a process named by a marker (in a PID namespace its pid is not the host's), or
+    under the audit hook, which refuses exec, writes its pid to a file the test reads."""
+    if isolation == "netns" and not netns_works():
         pytest.skip("no user/network/PID namespaces on this machine")
-    pid_file, cwd_file = tmp_path / "pid", tmp_path / "cwd"
+    if isolation == "bwrap" and not bwrap_works(sys.executable):
+        pytest.skip("bubblewrap cannot make a sandbox on this machine")
+    marker = f"doomed-{os.getpid()}-{isolation}-{time.monotonic_ns()}"
+    pid_file = tmp_path / "pid"
     code = (
-        f"import os, time\nopen({str(cwd_file)!r}, 'w').write(os.getcwd())\n"
-        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)"
+        "import os, sys\n"
+        f"os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)', "
+        f"{marker!r}])"
     )
-    # In a PID namespace the code's own pid is 2: it writes its host pid from /proc/self instead.
-    code = code.replace("os.getpid()", "os.readlink('/proc/self')") if network == "netns" else code
-    with tool_server(None, "--python-network", network) as doomed:
+    if isolation == "hook":
+        code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        code += "time.sleep(600)"
+    flags = ["--python-sandbox", "bwrap"] if isolation == "bwrap" else []
+    flags += [] if flags else ["--python-sandbox", "none", "--python-network", isolation]
+    with tool_server(None, *flags) as doomed:
 
         async def call() -> None:
             async with mcp_session(doomed.mcp_url) as session:
                 await session.call_tool("python", {"code": code})
 
         task = asyncio.create_task(call())
-        while not pid_file.exists() or not pid_file.read_text():
+        found = pid_file if isolation == "hook" else None
+        deadline = time.monotonic() + 30
+        while not _marked(marker, found) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        pid = int(pid_file.read_text())
+        assert _marked(marker, found), "the run never started"
+        workdirs = _cwds(_marked(marker, found))
         doomed.process.kill()
         doomed.process.wait()
         with contextlib.suppress(Exception):
             await task
     deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
+    while _marked(marker, found) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    if still := _alive(pid):
+    left = _marked(marker, found)
+    for pid in left:  # a failure leaves nothing running behind it
         os.kill(pid, signal.SIGKILL)
     # A server killed outright cannot remove its run's temporary directory: the test does.
-    shutil.rmtree(cwd_file.read_text(), ignore_errors=True)
-    assert not still
+    for workdir in workdirs:
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert left == []
+
+
+def _marked(marker: str, pid_file: Path | None = None) -> list[int]:
+    """The running processes with ``marker`` in their command line, or the one whose pid
+    ``pid_file`` holds."""
+    if pid_file is not None:
+        text = pid_file.read_text() if pid_file.exists() else ""
+        return [int(text)] if text and _alive(int(text)) else []
+    return [pid for pid, command in _command_lines() if marker in command and "-c" in command]
+
+
+def _cwds(pids: list[int]) -> list[str]:
+    found = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            found.append(os.readlink(f"/proc/{pid}/cwd"))
+    return found

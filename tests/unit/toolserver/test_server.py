@@ -5,6 +5,7 @@ tool; loopback only unless told otherwise, and DNS-rebinding requests refused.""
 from __future__ import annotations
 
 import importlib
+import logging
 import tomllib
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
 from openai_harmony import ToolNamespaceConfig
 
+from serve_app.toolserver import python_runner
 from serve_app.toolserver.cli import main
 from tests.support import REPO
 from tests.support.toolserver import ToolServer, mcp_session, text_of, tool_server
@@ -101,3 +103,26 @@ def test_the_console_script_is_the_cli() -> None:
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     module, _, function = scripts["serve-app-tools"].partition(":")
     assert getattr(importlib.import_module(module), function) is main
+
+
+def test_without_a_sandbox_the_python_tool_refuses_to_start_unless_told(
+    docs: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where bubblewrap cannot make its sandbox, `serve-app-tools` does not start its python
+    tool (the browser alone still starts); `--python-sandbox none` starts it, said loudly."""
+    served: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    monkeypatch.setattr(python_runner, "bwrap_works", lambda python: False)
+    with pytest.raises(SystemExit) as exited:
+        main(["--docs", str(docs), "--port", "1"])
+    assert exited.value.code == 2 and not served
+    refusal = capsys.readouterr().err
+    assert "sandbox cannot be made here" in refusal and "--python-sandbox none" in refusal
+    main(["--docs", str(docs), "--port", "1", "--tools", "browser"])
+    caplog.set_level(logging.WARNING)
+    main(["--docs", str(docs), "--port", "1", "--python-sandbox", "none"])
+    assert len(served) == 2
+    assert any("UNSANDBOXED" in record.getMessage() for record in caplog.records)

@@ -27,7 +27,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -47,10 +47,13 @@ from openai.types.responses.mcp_tool_call_error import (
 from openai.types.responses.response_output_item import McpListToolsTool
 
 from serve_app.config import ToolArgs
+from serve_app.protocol.errors import InvalidRequest
 from serve_app.serving.tools.mcp.policy import (
+    IPAddress,
     ServerAddress,
     UnsafeAddress,
     check_server_url,
+    operator_entry,
     parse_server_url,
     resolve_checked,
 )
@@ -108,10 +111,15 @@ def _protocol_error(code: int, message: str) -> McpProtocolError:
 
 class McpClient:
     """The MCP client of one ingress replica: the allowlist and bounds of `ToolArgs` (its
-    environment override applied), and the per-server bound on calls in flight."""
+    environment override applied), and the per-server bound on calls in flight.
 
-    def __init__(self, args: ToolArgs | None = None) -> None:
+    ``operator_urls``: servers the operator configured itself (a tool server's URL), reached
+    at the names it wrote whatever they resolve to but link-local and metadata addresses
+    (`operator_entry`); any other URL is a request's, under `mcp_allow`."""
+
+    def __init__(self, args: ToolArgs | None = None, *, operator_urls: Sequence[str] = ()) -> None:
         self.args = (args or ToolArgs()).resolved()
+        self._operator = [operator_entry(url) for url in operator_urls]
         self._slots = Slots(self.args.mcp_max_concurrent_calls)
         self._sessions = McpSessions(
             self.args.mcp_session_ttl_s, self.args.mcp_max_sessions, self.args.mcp_connect_timeout_s
@@ -147,6 +155,18 @@ class McpClient:
     def check_server_url(self, url: str, param: str) -> ServerAddress:
         """The request path's check (a 400 naming ``param``), before any connection."""
         return check_server_url(url, param, self.args.mcp_allow)
+
+    async def reach(self, url: str) -> tuple[ServerAddress, IPAddress]:
+        """Where ``url``'s requests go: its parts and the address its name resolved to, every
+        address checked against the entry covering it (the operator's own, else a request's
+        under `mcp_allow`: checked again, as a stored request may outlive a change of it).
+        Raises `InvalidRequest` (no entry covers it) or `UnsafeAddress`."""
+        address = parse_server_url(url)
+        entry = next((own for own in self._operator if own.covers(address)), None)
+        if entry is None:
+            entry = check_server_url(url, "server_url", self.args.mcp_allow)
+        with anyio.fail_after(self.args.mcp_connect_timeout_s):
+            return address, await resolve_checked(address, entry)
 
     def calls_in_flight(self, server: McpServer) -> int:
         return self._slots.active(server.key)
@@ -214,6 +234,17 @@ class McpClient:
             block.model_dump(by_alias=True, exclude_none=True, mode="json")
             for block in result.content
         ]
+        text = _content_text(blocks)
+        if not blocks and result.structured_content is not None:
+            text = json.dumps(result.structured_content)
+        # An error is text the model reads too: held to the same bound (3 MB passed 1 KiB).
+        size = len(text.encode())
+        if size > self.args.mcp_max_output_bytes:
+            message = (
+                f"the tool's {'error' if result.is_error else 'output'} is {size} bytes, more "
+                f"than the {self.args.mcp_max_output_bytes} this server passes on"
+            )
+            return CallOutcome(error=_protocol_error(mcp_types.INTERNAL_ERROR, message))
         if result.is_error:  # an error the server wrote: it may echo what it was sent
             for block in blocks:
                 if isinstance(block.get("text"), str):
@@ -221,16 +252,6 @@ class McpClient:
             return CallOutcome(
                 error=McpToolExecutionError(type="mcp_tool_execution_error", content=blocks)
             )
-        text = _content_text(blocks)
-        if not blocks and result.structured_content is not None:
-            text = json.dumps(result.structured_content)
-        size = len(text.encode())
-        if size > self.args.mcp_max_output_bytes:
-            message = (
-                f"the tool's output is {size} bytes, more than the "
-                f"{self.args.mcp_max_output_bytes} this server passes on"
-            )
-            return CallOutcome(error=_protocol_error(mcp_types.INTERNAL_ERROR, message))
         structured = result.structured_content
         return CallOutcome(
             output=text, structured=structured if isinstance(structured, dict) else None
@@ -306,16 +327,13 @@ class McpClient:
     async def _open(
         self, stack: contextlib.AsyncExitStack, server: McpServer, guard: Guard, timeout_s: float
     ) -> ClientSession:
-        """A session with ``server``, initialized: the URL checked again (a stored request may
-        outlive a change of the allowlist), its address resolved and checked, and pinned."""
+        """A session with ``server``, initialized: its URL and address checked (`reach`) and
+        pinned."""
         args = self.args
         try:
-            entry = check_server_url(server.url, "server_url", args.mcp_allow)
-        except Exception as error:
+            address, ip = await self.reach(server.url)
+        except (InvalidRequest, ValueError) as error:
             raise _Failed(_protocol_error(mcp_types.INVALID_REQUEST, str(error))) from None
-        address = parse_server_url(server.url)
-        with anyio.fail_after(args.mcp_connect_timeout_s):
-            ip = await resolve_checked(address, entry)
 
         def http_client(
             headers: dict[str, str] | None = None,

@@ -9,7 +9,9 @@ entry's path or goes on below it at a ``/`` (``https://a.example/mcp`` covers
 Addresses: link-local (169.254/16, fe80::/10, which hold the clouds' metadata services),
 the metadata addresses outside it, unspecified, multicast and reserved ones are never reached;
 private and loopback ones only through an entry that names such an address or ``localhost``
-(tests and a sidecar on the same host); every other address must be global. A name one of
+(tests and a sidecar on the same host), or through the operator's own entry for a tool server
+it configured (`operator_entry`: a cluster Service's name resolves to a private ClusterIP);
+every other address must be global. A name one of
 whose addresses is refused is refused whole, and the connection goes to the address that was
 checked, never to the name resolved again (transport.py pins it).
 """
@@ -21,8 +23,8 @@ import ipaddress
 import posixpath
 import re
 import socket
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 from serve_app.protocol.errors import InvalidRequest
@@ -38,6 +40,26 @@ METADATA_ADDRESSES = frozenset(
 )
 # Escapes that let one path read as another past a prefix match, once a server decodes them.
 _PATH_TRICKS = re.compile(r"%2e|%2f|%5c|\\", re.IGNORECASE)
+# Headers a request's `mcp` tool may not send: the hop-by-hop ones (RFC 9110, 7.6.1), which
+# the HTTP client writes itself, and those a proxy or ingress in front of an allowed server
+# routes or trusts by (`Host` picks its virtual host, `X-Forwarded-*` who is asking): a
+# request's credentials go to the server the operator allowed, never choose another behind it.
+_ROUTING_HEADERS = frozenset(
+    {
+        "host",
+        "connection",
+        "content-length",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "keep-alive",
+        "forwarded",
+        "via",
+        "x-real-ip",
+    }
+)
+_ROUTING_PREFIXES = ("proxy-", "x-forwarded-")
 
 
 @dataclass(frozen=True)
@@ -49,6 +71,9 @@ class ServerAddress:
     host: str
     port: int
     path: str
+    # The operator named this server in its own configuration (a tool server's URL), not a
+    # request: its name may resolve to a private or loopback address (`operator_entry`).
+    operator: bool = field(default=False, compare=False)
 
     def covers(self, other: ServerAddress) -> bool:
         """Whether ``other`` is under this entry."""
@@ -68,10 +93,31 @@ class ServerAddress:
     @property
     def names_private(self) -> bool:
         """Whether an entry for this host lets private and loopback addresses be reached."""
-        if self.host == "localhost":
+        if self.host == "localhost" or self.operator:
             return True
         ip = self.ip
         return ip is not None and (ip.is_private or ip.is_loopback)
+
+
+def is_routing_header(name: str) -> bool:
+    """Whether a request may not set header ``name`` (any case, spaces around it ignored)."""
+    folded = name.strip().lower()
+    return folded in _ROUTING_HEADERS or folded.startswith(_ROUTING_PREFIXES)
+
+
+def check_headers(headers: Mapping[str, str] | None, param: str) -> None:
+    """A 400 naming ``{param}.{name}`` (``tools[0].headers.Host``) for the first header a
+    request may not set (`is_routing_header`)."""
+    for name in headers or {}:
+        if is_routing_header(name):
+            named = f"{param}.{name}"
+            raise InvalidRequest(
+                f"Invalid '{named}': hop-by-hop and routing headers (Host, Connection, "
+                "Content-Length, Transfer-Encoding, TE, Upgrade, Proxy-*, Forwarded, "
+                "X-Forwarded-*...) are set by this server's HTTP client, not by a request.",
+                param=named,
+                code="invalid_value",
+            )
 
 
 class UnsafeAddress(Exception):
@@ -97,6 +143,14 @@ def parse_server_url(url: str) -> ServerAddress:
     if _PATH_TRICKS.search(path) or posixpath.normpath(path).lstrip("/") != path.strip("/"):
         raise ValueError("has a path with dot segments or escaped separators")
     return ServerAddress(scheme, host.lower(), port or DEFAULT_PORTS[scheme], path)
+
+
+def operator_entry(url: str) -> ServerAddress:
+    """The entry for a server the operator configured (``tools.browser_server_url``...): the
+    URL itself, its name reached at the private or loopback address it resolves to (never a
+    link-local or metadata one). Requests' URLs never get one: they stay under `mcp_allow`.
+    ValueError when ``url`` is no http(s) URL."""
+    return replace(parse_server_url(url), operator=True)
 
 
 def check_server_url(url: str, param: str, allow: Sequence[str]) -> ServerAddress:

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 import httpx2
 
-from serve_app.serving.tools.mcp.policy import IPAddress, ServerAddress
+from serve_app.serving.tools.mcp.policy import IPAddress, ServerAddress, is_routing_header
 
 # Asked of every server: a compressed body could decode to far more than it counts.
 _IDENTITY = {"accept-encoding": "identity"}
@@ -189,10 +189,12 @@ def pinned_client(
     guard: Guard,
 ) -> httpx2.AsyncClient:
     """An ``httpx2.AsyncClient`` for one MCP session with ``address``'s server at ``ip``,
-    sending ``headers`` (its credentials) to that server only."""
+    sending ``headers`` (its credentials) to that server only, never a hop-by-hop or routing
+    one: the door refuses those (a 400), and this holds for any caller past it too."""
+    sent = {name: value for name, value in headers.items() if not is_routing_header(name)}
     return httpx2.AsyncClient(
         transport=PinnedTransport(address, ip, max_response_bytes, guard),
-        headers={**_IDENTITY, **headers},
+        headers={**_IDENTITY, **sent},
         timeout=httpx2.Timeout(connect_timeout_s, read=read_timeout_s),
         trust_env=False,
         follow_redirects=False,

@@ -80,3 +80,37 @@ def test_an_approval_of_a_request_the_server_did_not_issue_is_a_400_a_denial_is_
     assert "issued to this API key" in caught.value.message
     check([mcp()], [ASKED, approve], trusted=TrustedMcp(approvals=frozenset({"mcpr_1"})))
     check([mcp()], [ASKED, {**approve, "approve": False}])  # runs nothing: as before
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Host",
+        "host",
+        "HOST ",  # spaces around a name are no way round it
+        "Connection",
+        "Content-Length",
+        "Transfer-Encoding",
+        "TE",
+        "Upgrade",
+        "Keep-Alive",
+        "Proxy-Authorization",
+        "proxy-connection",
+        "Forwarded",
+        "X-Forwarded-For",
+        "x-forwarded-host",
+    ],
+)
+def test_a_hop_by_hop_or_routing_header_is_a_400_naming_it(name: str) -> None:
+    """A request's headers may carry credentials, never pick the virtual host or speak for a
+    proxy: those are a 400 naming the header, before any connection."""
+    tools = [mcp(headers={"X-Tenant": "t1", name: "admin.internal"})]
+    with pytest.raises(InvalidRequest) as caught:
+        check(tools)
+    assert caught.value.param == f"tools[0].headers.{name}"
+    assert caught.value.code == "invalid_value"
+    assert f"'tools[0].headers.{name}'" in caught.value.message
+
+
+def test_credentials_and_other_headers_pass() -> None:
+    check([mcp(headers={"Authorization": "Bearer t", "X-Tenant": "t1", "Hostname": "a"})])

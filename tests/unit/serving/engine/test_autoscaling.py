@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import REGISTRY
 from ray.serve._private.common import DeploymentID
 from ray.serve.autoscaling_policy import (
     _apply_autoscaling_config,
@@ -27,7 +28,14 @@ from ray.serve.request_router import ReplicaID
 
 from serve_app.engines.base import GenerateRequest, SamplingSettings
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
-from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS, generating_requests_policy
+from serve_app.protocol.service_tiers import PRIORITY
+from serve_app.serving.engine.autoscaling import (
+    GENERATING_REQUESTS,
+    TIERS,
+    GeneratingRequestsPolicy,
+    generating_requests_policy,
+    tier_metric,
+)
 from serve_app.serving.engine.deployment import EngineDeployment
 from tests.support.helpers import REPO
 
@@ -78,7 +86,7 @@ async def test_open_channels_are_not_reported_as_generating(replica: Any) -> Non
         await asyncio.sleep(0.01)
     in_flight = sum(not call.done() for call in calls)  # what Serve counts as ongoing
     assert in_flight == INGRESS_REPLICAS + 3
-    assert await replica.record_autoscaling_stats() == {GENERATING_REQUESTS: 3}
+    assert (await replica.record_autoscaling_stats())[GENERATING_REQUESTS] == 3
     for call in calls:
         call.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -87,7 +95,7 @@ async def test_open_channels_are_not_reported_as_generating(replica: Any) -> Non
         if replica._engine.num_ongoing_requests() == 0:
             break
         await asyncio.sleep(0.01)
-    assert await replica.record_autoscaling_stats() == {GENERATING_REQUESTS: 0}
+    assert (await replica.record_autoscaling_stats())[GENERATING_REQUESTS] == 0
 
 
 def _context(
@@ -156,4 +164,102 @@ def test_the_gpu_config_scales_the_engine_on_generating_requests() -> None:
     app = yaml.safe_load((REPO / "configs" / "gpt-oss.yaml").read_text())["applications"][0]
     (engine,) = [d for d in app["deployments"] if d["name"] == "EngineDeployment"]
     policy = engine["autoscaling_config"]["policy"]["policy_function"]
-    assert policy == "serve_app.serving.engine.autoscaling:generating_requests_policy"
+    assert policy == "serve_app.serving.engine.autoscaling:GeneratingRequestsPolicy"
+
+
+# -- Service tiers (issue 49) -------------------------------------------------------------------
+
+
+async def test_the_replica_reports_its_generating_requests_by_tier(replica: Any) -> None:
+    """Beside the total, each tier's count (the engine requests' rank: PRIORITY), which a policy
+    told to leave flex out subtracts; and the engine's queue wait is recorded by tier."""
+    prompt = [200006, 1428, 200008, 12194, 200007]
+    waits_before = REGISTRY.get_sample_value(
+        "serve_app_engine_queue_wait_seconds_count", {"tier": "flex"}
+    )
+    calls = []
+    for index, tier in enumerate(["flex", "flex", "priority"]):
+        request = GenerateRequest(
+            f"t{index}", prompt, SamplingSettings(max_tokens=1000), priority=PRIORITY[tier]
+        )
+        calls.append(asyncio.create_task(_drain(replica.generate(request, caller="ingress-0"))))
+    for _ in range(200):
+        if replica._engine.num_ongoing_requests() == 3:
+            break
+        await asyncio.sleep(0.01)
+    stats = await replica.record_autoscaling_stats()
+    assert stats == {
+        GENERATING_REQUESTS: 3,
+        tier_metric("priority"): 1,
+        tier_metric("default"): 0,
+        tier_metric("flex"): 2,
+    }
+    running = REGISTRY.get_sample_value(
+        "serve_app_engine_running_requests_by_tier", {"tier": "flex"}
+    )
+    assert running == 2
+    for _ in range(200):  # their first tokens, which carry the queue wait
+        waits = REGISTRY.get_sample_value(
+            "serve_app_engine_queue_wait_seconds_count", {"tier": "flex"}
+        )
+        if waits == (waits_before or 0) + 2:
+            break
+        await asyncio.sleep(0.01)
+    assert waits == (waits_before or 0) + 2
+    for call in calls:
+        call.cancel()
+    await asyncio.gather(*calls, return_exceptions=True)
+    for _ in range(200):
+        if replica._engine.num_ongoing_requests() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert (await replica.record_autoscaling_stats())[tier_metric("flex")] == 0
+
+
+def _tiered(generating: dict[str, float], flex: dict[str, float], queued: float = 0.0):
+    context = _context(generating, ongoing=sum(generating.values()), queued=queued)
+    ids = {replica.unique_id: replica for replica in context.running_replicas}
+    assert context.aggregated_metrics is not None
+    context.aggregated_metrics[tier_metric("flex")] = {
+        ids[name]: value for name, value in flex.items()
+    }
+    return context
+
+
+def test_a_flex_flood_does_not_scale_the_engine_up_when_the_operator_says_so() -> None:
+    """Two replicas generating 40 each, 60 of the 80 flex: scaled on all, 80 over a target of 24
+    wants four replicas; with flex left out, the 20 others want one, so the two stay (until
+    the downscale delay)."""
+    flood = {"a": 30.0, "b": 30.0}
+    every_tier = GeneratingRequestsPolicy()
+    assert _decide(every_tier, _tiered({"a": 40, "b": 40}, flood)) == 4
+    assert _decide(generating_requests_policy, _tiered({"a": 40, "b": 40}, flood)) == 4
+    without_flex = GeneratingRequestsPolicy(exclude_tiers=["flex"])
+    assert _decide(without_flex, _tiered({"a": 40, "b": 40}, flood)) == 2
+    # The other tiers still scale it: 100 priority and default requests want five.
+    assert _decide(without_flex, _tiered({"a": 80, "b": 80}, flood)) == 5
+
+
+def test_the_policy_refuses_a_tier_it_does_not_know() -> None:
+    with pytest.raises(ValueError, match="exclude_tiers"):
+        GeneratingRequestsPolicy(exclude_tiers=["batch"])
+
+
+def test_the_configs_policy_is_the_class_and_takes_its_kwargs() -> None:
+    """The GPU configs name the class with `policy_kwargs` (Ray instantiates a class policy
+    with them: ray/serve/_private/autoscaling_state.py ``_resolve_policy_callable``)."""
+    from ray.serve.config import AutoscalingPolicy
+
+    for name in ("gpt-oss.yaml", "gpt-oss-shared-kv.yaml"):
+        app = yaml.safe_load((REPO / "configs" / name).read_text())["applications"][0]
+        (engine,) = [d for d in app["deployments"] if d["name"] == "EngineDeployment"]
+        policy = AutoscalingPolicy(**engine["autoscaling_config"]["policy"])
+        raw = policy.get_policy()
+        assert raw.__name__ == "GeneratingRequestsPolicy"
+        assert raw(**policy.policy_kwargs).exclude_tiers == ("flex",), name
+
+
+def test_the_policy_spells_the_tiers_as_the_app_does() -> None:
+    from serve_app.config import SERVED_TIERS
+
+    assert TIERS == SERVED_TIERS

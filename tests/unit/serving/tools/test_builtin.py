@@ -5,7 +5,9 @@ next, and what the web_search_call / code_interpreter_call items are told."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -135,6 +137,23 @@ async def test_over_sse_and_whatever_the_mcp_allowlist_says(
     monkeypatch.setenv("SERVE_APP_MCP_ALLOW", "https://mcp.example.com/")
     python = runner("python", server.sse_url)
     assert (await python.run(call(PYTHON, "print('over sse')"))).output == "over sse\n"
+
+
+async def test_the_operators_server_is_reached_at_the_name_it_wrote(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tool server named by a name that resolves to a private or loopback address (a
+    cluster Service, a sidecar) is connected to: here a closed loopback port, so the call
+    fails reaching it, not by the policy refusing the address before any connection."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        return real("127.0.0.1" if host == "serve-app-python" else host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    python = runner("python", f"http://serve-app-python:{free_port()}/mcp")
+    result = await asyncio.wait_for(python.run(call(PYTHON, "print(1)")), 30)
+    assert (result.error or "").startswith("could not reach the MCP server"), result.error
 
 
 def test_runners_are_registered_for_the_servers_the_operator_named() -> None:

@@ -14,13 +14,14 @@ from typing import Any
 from openai.types.responses.mcp_tool_call_error import McpProtocolError
 from openai.types.responses.response_output_item import McpListToolsTool
 
-from serve_app.config import ToolArgs
+from serve_app.config import AppArgs, ToolArgs
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry, ToolSpec
 from serve_app.protocol.requests import ResponsesRequest
+from serve_app.serving.tools.bounds import OutputBounds
 from serve_app.serving.tools.contract import CancelScope, ToolCall
-from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpServer
+from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpClient, McpServer
 from serve_app.serving.tools.mcp_once import OnceCalls
 from serve_app.serving.tools.mcp_trust import TrustedMcp
 from serve_app.serving.tools.mcp_turn import McpDone, McpRunner, McpTurns, plan
@@ -118,6 +119,7 @@ def stage(
     ctx: Context,
     claims: MemoryClaims | None = None,
     trusted: TrustedMcp | None = None,
+    bounds: OutputBounds | None = None,
 ):
     """The plan of ``ctx`` and its stage run on a fresh response: (the tools the model is
     then shown, the stage's events as the client reads them, what it did). ``trusted``: the
@@ -130,7 +132,7 @@ def stage(
     events = translator.start()
     done = McpDone()
 
-    turns = McpTurns(servers, once, 64, ReasoningVault("k"))
+    turns = McpTurns(servers, once, 64, ReasoningVault("k"), bounds)
 
     async def run() -> None:
         async for batch in turns.stage(StagedTurn(ctx.request, translator), planned, done):
@@ -264,6 +266,35 @@ def test_an_approval_claimed_already_answers_with_that_runs_result_without_a_cal
     assert again[-1]["item"]["output"] == ran[-1]["item"]["output"]
 
 
+class HugeServers(FakeServers):
+    """Answers every call with ``output``."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__()
+        self.output = output
+
+    async def call_tool(
+        self, server: McpServer, name: str, arguments: str | Mapping[str, Any]
+    ) -> CallOutcome:
+        await super().call_tool(server, name, arguments)
+        return CallOutcome(output=self.output)
+
+
+def test_an_approved_calls_output_is_held_to_the_same_bounds_before_it_is_rendered() -> None:
+    """An approved call's result joins the prompt the render pool tokenizes: a run of one
+    letter (minutes of a worker's CPU) or an output past `tools.max_output_tokens` fails the
+    call there, and the model reads why."""
+    approve = {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": True}
+    bounds = OutputBounds(AppArgs.model_validate({"tools": {"max_output_tokens": 200}}))
+    for output, why in (("a" * 700_000, "700,000 characters"), ("word " * 2000, "tokens")):
+        ctx = context([approve], history=[LISTED, ASKED])
+        _, _, done, _ = stage(HugeServers(output), ctx, bounds=bounds)
+        (shown,) = done.rendered_items()
+        assert shown.type == "mcp_call" and shown.output is None
+        assert why in (shown.error or "") and "not passed on" in (shown.error or "")
+        assert len(shown.model_dump_json()) < 2000
+
+
 def call_of(kind: str, name: str, arguments: str, **tool: object) -> ToolCall:
     request = ResponsesRequest.model_validate(
         {"model": MODEL, "input": "x", "tools": [mcp(**tool)]}
@@ -329,3 +360,34 @@ async def test_credentials_reach_their_server_only_never_a_log_line_the_echo_nor
             assert secret not in shown.model_dump_json()
         for path in tmp_path.iterdir():
             assert secret.encode() not in path.read_bytes(), path.name
+
+
+async def test_a_request_cannot_pick_the_virtual_host_of_an_allowed_server(tmp_path) -> None:
+    """`headers: {"Host": "admin.internal"}` on an allowed server is a 400 naming the header,
+    and nothing with that Host reaches the server (its recorder sees every Host but its own)."""
+    from openai import BadRequestError
+
+    from serve_app.config import AppArgs
+    from serve_app.engines.simulated import SimulatedEngineConfig
+    from tests.support import ENGINE_SCRIPT
+    from tests.support.helpers import in_process_api, sdk_client
+    from tests.support.mcp_servers import mcp_server
+
+    with mcp_server("good") as server:
+        args = AppArgs.model_validate({"tools": {"mcp_allow": [server.origin]}})
+        engine = SimulatedEngineConfig(script=str(ENGINE_SCRIPT), decode_tokens_per_s=50_000)
+        async with in_process_api(tmp_path / "s.db", args, engine=engine) as api:
+            client = sdk_client(api)
+            tool = mcp(server_url=server.url, require_approval="never")
+            refused = None
+            try:
+                await client.responses.create(
+                    model=MODEL,
+                    input="MCP-ECHO-TASK",
+                    tools=[{**tool, "headers": {"Host": "admin.internal"}}],
+                )
+            except BadRequestError as error:
+                refused = error
+        seen = await McpClient(args.tools).call_tool(McpServer(server.url), "seen_headers", {})
+    assert refused is not None and refused.body["param"] == "tools[0].headers.Host"
+    assert seen.output == "[]"  # no Host but its own, no x-* header, ever reached it

@@ -16,6 +16,7 @@ import pytest
 
 from serve_app.config import AppArgs, Limits
 from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.harmony.render import LongPiece, TooManyTokens, tool_message_tokens
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
@@ -102,6 +103,22 @@ async def test_the_pool_renders_the_same_token_ids(
     assert await pool.token_ids(context, "owner-a", truncate) == inline
     if index == 4 and truncate:  # it was truncated indeed
         assert len(inline) < len(render_token_ids(ARGS, VAULT, context, "owner-a", False))
+
+
+async def test_a_tool_message_renders_in_a_worker_to_the_same_tokens_and_refusals(
+    pool: RenderPool,
+) -> None:
+    """A tool's output (serving/tools/bounds.py) in a worker: the same token ids as on the
+    loop, and its refusals (a piece past the limit, a bound's tokens) raised as they are."""
+    args = ("browser.search", "analysis", "Zebras have stripes. " * 500, 10_000)
+    inline = tool_message_tokens(*args)
+    assert await pool.tokens_of(tool_message_tokens, args, len(args[2]), "owner-a") == inline
+    with pytest.raises(LongPiece) as piece:
+        await pool.tokens_of(tool_message_tokens, (*args[:2], "a" * 700_000, 10_000), 700_000, None)
+    assert piece.value.length == 700_000
+    with pytest.raises(TooManyTokens):
+        await pool.tokens_of(tool_message_tokens, (*args[:3], 100), len(args[2]), None)
+    assert pool.queued("owner-a") == 0 and pool.queued(None) == 0
 
 
 async def test_a_rendering_error_is_the_same_400(pool: RenderPool) -> None:

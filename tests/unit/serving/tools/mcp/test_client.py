@@ -105,6 +105,22 @@ async def test_headers_go_to_their_server_only(good: McpTestServer) -> None:
         assert json.loads(elsewhere.output or "null") == []
 
 
+async def test_routing_headers_never_leave_even_past_the_door() -> None:
+    """The door refuses them (a 400); a server built around it anyway (a stored or background
+    request, a bug) still sends its own Host and no client's routing header."""
+    with mcp_server("good") as server:
+        client = McpClient(ToolArgs(mcp_allow=[server.origin]))
+        forged = {
+            "Host": "admin.internal",
+            "X-Forwarded-Host": "admin.internal",
+            "Forwarded": "host=admin.internal",
+            "Connection": "close, X-Tenant",
+            "X-Tenant": "t1",
+        }
+        seen = await client.call_tool(McpServer.for_tool(server.url, forged), "seen_headers", {})
+    assert json.loads(seen.output or "null") == ["x-tenant: t1"]
+
+
 async def test_a_token_is_never_logged_nor_in_an_error(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     with mcp_server("good", token="the-right-one") as guarded, mcp_server("drop") as drop:
@@ -196,6 +212,16 @@ async def test_a_result_over_the_output_bound_is_refused() -> None:
         small = await client.call_tool(McpServer(huge.url), "huge", {"mib": 0.05})
     assert outcome.error is not None and "524288 bytes, more than the 100000" in outcome.message
     assert small.output is not None and len(small.output) == int(0.05 * 1024 * 1024)
+
+
+async def test_an_error_result_is_held_to_the_output_bound_too() -> None:
+    """An ``isError`` result is text the model reads as well: 3 MB passed a 1 KiB bound."""
+    with mcp_server("good") as server:
+        client = _client(server, mcp_max_output_bytes=1024)
+        outcome = await client.call_tool(McpServer(server.url), "fail", {"message": "e" * 300_000})
+    assert isinstance(outcome.error, McpProtocolError)
+    assert "bytes, more than the 1024" in outcome.message
+    assert "eeee" not in outcome.message
 
 
 @pytest.mark.parametrize("transport", ["streamable-http", "sse"])

@@ -13,6 +13,7 @@ from serve_app.protocol.errors import InvalidRequest
 from serve_app.serving.tools.mcp.policy import (
     UnsafeAddress,
     check_server_url,
+    operator_entry,
     parse_server_url,
     refusal,
     resolve_checked,
@@ -195,3 +196,26 @@ async def test_a_literal_is_not_resolved(monkeypatch: pytest.MonkeyPatch) -> Non
     asked = _resolver(monkeypatch, {})
     assert await resolve_checked(LOOPBACK_LITERAL, LOOPBACK_LITERAL) == _ip("127.0.0.1")
     assert asked == []
+
+
+@pytest.mark.parametrize("address", ["10.96.0.12", "172.20.0.4", "192.168.1.9", "127.0.0.1"])
+async def test_an_operator_entry_reaches_the_private_address_its_name_resolves_to(
+    monkeypatch: pytest.MonkeyPatch, address: str
+) -> None:
+    """The operator's own tool server (a cluster Service, a sidecar) is reached at the name
+    the operator wrote; the same name as a request's allowlist entry is not."""
+    _resolver(monkeypatch, {"serve-app-browser": [address]})
+    url = "http://serve-app-browser:8101/mcp"
+    assert await resolve_checked(parse_server_url(url), operator_entry(url)) == _ip(address)
+    with pytest.raises(UnsafeAddress, match="private or loopback"):
+        await resolve_checked(parse_server_url(url), parse_server_url(url))
+
+
+@pytest.mark.parametrize("address", ["169.254.169.254", "fd00:ec2::254", "0.0.0.0"])
+async def test_an_operator_entry_never_reaches_metadata_or_link_local(
+    monkeypatch: pytest.MonkeyPatch, address: str
+) -> None:
+    _resolver(monkeypatch, {"serve-app-browser": [address]})
+    url = "http://serve-app-browser:8101/mcp"
+    with pytest.raises(UnsafeAddress):
+        await resolve_checked(parse_server_url(url), operator_entry(url))
