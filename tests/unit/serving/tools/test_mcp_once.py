@@ -248,7 +248,9 @@ async def test_a_turn_refused_with_429_runs_nothing_and_its_retry_runs_once(tmp_
 
 async def test_a_turn_refused_with_400_runs_nothing_and_its_retry_runs_once(tmp_path, good) -> None:
     """The approving request's input overflows the context: a 400 before the call runs."""
-    args = args_for(good.origin, max_context_tokens=2048)
+    # A context this small leaves a tool's output room only with a small reserve (bounds.py).
+    tools = {"mcp_allow": [good.origin], "output_reserve_tokens": 256}
+    args = AppArgs.model_validate({"tools": tools, "max_context_tokens": 2048})
     async with app(tmp_path / "s.db", args=args) as api:
         client = sdk_client(api)
         asked = await client.responses.create(

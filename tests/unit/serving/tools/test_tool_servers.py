@@ -145,4 +145,5 @@ def test_builtin_servers_are_registered_for_the_servers_the_operator_named() -> 
     (client,) = register_builtin_runners(
         runners, ToolArgs(python_server_url="http://127.0.0.1:1/mcp")
     )
-    assert list(runners) == ["python"] and client.args.mcp_allow == ["http://127.0.0.1:1/mcp"]
+    # The operator's server is its client's one entry; requests' `mcp_allow` is never its.
+    assert list(runners) == ["python"] and client.args.mcp_allow == []
