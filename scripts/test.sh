@@ -68,7 +68,14 @@ if [ $# -eq 0 ]; then
   python scripts/image_install_check.py
 fi
 # The property tests at full volume (tests/conftest.py: the `thorough` Hypothesis profile).
-python -m pytest --hypothesis-profile=thorough "$@"
+if [ $# -eq 0 ]; then
+  # The tests without Ray on both cores (pytest-xdist), then the serve tier in one process: its
+  # session app is started once and its tests share it.
+  python -m pytest --hypothesis-profile=thorough -m "not serve" -n 2
+  python -m pytest --hypothesis-profile=thorough -m serve
+else
+  python -m pytest --hypothesis-profile=thorough "$@"
+fi
 if [ $# -eq 0 ]; then
   # The stored-response suites again, with the app's store on PostgreSQL.
   SERVE_APP_TEST_STORE=postgresql python -m pytest -rs tests/app/test_stateful.py tests/clients/test_agents_sdk.py

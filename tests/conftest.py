@@ -91,13 +91,15 @@ def _test_config(tmp: Path, port: int, store_url: str) -> dict:
     app["args"]["store"] = {"url": store_url}
     app["args"]["tools"] = MCP_TEST_BOUNDS
     # The moderation model (tests/app/test_moderation.py), the simulated engine playing
-    # gpt-oss-safeguard on a deployment of its own: one small replica.
+    # gpt-oss-safeguard on a deployment of its own: one replica that reserves no CPU (the
+    # ingress and engine replicas reserve the machine's two cores; a tenth more left the second
+    # ingress replica unscheduled, and every two-replica test ran on one).
     app["args"]["moderation"] = {
         "engine": {"kind": "simulated", "options": {"script": str(MODERATION_SCRIPT)}},
         "timeout_s": 10,
     }
     app["deployments"].append(
-        {"name": "ModerationEngine", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}
+        {"name": "ModerationEngine", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}
     )
     for deployment in app["deployments"]:
         if deployment["name"] == "ModerationEngine":
@@ -156,10 +158,22 @@ def _serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[serve_run.S
     try:
         config = _test_config(tmp, serve_run.free_port(), store_url)
         with serve_run.running(config, tmp, env) as run:
+            _every_ingress_replica_answers(run)
             yield run
     finally:
         if postgres_data is not None:
             postgres.stop(postgres_data)
+
+
+def _every_ingress_replica_answers(run: serve_run.ServeRun) -> None:
+    """`/health` answers once one ingress replica does; the tests that need two would fail one
+    by one, far from the cause (a replica the cluster cannot place): the session fails here."""
+    from tests.support.replicas import wait_for_ingress_replicas
+
+    try:
+        wait_for_ingress_replicas(run.url, REPLICAS, timeout_s=90)
+    except AssertionError as error:
+        pytest.fail(f"{error} at start (resources?):\n{run.log_tail()}")
 
 
 @pytest.fixture

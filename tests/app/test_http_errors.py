@@ -87,11 +87,15 @@ def test_unknown_route_is_404_in_openai_shape(app_url: str) -> None:
     assert_openai_error(httpx.get(f"{app_url}/v1/nothing-here", headers=AUTH, timeout=30), 404)
 
 
-def test_web_search_without_a_browser_tool_server_is_a_400(app_url: str) -> None:
-    # The session app names no tool server (gpt-oss's tools: tests/app/test_builtin_tools.py).
+def test_web_search_without_a_browser_tool_server_is_served_without_it(app_url: str) -> None:
+    # The session app names no tool server (gpt-oss's tools: tests/app/test_builtin_tools.py) and
+    # keeps the default `web_search_without_browser: omit`: Codex's default request is served,
+    # the tool left out and named (the strict 400: tests/unit/serving/admission/test_builtin.py).
     body = {"model": MODEL, "input": "SDK-TEXT", "tools": [{"type": "web_search"}]}
-    error = assert_openai_error(post(app_url, body), 400)
-    assert error["param"] == "tools[0].type"
+    response = post(app_url, body)
+    assert response.status_code == 200, response.text
+    assert response.json()["status"] == "completed"
+    assert response.headers["x-serve-app-omitted-tools"] == "web_search"
 
 
 def test_a_tool_neither_shown_nor_run_is_refused_not_dropped(app_url: str) -> None:
