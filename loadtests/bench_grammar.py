@@ -47,6 +47,7 @@ from serve_app.engines.base import GenerateRequest, SamplingSettings  # noqa: E4
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig  # noqa: E402
 from serve_app.harmony.encoding import CALL_TOKEN, RETURN_TOKEN  # noqa: E402
 from serve_app.harmony.render import render_request  # noqa: E402
+from serve_app.harmony.tools import ToolRegistry  # noqa: E402
 from serve_app.protocol.requests import ResponsesRequest  # noqa: E402
 from tests.support.client_schemas import SCHEMAS  # noqa: E402
 
@@ -173,7 +174,9 @@ def main() -> None:
     print(f"llguidance vocabulary (once per process): {vocab_ms:.0f} ms CPU\n")
     requests = cases()
     # One sample first: the structural token ids and harmony's regexes are built once.
-    MaskedSampler(matchers.new_matcher(from_request(requests["json_schema person"])), 0).sample(50)
+    warm = requests["json_schema person"]
+    first = from_request(warm, ToolRegistry.from_request(warm))
+    MaskedSampler(matchers.new_matcher(first), 0).sample(50)
     header = (
         f"{'constraint':28} {'grammar':>8} {'cold ms':>8} {'1st mask':>9} {'cached':>8}"
         f" {'tokens':>7} {'mask µs/tok':>12} {'sampler µs/tok':>15}"
@@ -181,7 +184,7 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for name, request in requests.items():
-        constraint = from_request(request)
+        constraint = from_request(request, ToolRegistry.from_request(request))
         assert constraint is not None, name
         compiled = compile_cost(constraint)
         masked = mask_cost(constraint, args.seeds)

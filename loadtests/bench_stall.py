@@ -202,7 +202,7 @@ def serve(port: int, render_inline_chars: int, tokens_per_s: float, output_token
         try:
             await uvicorn.Server(config).serve()
         finally:
-            api.state.service.close()
+            await api.state.service.aclose()
             await engine.shutdown()
             await store.close()
 

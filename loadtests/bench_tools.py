@@ -4,6 +4,7 @@ the response) against the same call run by the client (issue 39, Show).
     PYTHONPATH=. python loadtests/bench_tools.py                        # 32 streams, Ray-free
     PYTHONPATH=. python loadtests/bench_tools.py --serve-run            # the same, serve run
     PYTHONPATH=. python loadtests/bench_tools.py --streams 2 --calls 1  # tiny (the unit test)
+    PYTHONPATH=. python loadtests/bench_tools.py --rounds 3             # 3 rounds each, in turn
 
 It starts a loopback MCP server (tests/support/mcp_servers.py, kind ``good``: the ``mcp``
 SDK's ``MCPServer`` on streamable HTTP, in a process of its own; its ``echo`` tool is the
@@ -142,7 +143,7 @@ def serve_app(port: int, options: argparse.Namespace) -> None:
         try:
             await uvicorn.Server(config).serve()
         finally:
-            api.state.service.close()
+            await api.state.service.aclose()
             await engine.shutdown()
             await store.close()
 
@@ -405,20 +406,36 @@ async def measure(pids: dict[str, list[int]], options: argparse.Namespace) -> No
     await direct_calls(options.mcp_url, min(options.streams, 4), repeat=1)  # warm-up
     opened, call = await direct_calls(options.mcp_url, options.streams)
     print(report_tool(opened, call), flush=True)
-    results: dict[str, Round] = {}
+    warm = argparse.Namespace(**{**vars(options), "streams": min(options.streams, 4)})
     for mode in options.modes:
-        warm = argparse.Namespace(**{**vars(options), "streams": min(options.streams, 4)})
         await run_round(mode, pids, warm)  # warm-up: imports, the prefix cache, pools
-        results[mode] = await run_round(mode, pids, options)
-        print(report_round(results[mode]), flush=True)
+    rounds: dict[str, list[Round]] = {mode: [] for mode in options.modes}
+    for _ in range(options.rounds):  # the modes in turn: a load that drifts falls on both
+        for mode in options.modes:
+            rounds[mode].append(await run_round(mode, pids, options))
+            print(report_round(rounds[mode][-1]), flush=True)
+    results = {mode: merged(done) for mode, done in rounds.items()}
+    if options.rounds > 1:
+        for result in results.values():
+            print(report_round(result).replace(f"{result.mode:>6}:", f"{result.mode:>6} (all):"))
     if set(results) == set(MODES) and all(r.calls for r in results.values()):
         print(report_ratio(results["server"], results["client"]))
+
+
+def merged(rounds: list[Round]) -> Round:
+    """Several rounds of one mode as one: their streams, CPU and wall time summed."""
+    cpu = {role: sum(r.cpu_s[role] for r in rounds) for role in rounds[0].cpu_s}
+    streams = [stream for r in rounds for stream in r.streams]
+    return Round(rounds[0].mode, streams, cpu, sum(r.wall_s for r in rounds), rounds[-1].load)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--calls", type=int, default=2, help="tool calls in a row per response")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="measured rounds per mode, the modes in turn"
+    )
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--tokens-per-s", type=float, default=100.0, help="decode, per stream")
     parser.add_argument("--answer-words", type=int, default=40)

@@ -265,10 +265,9 @@ class ToolArgs(BaseModel):
 
     # URL prefixes of the MCP servers requests may name (`https://mcp.example.com/`,
     # `http://127.0.0.1:9000/mcp`): matched on scheme, host, port and whole path segments.
-    # Empty (the default): no `mcp` tool is accepted. A name's addresses are checked when it
-    # is reached: private and loopback ones only for an entry that names such an address or
-    # `localhost`; link-local and metadata ones never. $SERVE_APP_MCP_ALLOW (comma-separated)
-    # overrides it.
+    # Empty (the default): no `mcp` tool is accepted. A name's addresses are checked when it is
+    # reached: private and loopback ones only for an entry naming such an address or
+    # `localhost`; link-local and metadata ones never. $SERVE_APP_MCP_ALLOW (commas) overrides.
     mcp_allow: list[str] = Field(default_factory=list)
     # Resolving the name, the TCP (and TLS) connect, and the MCP handshake (initialize).
     mcp_connect_timeout_s: float = Field(default=10.0, gt=0)
@@ -281,22 +280,30 @@ class ToolArgs(BaseModel):
     # anything counts tokens (what the model is given is bounded below, in tokens).
     mcp_max_output_bytes: int = Field(default=1024 * 1024, gt=0)
     # Tokens of one server-run call's output (or error), as its harmony message, the model is
-    # given (every tool the server runs: MCP, browser, python, tool_search); never more than
-    # the context leaves less `output_reserve_tokens` (shared by a round's calls). Past it, or
-    # past the tokenizer's piece limit (harmony/pieces.py, checked first), the call fails and
-    # the model reads why (serve_app/serving/tools/bounds.py). 16k tokens (~64 KB of prose):
-    # a page or a program's output, with most of gpt-oss's 131k context left.
+    # given (MCP, browser, python, tool_search); never more than the context leaves less
+    # `output_reserve_tokens` (shared by a round's calls). Past it, or the tokenizer's piece
+    # limit (harmony/pieces.py, checked first), the call fails and the model reads why
+    # (serving/tools/bounds.py). 16k tokens (~64 KB of prose): most of the 131k context left.
     max_output_tokens: int = Field(default=16384, gt=0)
     # Tokens of the context a tool's output never takes: the model's room to answer after it.
     output_reserve_tokens: int = Field(default=8192, ge=0)
-    # Bytes one HTTP response (or SSE event) from an MCP server may carry; more is cut off
-    # as it arrives (never buffered whole) and fails the call or the listing.
+    # Bytes one HTTP response (or SSE event) from an MCP server may carry; more is cut off as
+    # it arrives (never buffered whole) and fails the call or the listing.
     mcp_max_response_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     # Tools one server may list; more fails the listing.
     mcp_max_tools: int = Field(default=1000, gt=0)
     # Calls in flight to one server (its URL and credentials) from one ingress replica; more
     # wait their turn (within their own timeout).
     mcp_max_concurrent_calls: int = Field(default=8, gt=0)
+    # An MCP session (one per owner, server URL and headers) is kept this long after its last
+    # operation, for that owner's next listing or call, then ended; at most this many open per
+    # ingress replica (past it, the least recently used idle one is ended for a new one).
+    mcp_session_ttl_s: float = Field(default=30.0, gt=0)
+    mcp_max_sessions: int = Field(default=256, gt=0)
+    # Calls of tools the server runs in one response (MCP, approved ones included, browser,
+    # python, tool_search), whatever the request's `max_tool_calls` (which bounds them too):
+    # past it a call is not run, its item fails and the model reads why.
+    max_calls_per_response: int = Field(default=64, gt=0)
     # gpt-oss's own tools (docs/protocol.md#gpt-oss-tools): the MCP tool server that runs the
     # `browser` (a request's web_search) and the one that runs `python` (code_interpreter), as
     # vLLM's --tool-server; streamable HTTP URLs (`http://127.0.0.1:8765/mcp`), one server may

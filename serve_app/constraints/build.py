@@ -8,13 +8,11 @@ from serve_app.harmony.tools import ToolRegistry, ToolSpec
 from serve_app.protocol.requests import ResponsesRequest
 
 
-def from_request(
-    request: ResponsesRequest, tools: ToolRegistry | None = None
-) -> CompletionConstraint | None:
+def from_request(request: ResponsesRequest, tools: ToolRegistry) -> CompletionConstraint | None:
     """The constraint ``request`` asks for, or None where it asks for nothing enforceable
     (``tool_choice`` auto, no strict format, no strict or grammar tool). ``allowed_tools``
-    leaves the other tools out of the calls the completion may end in."""
-    tools = tools or ToolRegistry.from_request(request)
+    leaves the other tools out of the calls the completion may end in. ``tools``: the
+    request's, as the door built them (with the tools its history's searches loaded)."""
     # Deferred tools too: a server-run search loads them within the response.
     specs = (*tools.tools, *tools.deferred)
     calls = tuple(call_rule(spec) for spec in specs if tools.callable(spec))

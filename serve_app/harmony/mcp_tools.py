@@ -14,7 +14,7 @@ shown as function tools are), and the MCP items of a history as the messages the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from openai_harmony import Author, Message, Role
 
@@ -49,14 +49,15 @@ def listed_specs(tool: McpTool, listed: Sequence[McpListedTool]) -> list[ToolSpe
             description=entry.description or "",
             parameters=entry.input_schema or {"type": "object", "properties": {}},
             namespace=tool.server_label,
+            read_only=entry.read_only,
         )
         for entry in listed
         if tool.allows(entry.name, entry.read_only)
     ]
 
 
-def reusable_lists(items: Sequence[object]) -> dict[str, McpListToolsItem]:
-    """The latest successful ``mcp_list_tools`` of each server label in a context."""
+def reusable_lists(items: Iterable[object]) -> dict[str, McpListToolsItem]:
+    """The latest successful ``mcp_list_tools`` of each server label among ``items``."""
     found: dict[str, McpListToolsItem] = {}
     for item in items:
         if isinstance(item, McpListToolsItem) and not item.error:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import logging
 import secrets
 
@@ -52,6 +53,8 @@ class ReasoningVault:
         self._keys = keys
         self._open_with = [AESGCM(key) for key in keys]
         self._seal_with = self._open_with[0]
+        # Signing keys (`sign`): derived apart from the sealing keys.
+        self._mac_keys = [hashlib.sha256(b"serve_app tags\x00" + key).digest() for key in keys]
 
     def seal(self, text: str, purpose: bytes = b"", owner: str | None = None) -> str:
         """``purpose`` and ``owner`` are bound to the blob: it opens only for the same, so a
@@ -82,6 +85,28 @@ class ReasoningVault:
                 continue
         logger.info("An encrypted blob this server cannot open (purpose %r)", purpose)
         return None
+
+    def sign(self, data: bytes, purpose: bytes, owner: str | None = None) -> str:
+        """A tag saying this server vouches for ``data`` (for ``purpose`` and ``owner``), so
+        a copy brought back can be checked unchanged (`verify`) without keeping it: an MCP
+        listing the client sends back (serve_app/serving/tools/mcp_trust.py). HMAC-SHA256
+        under a key derived from the sealing key, unpadded URL-safe base64."""
+        tag = hmac.new(self._mac_keys[0], _signed(data, purpose, owner), hashlib.sha256)
+        return base64.urlsafe_b64encode(tag.digest()).decode().rstrip("=")
+
+    def verify(self, tag: str, data: bytes, purpose: bytes, owner: str | None = None) -> bool:
+        """Whether ``tag`` is this server's (`sign`, under any of its keys) for ``data``."""
+        signed = _signed(data, purpose, owner)
+        for key in self._mac_keys:
+            expected = hmac.new(key, signed, hashlib.sha256).digest()
+            given = base64.urlsafe_b64encode(expected).decode().rstrip("=")
+            if hmac.compare_digest(given, tag):
+                return True
+        return False
+
+
+def _signed(data: bytes, purpose: bytes, owner: str | None) -> bytes:
+    return _associated_data(purpose, owner) + data
 
 
 def _associated_data(purpose: bytes, owner: str | None) -> bytes:

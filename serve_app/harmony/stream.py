@@ -76,7 +76,7 @@ class ResponseStreamTranslator:
         self._writer = ResponseEventWriter(
             response, seal_reasoning=seal_reasoning, summarize_reasoning=summarize_reasoning
         )
-        self._tools = tools
+        self.tools = tools  # what recipients resolve to (a listing may add to it: MCP)
         self.call_limit = CallLimit(max_tool_calls)
         self._state = _State.EXPECT_START
         self._parser: StreamableParser | None = None
@@ -439,7 +439,7 @@ class ResponseStreamTranslator:
         # Open only once announced, so recovery never closes an item the client never saw.
         self._pending = []
         refused = self.call_limit.refuses(self._writer.tool_calls, recipient)
-        self._item = None if refused else open_item(self._writer, self._tools, channel, recipient)
+        self._item = None if refused else open_item(self._writer, self.tools, channel, recipient)
 
     def _flush(self) -> None:
         """Send the open item's new content, measured as growth of the decoded text.

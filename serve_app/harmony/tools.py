@@ -85,6 +85,9 @@ class ToolSpec:
     # A top-level tool marked `defer_loading`: its calls carry ``namespace`` = its name, the
     # wire shape OpenAI gives them (the Agents SDK finds deferred tools' calls by it).
     deferred_top_level: bool = False
+    # An MCP server's tool it says only reads (its ``readOnlyHint``): what ``allowed_tools``
+    # and ``require_approval`` filters with ``read_only`` match.
+    read_only: bool = False
 
     @property
     def item_namespace(self) -> str | None:

@@ -8,9 +8,10 @@ OpenAI's order, which the writer keeps with these builders:
   tools yet), ``response.mcp_list_tools.in_progress``, then ``.completed`` or ``.failed``,
   ``output_item.done`` (the tools, or ``error``);
 - ``mcp_call`` (kind ``mcp``): ``output_item.added`` (``in_progress``),
-  ``response.mcp_call_arguments.delta`` as the model writes, ``.done`` at its ``<|call|>``,
-  ``response.mcp_call.in_progress`` while it runs, then ``response.mcp_call.completed`` or
-  ``.failed``, ``output_item.done`` (``output``, or ``error`` as the SDK's error object);
+  ``response.mcp_call.in_progress`` right after it (OpenAI's order: before the arguments, not
+  when the call starts running), ``response.mcp_call_arguments.delta`` as the model writes,
+  ``.done`` at its ``<|call|>``, then ``response.mcp_call.completed`` or ``.failed``,
+  ``output_item.done`` (``output``, or ``error`` as the SDK's error object);
 - ``mcp_approval_request`` (kind ``mcp_approval``): ``output_item.added`` and
   ``output_item.done``, nothing between; the response ends with it.
 """
@@ -40,6 +41,7 @@ from openai.types.responses.response_output_item import (
     McpListToolsTool,
 )
 
+from serve_app.protocol.mcp_items import LISTING_SEAL
 from serve_app.protocol.stream_items import OpenItem, call_arguments
 from serve_app.protocol.tool_items import (
     ItemStatus,
@@ -60,8 +62,13 @@ def list_tools_item(
     server_label: str,
     tools: Sequence[McpListToolsTool] = (),
     error: str | None = None,
+    seal: str | None = None,
 ) -> McpListTools:
+    """The item; ``seal``: the server's seal of it (serve_app/serving/tools/mcp_trust.py), in
+    a field of ours beside OpenAI's (`LISTING_SEAL`)."""
     fields: dict[str, Any] = {"error": error} if error is not None else {}
+    if seal is not None:
+        fields[LISTING_SEAL] = seal
     return McpListTools(
         id=item_id, type="mcp_list_tools", server_label=server_label, tools=list(tools), **fields
     )
@@ -162,10 +169,14 @@ class McpCallItems:
             )
         ]
 
-    def running(self, item: OpenItem) -> list[ResponseStreamEvent]:
+    def opened(self, item: OpenItem) -> list[ResponseStreamEvent]:
+        """Right after ``output_item.added``: the call is in progress from its first token."""
         return [
             ResponseMcpCallInProgressEvent(type="response.mcp_call.in_progress", **_common(item))
         ]
+
+    def running(self, item: OpenItem) -> list[ResponseStreamEvent]:
+        return []  # said at `opened`
 
     def done(
         self, item: OpenItem, result: ToolResult | None, status: ItemStatus
@@ -242,7 +253,8 @@ class McpListItems(QuietEvents):
     ) -> tuple[list[ResponseStreamEvent], ResponseOutputItem]:
         error = "The server was not listed." if result is None else result.error
         tools = [] if result is None or error else list(result.data.get("tools", ()))
-        final = list_tools_item(item.item_id, _label(item), tools, error)
+        seal = None if result is None or error else result.data.get("seal")
+        final = list_tools_item(item.item_id, _label(item), tools, error, seal)
         if error:
             event: ResponseStreamEvent = ResponseMcpListToolsFailedEvent(
                 type="response.mcp_list_tools.failed", **_common(item)

@@ -11,6 +11,8 @@ so no log line can show them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
@@ -110,15 +112,22 @@ class McpListedTool(Lenient):
         return bool((self.annotations or {}).get("readOnlyHint"))
 
 
+# The field of an ``mcp_list_tools`` item (ours, beside OpenAI's) holding the server's seal of
+# what it listed, for whom: a copy brought back is reused only if the seal still matches.
+LISTING_SEAL = "serve_app_seal"
+
+
 class McpListToolsItem(Lenient):
     """The tools a server listed (once per conversation: a later turn that has this item in
-    its context reuses it instead of listing again)."""
+    its context reuses it instead of listing again, if this server sealed it)."""
 
     type: Literal["mcp_list_tools"]
     server_label: str = Field(min_length=1)
     tools: list[McpListedTool] = Field(default_factory=list)
     error: str | None = None
     id: ItemId | None = None
+    # The server's seal (`LISTING_SEAL`): opaque, never tokenized.
+    serve_app_seal: Annotated[str | None, OPAQUE] = Field(default=None, repr=False)
 
 
 class McpCallItem(Lenient):
@@ -173,3 +182,30 @@ def error_text(error: str | dict[str, Any] | None) -> str:
         texts = [part.get("text", "") for part in content if isinstance(part, dict)]
         return "".join(texts)
     return str(content if content is not None else error)
+
+
+# --- what the server issued: the digests later copies are checked against ---------------
+
+
+def listing_digest(item: McpListToolsItem, tool: McpTool) -> str:
+    """What an ``mcp_list_tools`` item says, for ``tool`` (its label, URL and
+    ``allowed_tools``: a listing counts for the same server and filter only): what the
+    server's seal of a listing it issued covers, and a client's copy is checked against."""
+    listed = [entry.model_dump(mode="json", exclude_none=True) for entry in item.tools]
+    allowed = tool.allowed_tools
+    if not isinstance(allowed, list | None):
+        allowed = allowed.model_dump(mode="json", exclude_none=True)
+    return _digest(["mcp_list_tools", item.server_label, tool.server_url, allowed, listed])
+
+
+def approval_digest(item: McpApprovalRequestItem, tool: McpTool) -> str:
+    """What an ``mcp_approval_request`` asks, of ``tool``'s server (its URL: an approval
+    counts for the server it was asked for only)."""
+    return _digest(
+        ["mcp_approval_request", item.server_label, tool.server_url, item.name, item.arguments]
+    )
+
+
+def _digest(parts: list[Any]) -> str:
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()

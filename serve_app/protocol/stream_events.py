@@ -18,7 +18,8 @@ part, before ``output_item.done``.
 Logprobs of a message's ``output_text`` ride on the ``output_text.delta`` they are given with
 (`text`); what no delta carried is given to `close`. The part, ``output_text.done``, the done
 item and the final Response hold them all. Every model is built fresh: an event keeps its own
-copy of an item, never mutated later. Calls of tools the server runs: `ToolCallEvents`.
+copy of an item, never mutated later. Calls of tools the server runs: `ToolCallEvents`; items
+made whole, a server-side compaction's and those the client injects: `WholeItemWriting`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from typing import Any, Literal
 
 from openai.types.responses import (
     Response,
-    ResponseCompactionCompactingEvent,
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
     ResponseCreatedEvent,
@@ -73,7 +73,6 @@ from serve_app.protocol.stream_items import (
     OpenItem,
     Phase,
     call_arguments,
-    compaction_item,
     delta_event,
     done_item,
     done_logprob,
@@ -84,11 +83,12 @@ from serve_app.protocol.stream_items import (
     terminal_event,
 )
 from serve_app.protocol.tool_events import ToolCallEvents
+from serve_app.protocol.whole_item_events import WholeItemWriting
 
 logger = logging.getLogger(__name__)
 
 
-class ResponseEventWriter(ToolCallEvents, ClientCallWriting):
+class ResponseEventWriter(ToolCallEvents, ClientCallWriting, WholeItemWriting):
     """Writes one response's stream events: `start`, items opened, grown and closed, then
     exactly one of `finish` or `fail`. Each call keeps its events until `take_events`."""
 
@@ -336,73 +336,6 @@ class ResponseEventWriter(ToolCallEvents, ClientCallWriting):
                 sequence_number=self._seq(),
             )
         )
-
-    # --- server-side compaction ----------------------------------------------------------
-
-    def open_compaction(self) -> OpenItem:
-        """A ``compaction`` item, before the answer: ``output_item.added`` (its
-        ``encrypted_content`` empty until the summary is sealed)."""
-        item = OpenItem(ItemKind.COMPACTION, builders.new_compaction_id(), self._output_index())
-        self._events.append(
-            ResponseOutputItemAddedEvent(
-                type="response.output_item.added",
-                output_index=item.output_index,
-                item=compaction_item(item, ""),
-                sequence_number=self._seq(),
-            )
-        )
-        return item
-
-    def compacting(self, item: OpenItem) -> None:
-        """``response.compaction.compacting``: more of the summary was sampled (it carries
-        none of it)."""
-        self._events.append(
-            ResponseCompactionCompactingEvent(
-                type="response.compaction.compacting",
-                item_id=item.item_id,
-                output_index=item.output_index,
-                sequence_number=self._seq(),
-            )
-        )
-
-    def close_compaction(self, item: OpenItem, encrypted_content: str) -> None:
-        """``output_item.done`` with the sealed summary; the item is in ``output`` from now."""
-        final = compaction_item(item, encrypted_content)
-        self._finished(item.output_index, final)
-        self._events.append(
-            ResponseOutputItemDoneEvent(
-                type="response.output_item.done",
-                output_index=item.output_index,
-                item=final,
-                sequence_number=self._seq(),
-            )
-        )
-
-    # --- items the client put in (response.inject) ------------------------------------------
-
-    def place(self, items: Sequence[ResponseOutputItem]) -> None:
-        """Items the client committed into the response (a WebSocket ``response.inject``'s
-        tool outputs), whole already: each at the next output index, ``output_item.added``
-        then ``output_item.done`` with the same complete item, as every item is announced."""
-        for item in items:
-            index = self._output_index()
-            self._finished(index, item)
-            self._events.append(
-                ResponseOutputItemAddedEvent(
-                    type="response.output_item.added",
-                    output_index=index,
-                    item=item,
-                    sequence_number=self._seq(),
-                )
-            )
-            self._events.append(
-                ResponseOutputItemDoneEvent(
-                    type="response.output_item.done",
-                    output_index=index,
-                    item=item,
-                    sequence_number=self._seq(),
-                )
-            )
 
     # --- the end -------------------------------------------------------------------------
 

@@ -49,14 +49,19 @@ class ToolCallEvents:
             namespace=namespace,
             tool_kind=kind,
         )
+        builder = _builder(item)
         self._events.append(
             ResponseOutputItemAddedEvent(
                 type="response.output_item.added",
                 output_index=item.output_index,
-                item=_builder(item).added(item),
+                item=builder.added(item),
                 sequence_number=self._seq(),
             )
         )
+        # A kind whose item says it is in progress at once (``mcp_call``, as OpenAI streams it).
+        opened = getattr(builder, "opened", None)
+        if opened is not None:
+            self._stamp(opened(item))
         return item
 
     @property

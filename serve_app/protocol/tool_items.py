@@ -9,7 +9,8 @@ the recipient to): each branch that adds a kind registers its builder here
 
 The item's life, as the writer drives it:
 
-1. ``added``: the model's header names the tool; ``output_item.added`` carries this item.
+1. ``added``: the model's header names the tool; ``output_item.added`` carries this item
+   (then, for a kind whose builder has ``opened``, its events: ``mcp_call``'s in progress).
 2. ``argument_delta``: the model writes the arguments (none for a kind that streams none).
 3. ``arguments_done``: the model's ``<|call|>``; the item stays open, pending execution.
 4. ``running``: the call starts running (``response.mcp_call.in_progress``,

@@ -435,6 +435,6 @@ class ResponsesIngress:
         # budget (the replica and its engine handle work on meanwhile); those that cannot are
         # ended `failed` before Serve kills the replica, rather than when their leases lapse.
         await self._api.state.background.stop(self._shutdown_grace_s)
-        self._api.state.service.close()
+        await self._api.state.service.aclose()  # its render workers, its MCP sessions
         await self._retention.stop()
         await self._store.close()

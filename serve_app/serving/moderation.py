@@ -178,8 +178,14 @@ class TurnModeration:
         not block), and never when it flags, the stream then ending with a ``stop`` chunk
         (``blocked`` set; closing the engine stream aborts the engine request). The chunks
         without tokens pass (the first says the engine took the request)."""
-        async with contextlib.aclosing(chunks):
-            async for chunk in self._gated(chunks):
+        # The gate closes first (its read of the next chunk cancelled and awaited), then the
+        # engine stream: closed under a read still running, it raised RuntimeError
+        # ("aclose(): asynchronous generator is already running") and the terminal was lost.
+        async with (
+            contextlib.aclosing(chunks),
+            contextlib.aclosing(self._gated(chunks)) as gated,
+        ):
+            async for chunk in gated:
                 yield chunk
 
     async def _gated(self, chunks: AsyncIterator[GenerateChunk]) -> AsyncIterator[GenerateChunk]:

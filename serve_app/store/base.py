@@ -63,6 +63,29 @@ class BackgroundRun:
     ended: bool
 
 
+@dataclass(frozen=True)
+class IssuedItem:
+    """An item the server issued (an MCP approval request) by its id, with the digest of what
+    it said: a later request's copy counts only if it matches."""
+
+    item_id: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class ToolClaim:
+    """A call that must run once (an approved MCP call): which response's turn runs it, since
+    when (epoch seconds), and its result once it ran (JSON, as the claimant recorded it)."""
+
+    claimant: str
+    claimed_at: float
+    result: str | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.result is not None
+
+
 # Builds the end of a run its runner left: from the stored response (wire JSON), the JSON of
 # its persisted ``response.output_item.done`` events in order, and the last persisted sequence
 # number, the final response and the events that close the stream.
@@ -121,14 +144,27 @@ class ResponseStore(abc.ABC):
         stored: StoredResponse | None,
         conversation_id: str | None,
         items: list[dict[str, Any]],
+        issued: Sequence[IssuedItem] = (),
+        owner: str | None = None,
     ) -> None:
-        """What a turn leaves: its response (if stored) and, with ``conversation_id``, its
-        items at the end of that conversation, in one transaction, so a failure leaves
-        neither. (This default writes them one after the other: override it.)"""
+        """What a turn leaves: its response (if stored), with ``conversation_id`` its items
+        at the end of that conversation, and the items it ``issued`` to ``owner`` (MCP
+        approval requests), in one transaction, so a failure leaves none. (This
+        default writes them one after the other: override it.)"""
         if stored is not None:
             await self.put(stored)
         if conversation_id is not None:
             await self.append_items(conversation_id, items)
+        if issued:
+            await self.issue_items(owner, issued)
+
+    @abc.abstractmethod
+    async def issue_items(self, owner: str | None, items: Sequence[IssuedItem]) -> None:
+        """Record ``items`` as issued to ``owner`` (an id recorded already is kept as is)."""
+
+    @abc.abstractmethod
+    async def issued_digests(self, owner: str | None, item_ids: Collection[str]) -> dict[str, str]:
+        """The digests of those of ``item_ids`` issued to ``owner``, by id (others absent)."""
 
     @abc.abstractmethod
     async def get(self, response_id: str) -> StoredResponse | None: ...
@@ -263,6 +299,25 @@ class ResponseStore(abc.ABC):
     @abc.abstractmethod
     async def delete_item(self, conversation_id: str, item_id: str) -> bool:
         """Remove every item with that id from the conversation (ids may repeat)."""
+
+    # --- calls that must run once: an approved MCP call, whichever replica is asked --------
+
+    @abc.abstractmethod
+    async def claim_tool_call(self, owner: str | None, claim_id: str, claimant: str) -> ToolClaim:
+        """Take the call ``claim_id`` of ``owner`` for ``claimant`` unless it is taken
+        (insert-if-absent: of claimants at once, one wins); the claim as it stands after. The
+        call is ``claimant``'s to run only when the answer names it, unsettled."""
+
+    @abc.abstractmethod
+    async def settle_tool_call(
+        self, owner: str | None, claim_id: str, claimant: str, result: str
+    ) -> bool:
+        """Record the result of ``claimant``'s run of the call; False if the claim was not its
+        own or was settled already."""
+
+    @abc.abstractmethod
+    async def tool_claim(self, owner: str | None, claim_id: str) -> ToolClaim | None:
+        """The claim of ``claim_id`` as it stands (None: nobody took it)."""
 
     # --- secrets the server makes for itself, shared by every replica ----------------------
 

@@ -25,7 +25,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -47,9 +47,10 @@ from sqlalchemy.ext.asyncio import (
 )
 
 from serve_app.config import StoreConfig
-from serve_app.store import runs
+from serve_app.store import issued_items, runs, tool_claims
 from serve_app.store.base import (
     BackgroundRun,
+    IssuedItem,
     ItemPage,
     PromptRecord,
     ResponseStore,
@@ -62,6 +63,7 @@ from serve_app.store.expiry import Expiry, chain_query, expired_query
 from serve_app.store.references import AsInput, release, stored_responses, unchanged, visible
 from serve_app.store.retry import WRITE_ATTEMPTS, backoff_s, transient
 from serve_app.store.server_secrets import propose_secret, read_secret
+from serve_app.store.sql_tools import ToolLedger
 from serve_app.store.sqlite import WRITES, private_sqlite_file, sqlite_begin, sqlite_pragmas
 from serve_app.store.tables import (
     Base,
@@ -87,7 +89,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class SqlResponseStore(ResponseStore):
+class SqlResponseStore(ToolLedger, ResponseStore):
     def __init__(
         self,
         url: str,
@@ -148,12 +150,15 @@ class SqlResponseStore(ResponseStore):
         stored: StoredResponse | None,
         conversation_id: str | None,
         items: list[dict[str, Any]],
+        issued: Sequence[IssuedItem] = (),
+        owner: str | None = None,
     ) -> None:
         async def write(session: AsyncSession) -> None:
             if stored is not None:
                 await put_response(session, stored, self._expiry.cutoff(), self._as_input)
             if conversation_id is not None:
                 await append_items_at_end(session, conversation_id, items)
+            await issued_items.issue(session, owner, issued)
 
         await self._transact(write)
 
@@ -192,6 +197,9 @@ class SqlResponseStore(ResponseStore):
         async def write(session: AsyncSession) -> int:
             ids = list((await session.scalars(expired_query(cutoff, batch))).all())
             await delete_responses(session, ids)
+            # Claims and issued items age with the responses that made them.
+            await tool_claims.sweep(session, cutoff)
+            await issued_items.sweep(session, cutoff)
             return len(ids)
 
         return await self._transact(write)

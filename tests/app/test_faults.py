@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from serve_app.config import BackgroundArgs
-from serve_app.serving.engine.deployment import CALLER_CHECK_PERIOD_S
+from serve_app.serving.engine.caller_watch import CALLER_CHECK_PERIOD_S
 from tests.support import AUTH, MODEL
 from tests.support.replicas import (
     engine_ongoing,

@@ -81,9 +81,9 @@ def test_streamed_over_sse_every_step_as_it_happens(client: OpenAI, good) -> Non
     expected = [
         "response.mcp_list_tools.in_progress",
         "response.mcp_list_tools.completed",
+        "response.mcp_call.in_progress",
         "response.mcp_call_arguments.delta",
         "response.mcp_call_arguments.done",
-        "response.mcp_call.in_progress",
         "response.mcp_call.completed",
         "response.output_text.delta",
         "response.completed",

@@ -91,8 +91,8 @@ def check_stream(events: list[tuple[float, Any]], output: list[str]) -> Any:
         steps = [kind for kind in mine if not kind.endswith(".delta")]
         assert steps == [
             "response.output_item.added",
-            "response.mcp_call_arguments.done",
             "response.mcp_call.in_progress",
+            "response.mcp_call_arguments.done",
             "response.mcp_call.completed",
             "response.output_item.done",
         ], mine

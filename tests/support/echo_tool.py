@@ -5,8 +5,9 @@ python, tool_search) exist: ``echo``, in the harmony namespace ``testtools``
 
 `EchoRunner` answers ``{"text": ...}`` with ``echo: <text>`` after ``delay_s`` (per text:
 ``delays``), raises for text ``"raise"``, returns an error for ``"fail"``, and records what it
-started, finished and saw cancelled. `EchoProvider` adds the spec to every request. Register
-with `echo_runners()` and pass them to ``create_api(tools=...)``.
+started, finished and saw cancelled. `EchoServer` (a `ToolServer`) adds the spec to every
+request and runs the calls in a session per response (`EchoProvider`: the spec alone, the seam
+before servers). Register with `echo_runners()` and pass them to ``create_api(tools=...)``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from serve_app.harmony.tools import ToolSpec
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.stream_items import OpenItem
 from serve_app.protocol.tool_items import ItemStatus, ToolResult, register_tool_items
-from serve_app.serving.tools.contract import ToolCall, ToolRunners
+from serve_app.serving.tools.contract import ToolCall, ToolContext, ToolDescription, ToolRunners
 
 KIND = "echo"
 NAMESPACE = "testtools"
@@ -159,10 +160,46 @@ class EchoRunner:
 
 
 class EchoProvider:
-    """Adds the echo tool to every request (as an MCP server's listing would)."""
+    """Adds the echo tool to every request (a `ToolProvider`, the seam before servers)."""
 
     async def specs(self, request: ResponsesRequest, owner: str | None) -> Sequence[ToolSpec]:
         return [ECHO_SPEC]
+
+
+@dataclass
+class EchoServer:
+    """The echo tool as a `ToolServer`: in every request, described by its spec, its calls
+    run by ``runner`` in a session per response (``sessions`` records each one opened, and
+    whether it was closed)."""
+
+    runner: EchoRunner
+    kinds: frozenset[str] = frozenset({KIND})
+    sessions: list[EchoSession] = field(default_factory=list)
+
+    def has(self, request: ResponsesRequest) -> bool:
+        return True
+
+    async def describe(self, context: ToolContext) -> ToolDescription:
+        return ToolDescription([ECHO_SPEC])
+
+    def session(self, owner: str | None, response_id: str) -> EchoSession:
+        self.sessions.append(EchoSession(self.runner, response_id))
+        return self.sessions[-1]
+
+
+@dataclass
+class EchoSession:
+    runner: EchoRunner
+    response_id: str
+    calls: int = 0
+    closed: bool = False
+
+    async def run(self, call: ToolCall) -> ToolResult:
+        self.calls += 1
+        return await self.runner.run(call)
+
+    async def aclose(self) -> None:
+        self.closed = True
 
 
 def register_echo() -> None:
@@ -170,8 +207,6 @@ def register_echo() -> None:
 
 
 def echo_runners(runner: EchoRunner | None = None, *, max_rounds: int = 8) -> ToolRunners:
-    """Runners with the echo kind (its items registered), the echo spec in every request."""
+    """Tool servers with the echo one (its items registered): its spec in every request."""
     register_echo()
-    return ToolRunners(
-        {KIND: runner or EchoRunner()}, providers=[EchoProvider()], max_rounds=max_rounds
-    )
+    return ToolRunners(servers=[EchoServer(runner or EchoRunner())], max_rounds=max_rounds)

@@ -24,7 +24,7 @@ from serve_app.config import AppArgs
 from serve_app.engines.simulated import SimulatedEngine, SimulatedEngineConfig
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.serving.engine.client import InProcessEngineClient
+from serve_app.serving.engine.client import EngineClient, InProcessEngineClient
 from serve_app.serving.ingress import app_store, create_api
 from tests.support import API_KEY, API_KEY_ENV, REPO
 
@@ -70,6 +70,7 @@ async def in_process_api(
     args: AppArgs | None = None,
     *,
     engine: SimulatedEngineConfig | None = None,
+    engine_client: Callable[[EngineClient], EngineClient] | None = None,
     **options: Any,
 ) -> AsyncIterator[FastAPI]:
     """The ingress's own FastAPI app (the one every ingress replica serves) in this process.
@@ -78,8 +79,8 @@ async def in_process_api(
     simulated engine's config (default: fast and unscripted); the engine itself is the app's
     ``state.engine``, for tests that look inside it. With ``args.moderation``, its engine (the
     simulated one, playing gpt-oss-safeguard) runs here too, as ``state.moderation_engine``,
-    unless ``options`` bring a ``moderation`` client of their own. ``options`` go to
-    ``create_api``.
+    unless ``options`` bring a ``moderation`` client of their own. ``engine_client``: wraps the
+    in-process engine client (a test's refusals, delays). ``options`` go to ``create_api``.
     """
     args = args or AppArgs()
     store = app_store(db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}", args)
@@ -94,9 +95,10 @@ async def in_process_api(
         await classifier.start()
         options["moderation"] = InProcessEngineClient(classifier)
     try:
+        client: EngineClient = InProcessEngineClient(simulated)
         api = create_api(
             args,
-            InProcessEngineClient(simulated),
+            engine_client(client) if engine_client else client,
             ReasoningVault("k"),
             store,
             **options,
@@ -106,7 +108,7 @@ async def in_process_api(
         try:
             yield api
         finally:
-            api.state.service.close()
+            await api.state.service.aclose()
     finally:
         await simulated.shutdown()
         if classifier is not None:

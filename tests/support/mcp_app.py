@@ -27,6 +27,7 @@ from tests.support import REPO
 
 ROLES = ("good", "good_sse", "hang", "huge", "drop", "many", "everything", "agents", "closed")
 ROLES = (*ROLES, "loop")  # tests/app/test_tool_loop.py
+ROLES = (*ROLES, "once")  # tests/app/test_mcp_once.py
 EVERYTHING = REPO / "tests" / "js" / "node_modules" / "@modelcontextprotocol" / "server-everything"
 
 

@@ -13,7 +13,9 @@ Kinds (`KINDS`), each also listing `echo` unless said otherwise:
 - ``good``: ``echo(text)``, ``add(a, b)``, ``slow(seconds)`` (sleeps, then says so),
   ``fail(message)`` (an ``isError`` result with that message), ``seen_headers()`` (the
   ``authorization`` and ``x-*`` header values every HTTP request to this server carried, and
-  any ``Host`` but its own loopback address, ``Forwarded``, ``Via`` or ``Proxy-*``, JSON);
+  any ``Host`` but its own loopback address, ``Forwarded``, ``Via`` or ``Proxy-*``, JSON),
+  ``charge(amount)`` (a side effect: counts the charges made, answers ``charge #N of AMOUNT``)
+  and ``charges()`` (how many were made: what an exactly-once test reads);
 - ``hang``: ``hang()`` never answers;
 - ``huge``: ``huge(mib=10)`` answers that many MiB of text;
 - ``drop``: ``drop()`` ends the server's process mid-call (connections closed, no answer);
@@ -21,6 +23,7 @@ Kinds (`KINDS`), each also listing `echo` unless said otherwise:
 - ``silent``: a TCP server that accepts connections and never answers a byte (no MCP at all).
 
 ``token="t"``: every HTTP request without ``Authorization: Bearer t`` is a 401.
+``server.session_stats()``: the MCP sessions clients used and ended (GET ``/_stats``).
 ``json_response=True`` (streamable HTTP): answers are JSON bodies instead of SSE streams.
 The server's process ends with its ``stop()``, and on its own if the test process dies (it
 watches its stdin). ``python -m tests.support.mcp_servers KIND [--transport sse]`` runs one
@@ -37,6 +40,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -72,6 +76,13 @@ class McpTestServer:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def session_stats(self) -> tuple[set[str], set[str]]:
+        """The MCP sessions clients used with this server (by ``mcp-session-id``), and those
+        they ended (DELETE): streamable HTTP only."""
+        with urllib.request.urlopen(f"{self.origin}{STATS_PATH}", timeout=10) as answer:
+            stats = json.loads(answer.read())
+        return set(stats["sessions"]), set(stats["ended"])
 
     def stop(self) -> None:
         if self.process.stdin is not None:
@@ -193,6 +204,15 @@ def _build_server(kind: str) -> Any:
         def seen_headers() -> str:
             return json.dumps(sorted(_SEEN_HEADERS))
 
+        @server.tool(description="Charges this amount (a side effect; counted).")
+        def charge(amount: int) -> str:
+            _CHARGES.append(amount)
+            return f"charge #{len(_CHARGES)} of {amount}"
+
+        @server.tool(description="How many charges were made.")
+        def charges() -> str:
+            return str(len(_CHARGES))
+
     elif kind == "hang":
 
         @server.tool(description="Never answers.")
@@ -225,6 +245,20 @@ def _echo_as(text: str) -> str:
 
 # Header values the server was sent (the `good` kind's `seen_headers` answers them).
 _SEEN_HEADERS: set[str] = set()
+# The amounts `charge` was called with, in order (`charges` answers how many).
+_CHARGES: list[int] = []
+# The MCP sessions clients used (their `mcp-session-id`s), and those they ended (DELETE).
+_SESSIONS: set[str] = set()
+_ENDED: set[str] = set()
+# GET here: the sessions seen and ended so far, as JSON (`session_stats`), not MCP.
+STATS_PATH = "/_stats"
+
+
+async def _send_stats(send: Any) -> None:
+    body = json.dumps({"sessions": sorted(_SESSIONS), "ended": sorted(_ENDED)}).encode()
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _foreign(name: str, value: str) -> bool:
@@ -240,11 +274,19 @@ def _guarded(app: Any, token: str | None) -> Any:
     requests without it."""
 
     async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == STATS_PATH:
+            await _send_stats(send)
+            return
         if scope["type"] == "http":
             headers = {name.decode().lower(): value.decode() for name, value in scope["headers"]}
             for name, value in headers.items():
                 if name == "authorization" or name.startswith("x-") or _foreign(name, value):
                     _SEEN_HEADERS.add(f"{name}: {value}")
+            session = headers.get("mcp-session-id")
+            if session is not None:
+                _SESSIONS.add(session)
+                if scope["method"] == "DELETE":
+                    _ENDED.add(session)
             if token is not None and headers.get("authorization") != f"Bearer {token}":
                 await send({"type": "http.response.start", "status": 401, "headers": []})
                 await send({"type": "http.response.body", "body": b"unauthorized"})

@@ -327,12 +327,10 @@ def _check_compaction_items(
             )
 
 
-def check_generation(request: ResponsesRequest, tools: ToolRegistry | None = None) -> None:
+def check_generation(request: ResponsesRequest, tools: ToolRegistry) -> None:
     """What only a request to generate decides (a token count does not): every schema or
     grammar it asks to enforce compiles, and a background response can be stored. ``tools``:
-    the request's, as `check_items` returned them (built here when not given)."""
-    if tools is None:
-        tools = ToolRegistry.from_request(request)
+    the request's, as `check_items` returned them."""
     tool_rules.check_enforceable(request, tools)
     if request.background and not request.store:
         raise InvalidRequest(

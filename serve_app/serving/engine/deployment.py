@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import ray
 from ray import serve
 
 from serve_app.config import EngineConfig, ServiceTierArgs, StreamingArgs
@@ -46,6 +45,11 @@ from serve_app.protocol.service_tiers import tier_of
 from serve_app.routing.replica_report import ReplicaReporter
 from serve_app.serving import logs, metrics
 from serve_app.serving.engine.autoscaling import GENERATING_REQUESTS, TIERS, tier_metric
+from serve_app.serving.engine.caller_watch import (
+    CALLER_CHECK_PERIOD_S,
+    CallerWatch,
+    live_actor_names,
+)
 from serve_app.serving.engine.channel import (
     CHANNEL_IDLE_S,
     ChannelClosed,
@@ -60,7 +64,6 @@ logger = logging.getLogger(__name__)
 
 # CallerWatch keys of channels (request ids never start so): a dead caller's channel closes.
 _CHANNEL = "channel:"
-CALLER_CHECK_PERIOD_S = 2.0
 # After a chunk is sent, the next is sent no sooner than the stream window
 # (`StreamingArgs.window_s`): tokens arriving meanwhile ride together. At decode rates of 50-200
 # tokens/s per request the queue-based coalescing alone nearly never finds two tokens queued
@@ -72,56 +75,6 @@ STREAM_WINDOW_S = StreamingArgs().resolved().window_s
 def _tier_label(request: GenerateRequest) -> str:
     """The service tier of an engine request, by its rank ("other": a rank no tier has)."""
     return tier_of(request.priority) or "other"
-
-
-def _live_actor_names() -> set[str]:
-    """The named actors alive (Serve's replicas among them, by their actor names),
-    from the GCS in one call: no dashboard needed. A dead replica's name is released."""
-    return {actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)}
-
-
-class CallerWatch:
-    """Aborts the requests whose caller died: the callers of the running requests are checked
-    every ``period_s``, while there are any, and a caller ``live_callers`` no longer lists has
-    each of its requests ``abort``ed. Nothing is done per request beyond two dict updates."""
-
-    def __init__(
-        self,
-        abort: Callable[[str], Awaitable[None]],
-        live_callers: Callable[[], Awaitable[set[str]]],
-        period_s: float = CALLER_CHECK_PERIOD_S,
-    ) -> None:
-        self._abort = abort
-        self._live_callers = live_callers
-        self._period_s = period_s
-        self._requests: dict[str, set[str]] = {}  # caller -> its running request ids
-        self._task: asyncio.Task | None = None
-
-    def add(self, caller: str, request_id: str) -> None:
-        self._requests.setdefault(caller, set()).add(request_id)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._watch(), name="engine caller watch")
-
-    def discard(self, caller: str, request_id: str) -> None:
-        requests = self._requests.get(caller)
-        if requests is not None:
-            requests.discard(request_id)
-            if not requests:
-                del self._requests[caller]
-
-    async def _watch(self) -> None:
-        while self._requests:
-            await asyncio.sleep(self._period_s)
-            callers = set(self._requests)  # before the listing: each was alive when it called
-            try:
-                alive = await self._live_callers()
-            except Exception:  # the GCS unreachable: abort nothing on a guess
-                logger.warning("could not list live callers; checked again in %ss", self._period_s)
-                continue
-            for caller in callers - alive:
-                for request_id in self._requests.pop(caller, set()):
-                    logger.warning("request %s: its caller %s is gone; aborted", request_id, caller)
-                    await self._abort(request_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,7 +408,7 @@ class EngineDeployment:
 
     @staticmethod
     async def _live_callers() -> set[str]:
-        return await asyncio.to_thread(_live_actor_names)
+        return await asyncio.to_thread(live_actor_names)
 
     async def _produce_routed(self, request: GenerateRequest, route: _Route) -> None:
         arrived = self._reporter.now()

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from serve_app.config import AppArgs
 from serve_app.harmony.pieces import MAX_PIECE_CHARS
-from serve_app.harmony.render import LongPiece, TooManyTokens, tool_message_tokens
+from serve_app.harmony.tool_messages import LongPiece, TooManyTokens, tool_message_tokens
 from serve_app.protocol.errors import APIError
 from serve_app.protocol.tool_items import ToolResult
 

@@ -28,7 +28,16 @@ from typing import Any
 
 from serve_app.config import ToolArgs
 from serve_app.protocol import builtin_items
-from serve_app.serving.tools.contract import ToolCall, ToolResult, ToolRunners
+from serve_app.protocol.builtin_tools import CodeInterpreterTool, WebSearchTool
+from serve_app.protocol.requests import ResponsesRequest
+from serve_app.serving.tools.contract import (
+    ToolCall,
+    ToolContext,
+    ToolDescription,
+    ToolResult,
+    ToolRunners,
+    ToolSession,
+)
 from serve_app.serving.tools.mcp.client import McpClient, McpServer
 
 logger = logging.getLogger(__name__)
@@ -58,22 +67,25 @@ class BuiltinToolRunner:
     def __init__(self, kind: str, url: str, args: ToolArgs) -> None:
         self.kind = kind
         self.url = url
-        self._client = tool_server_client(url, args)
+        self.client = tool_server_client(url, args)
         # Per response: the URL of each page (by cursor) its browser calls opened, so a `find`
         # item can say which page it searched.
         self._pages: OrderedDict[str, dict[int, str]] = OrderedDict()
 
-    async def run(self, call: ToolCall) -> ToolResult:
+    async def run(self, call: ToolCall, pages: dict[int, str] | None = None) -> ToolResult:
+        """One call; ``pages``: the URLs of the pages the response's calls opened (its
+        session's), else kept here by response id."""
         try:
             name, arguments = self._mcp_call(call)
         except ValueError as error:
             return ToolResult(error=str(error))
         headers = {SESSION_HEADER: call.response_id} if call.response_id else {}
-        outcome = await self._client.call_tool(McpServer(self.url, headers), name, arguments)
+        server = McpServer(self.url, headers, owner=call.owner)
+        outcome = await self.client.call_tool(server, name, arguments)
         if outcome.error is not None:
             logger.info("%s call of %s failed: %s", self.kind, call.response_id, outcome.message)
         text = outcome.message
-        data = self._data(call, arguments, text, dict(outcome.structured or {}))
+        data = self._data(call, arguments, text, dict(outcome.structured or {}), pages)
         if outcome.error is not None:
             return ToolResult(error=text or f"The {self.kind} call failed.", data=data)
         return ToolResult(output=text, data=data)
@@ -92,7 +104,12 @@ class BuiltinToolRunner:
         return call.spec.name, arguments
 
     def _data(
-        self, call: ToolCall, arguments: dict[str, Any], text: str, page: dict[str, Any]
+        self,
+        call: ToolCall,
+        arguments: dict[str, Any],
+        text: str,
+        page: dict[str, Any],
+        pages: dict[int, str] | None = None,
     ) -> dict[str, Any]:
         """The item's own fields (builtin_items.py): what the call did, as far as the request's
         ``include`` asks. ``page``: the result's structured content, where a tool server says
@@ -101,7 +118,7 @@ class BuiltinToolRunner:
         include = set(call.request.include)
         if self.kind == builtin_items.PYTHON_KIND:
             return {builtin_items.LOGS: text} if OUTPUTS_INCLUDE in include else {}
-        pages = self._tracked(call.response_id)
+        pages = self._tracked(call.response_id) if pages is None else pages
         data: dict[str, Any] = {}
         cursor, url = _shown_page(text, page)
         if call.spec.name == "open" and url:
@@ -138,16 +155,51 @@ def _shown_page(text: str, page: dict[str, Any]) -> tuple[int | None, str | None
     return (int(head["cursor"]), head["url"]) if head else (None, None)
 
 
-def register_builtin_runners(runners: ToolRunners, args: ToolArgs) -> None:
-    """The runners of the tool servers the operator named (none: the door refuses the tools,
-    serve_app.serving.admission.builtin)."""
-    if args.browser_server_url:
-        runners.register(
-            builtin_items.BROWSER_KIND,
-            BuiltinToolRunner(builtin_items.BROWSER_KIND, args.browser_server_url, args),
-        )
-    if args.python_server_url:
-        runners.register(
-            builtin_items.PYTHON_KIND,
-            BuiltinToolRunner(builtin_items.PYTHON_KIND, args.python_server_url, args),
-        )
+class _BuiltinSession:
+    """One response's calls of the browser (or python): the pages its calls opened."""
+
+    def __init__(self, runner: BuiltinToolRunner) -> None:
+        self._runner = runner
+        self._pages: dict[int, str] = {}
+
+    async def run(self, call: ToolCall) -> ToolResult:
+        return await self._runner.run(call, self._pages)
+
+    async def aclose(self) -> None:
+        self._pages.clear()
+
+
+class BuiltinToolServer:
+    """gpt-oss's browser or python as a `ToolServer`: a request's ``web_search`` (the
+    browser) or ``code_interpreter`` (python); described as gpt-oss was trained (harmony's own
+    tool configs, from the request's tools: `ToolRegistry`), so it adds no spec; a session per
+    response holds the pages its browser calls opened."""
+
+    def __init__(self, kind: str, url: str, args: ToolArgs) -> None:
+        self.runner = BuiltinToolRunner(kind, url, args)
+        self.kinds = frozenset({kind})
+        self._tool = WebSearchTool if kind == builtin_items.BROWSER_KIND else CodeInterpreterTool
+
+    def has(self, request: ResponsesRequest) -> bool:
+        return any(isinstance(tool, self._tool) for tool in request.tools)
+
+    async def describe(self, context: ToolContext) -> ToolDescription:
+        return ToolDescription()
+
+    def session(self, owner: str | None, response_id: str) -> ToolSession:
+        return _BuiltinSession(self.runner)
+
+
+def register_builtin_runners(runners: ToolRunners, args: ToolArgs) -> list[McpClient]:
+    """The servers of the tool servers the operator named (none: the door refuses the tools,
+    serve_app.serving.admission.builtin); their MCP clients (whose sessions the service ends)."""
+    clients = []
+    for kind, url in (
+        (builtin_items.BROWSER_KIND, args.browser_server_url),
+        (builtin_items.PYTHON_KIND, args.python_server_url),
+    ):
+        if url:
+            server = BuiltinToolServer(kind, url, args)
+            runners.add_server(server)
+            clients.append(server.runner.client)
+    return clients

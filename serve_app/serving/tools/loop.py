@@ -40,6 +40,8 @@ from serve_app.serving.tools.contract import (
     ToolCall,
     ToolResult,
     ToolRunners,
+    ToolServer,
+    ToolSession,
 )
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,10 @@ class Turn(Protocol):
     tools: ToolRegistry
     completions: int
     output_tokens: int
+    server_calls: int
+    # The response's session with each tool server it called (`ToolServer.session`), by
+    # the server's identity; closed at the response's end (`ToolLoop.close_sessions`).
+    tool_sessions: dict[int, ToolSession]
 
     @property
     def response(self) -> Response: ...
@@ -132,10 +138,15 @@ class ToolLoop:
     async def _result(
         self, turn: Turn, item: OpenItem, scope: CancelScope, spec: ToolSpec
     ) -> ToolResult:
-        """What the kind's runner gives (a runner that raises: a failed result)."""
-        runner = self._runners.runner(spec.kind)
-        if runner is None:
-            logger.error("response %s: no runner for tool kind %r", turn.response.id, spec.kind)
+        """What the kind's server gives in the response's session (a call past the bound on
+        calls per response: not run; a server that raises: a failed result)."""
+        cap = self._args.tools.max_calls_per_response
+        if turn.server_calls >= cap:
+            return ToolResult(error=over_cap(cap))
+        turn.server_calls += 1  # before any await: the round's calls are counted in order
+        server = self._runners.server(spec.kind)
+        if server is None:
+            logger.error("response %s: no server for tool kind %r", turn.response.id, spec.kind)
             return ToolResult(error=f"The server cannot run {spec.recipient} now.")
         call = ToolCall(
             spec=spec,
@@ -148,7 +159,7 @@ class ToolLoop:
             response_id=turn.response.id,
         )
         try:
-            return await runner.run(call)
+            return await self._session(turn, server).run(call)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -159,6 +170,25 @@ class ToolLoop:
                 extra={"response_id": turn.response.id},
             )
             return ToolResult(error=f"The tool failed ({type(exc).__name__}).")
+
+    @staticmethod
+    def _session(turn: Turn, server: ToolServer) -> ToolSession:
+        """The response's session with ``server``, opened at its first call."""
+        session = turn.tool_sessions.get(id(server))
+        if session is None:
+            session = turn.tool_sessions[id(server)] = server.session(turn.owner, turn.response.id)
+        return session
+
+    @staticmethod
+    async def close_sessions(turn: Turn) -> None:
+        """The response ended: each of its tool sessions let go (a failure logged, never the
+        response's)."""
+        sessions, turn.tool_sessions = list(turn.tool_sessions.values()), {}
+        for session in sessions:
+            try:
+                await session.aclose()
+            except Exception:
+                logger.exception("response %s: a tool session did not close", turn.response.id)
 
     def next_completion(
         self, turn: Turn, completion: Sequence[int], done: Round
@@ -215,10 +245,12 @@ class ToolLoop:
 
     def _constraint(self, turn: Turn) -> CompletionConstraint | None:
         """The continuation's constraint: ``tool_choice`` required (or a named tool) asked for
-        a first call, not one every completion; past ``max_tool_calls``, no call at all
-        (further calls are ignored, as OpenAI ignores them)."""
+        a first call, not one every completion; past ``max_tool_calls`` or the server's bound
+        on calls per response, no call at all (further calls are ignored, as OpenAI ignores
+        them)."""
         limit = turn.request.max_tool_calls
         reached = limit is not None and turn.translator.writer.tool_calls >= limit
+        reached = reached or turn.server_calls >= self._args.tools.max_calls_per_response
         tools = dataclasses.replace(
             turn.tools,
             required=False,
@@ -228,6 +260,14 @@ class ToolLoop:
 
 
 _ASSISTANT_START = [START_TOKEN, *get_encoding().encode("assistant", allowed_special=set())]
+
+
+def over_cap(limit: int) -> str:
+    """What the model reads of a call past the response's bound on server-run calls."""
+    return (
+        f"Not run: this response has run the {limit} tool calls it may run "
+        "(max_tool_calls, or the server's bound per response)."
+    )
 
 
 def _spec(turn: Turn, item: OpenItem) -> ToolSpec:

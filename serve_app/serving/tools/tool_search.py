@@ -14,9 +14,17 @@ import asyncio
 
 from serve_app.harmony.render import search_output_text
 from serve_app.protocol import tool_search, tool_search_items
+from serve_app.protocol.request_tools import ToolSearchTool
+from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.tool_items import ToolResult
 from serve_app.protocol.tool_search import ToolSearchOutputItem
-from serve_app.serving.tools.contract import ToolCall, ToolRunners
+from serve_app.serving.tools.contract import (
+    ToolCall,
+    ToolContext,
+    ToolDescription,
+    ToolRunners,
+    ToolSession,
+)
 
 
 class ServerToolSearch:
@@ -41,11 +49,37 @@ class ClientToolSearch:
         return ToolResult(awaits_client=True)
 
 
+class _SearchSession:
+    def __init__(self) -> None:
+        self._server, self._client = ServerToolSearch(), ClientToolSearch()
+
+    async def run(self, call: ToolCall) -> ToolResult:
+        if call.spec.kind == tool_search_items.SERVER_KIND:
+            return await self._server.run(call)
+        return await self._client.run(call)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class ToolSearchServer:
+    """``tool_search`` as a `ToolServer`: a request's ``tool_search`` tool, shown as the
+    request defines it (`ToolRegistry`: what it can load, never their parameters), so it adds
+    no spec; its calls searched here (execution ``server``) or left to the client."""
+
+    kinds = frozenset({tool_search_items.SERVER_KIND, tool_search_items.CLIENT_KIND})
+
+    def has(self, request: ResponsesRequest) -> bool:
+        return any(isinstance(tool, ToolSearchTool) for tool in request.tools)
+
+    async def describe(self, context: ToolContext) -> ToolDescription:
+        return ToolDescription()
+
+    def session(self, owner: str | None, response_id: str) -> ToolSession:
+        return _SearchSession()
+
+
 def register(runners: ToolRunners) -> None:
-    """Both runners, unless the operator registered their own."""
-    for kind, runner in (
-        (tool_search_items.SERVER_KIND, ServerToolSearch()),
-        (tool_search_items.CLIENT_KIND, ClientToolSearch()),
-    ):
-        if runners.runner(kind) is None:
-            runners.register(kind, runner)
+    """The tool search's server, unless the operator registered their own runners."""
+    if all(runners.server(kind) is None for kind in ToolSearchServer.kinds):
+        runners.add_server(ToolSearchServer())

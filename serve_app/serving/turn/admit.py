@@ -12,6 +12,7 @@ from serve_app.protocol.requests import ItemReference
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.admission.mcp import check_mcp
 from serve_app.serving.admission.tools import omit_unavailable
+from serve_app.serving.tools import mcp_trust
 from serve_app.serving.turn import history
 from serve_app.serving.turn.references import find_referenced, replace_references
 from serve_app.serving.turn.state import Ask, Context
@@ -35,10 +36,13 @@ class Door:
             rules.check_strict_schemas(context.request)
         tools = rules.check_items(context.request, context.history, self._vault, ask.owner)
         items = [*context.history, *context.request.input_items]
-        check_mcp(self._tool_args, context.request, items, len(context.history))
+        trusted = await mcp_trust.trusted(
+            self._store, self._vault, ask.owner, context.request, items, len(context.history)
+        )
+        check_mcp(self._tool_args, context.request, items, len(context.history), trusted)
         if generating:
             rules.check_generation(context.request, tools)
-        return replace(context, tools=tools)
+        return replace(context, tools=tools, mcp=trusted)
 
     async def context(self, ask: Ask) -> Context:
         """The door's first half: the request alone checked (the tools it is served without

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -97,11 +98,31 @@ class EventLoop:
         A completion that leaves calls of tools the server runs pending goes on through the
         tool loop (serve_app/serving/tools/loop.py): the calls run, the next completion
         streams on, until the response ends."""
+        try:
+            async with contextlib.aclosing(self._batches(turn)) as batches:
+                async for batch in batches:
+                    yield batch
+        finally:
+            if turn.tool_sessions and self._tools is not None:
+                await self._tools.close_sessions(turn)
+
+    async def _batches(self, turn: Turn) -> AsyncIterator[list[ResponseStreamEvent]]:
         translator = turn.translator
         opening = translator.start()  # sent when the engine has taken the request
         terminal: list[ResponseStreamEvent] = []
         completion = _Completion()
         try:
+            if turn.tools_first is not None:
+                # Nothing of it runs for a response the server refuses: an engine takes the
+                # response and it is stored (as in progress) before its first event.
+                await self._admit(turn)
+                if turn.request.store:
+                    await self._persistence.save(turn)
+                yield opening
+                opening = []
+                async with contextlib.aclosing(turn.tools_first(turn)) as batches:
+                    async for batch in batches:
+                        yield batch
             if turn.before_answer is not None:
                 async with contextlib.aclosing(turn.before_answer(turn)) as before:
                     async for batch in before:
@@ -175,6 +196,8 @@ class EventLoop:
             await self._settle(turn, wait=False)
             terminal = translator.fail(busy.message, RATE_LIMITED)
         except APIError as error:  # what runs before the answer could not be done
+            if opening and not turn.announced:
+                raise  # before the first event (the response not stored): the client's error
             await self._settle(turn, wait=False)
             terminal = translator.fail(error.message, error.code or SERVER_ERROR)
         except Exception as exc:  # a replica died or the handle failed: never hang the client
@@ -194,6 +217,23 @@ class EventLoop:
             _record(turn)
         if terminal:
             yield [*opening, *terminal]
+
+    async def _admit(self, turn: Turn) -> None:
+        """Wait until an engine takes the turn's prompt as it stands (the engines at capacity:
+        `RateLimited`), then let it go: the admission of a response whose server-run tools
+        must not run unless it is served. One token asked for, none read: closing the stream
+        at its first chunk (an engine has the request) aborts it."""
+        generate = turn.generate
+        sampling = dataclasses.replace(generate.sampling, max_tokens=1, logprobs=None)
+        probe = dataclasses.replace(
+            generate,
+            request_id=f"{generate.request_id}-admit",
+            sampling=sampling,
+            constraint=None,
+        )
+        async with contextlib.aclosing(self._engine.stream(probe)) as chunks:
+            async for _ in chunks:
+                return
 
     async def _completion(
         self, turn: Turn, completion: _Completion

@@ -13,6 +13,7 @@ from serve_app.engines.base import SERVER_ERROR
 from serve_app.protocol.errors import ServerError
 from serve_app.protocol.requests import InputItem
 from serve_app.protocol.responses import ITEM_ID_PREFIXES, dump_response, new_item_id
+from serve_app.serving.tools import mcp_trust
 from serve_app.serving.turn.state import Turn
 from serve_app.store.base import ResponseStore, StoredResponse
 
@@ -69,16 +70,25 @@ class Persistence:
         then nothing of it is stored (no response a later turn could chain to, no half
         conversation)."""
         request = turn.request
+        output = dump_response(turn.response)["output"]
+        # The approval requests it issued: recorded whether or not the response is stored
+        # (serve_app/serving/tools/mcp_trust.py), or no approval of them could count.
+        issued = mcp_trust.issued(request, output)
         if not request.store and request.conversation_id is None:
+            if issued:
+                with stored_or_fail(f"response {turn.response.id}'s approval requests"):
+                    await self._store.issue_items(turn.owner, issued)
             return
         stored = self._stored(turn) if request.store else None
         items: list[dict[str, Any]] = []
         if request.conversation_id is not None:
             # The same input items (and minted ids) as the stored response's.
             items = stored.input_items if stored else _input_items(turn)
-            items = [*items, *dump_response(turn.response)["output"]]
+            items = [*items, *output]
         with stored_or_fail(f"response {turn.response.id}"):
-            await self._store.save_turn(stored, request.conversation_id, items)
+            await self._store.save_turn(
+                stored, request.conversation_id, items, issued, owner=turn.owner
+            )
 
     @staticmethod
     def _stored(turn: Turn) -> StoredResponse:

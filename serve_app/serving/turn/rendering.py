@@ -8,17 +8,19 @@ ingress's event loop: harmony's tokenizer holds the GIL for as long as it runs.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import logging
 
 from serve_app.config import AppArgs
 from serve_app.harmony.cache_breakpoints import breakpoint_positions
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import RenderedPrompt, render_request
-from serve_app.harmony.tools import ToolRegistry
 from serve_app.harmony.truncation import truncate_to_fit
+from serve_app.protocol.errors import ServerError
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.turn.render_pool import RenderPool
 from serve_app.serving.turn.state import Context
+
+logger = logging.getLogger(__name__)
 
 
 class Renderer:
@@ -32,14 +34,13 @@ class Renderer:
     ) -> RenderedPrompt:
         """The prompt; ``truncate``: cut to fit as the request asks (a turn), or as is (a
         token count). Inline or in the pool (`RenderPool.token_ids`): the same token ids."""
-        # Built here once, so the prompt's tools are these wherever it renders.
+        # The door's registry (`Door.admit`), so the prompt's tools are those wherever it
+        # renders: none is built here (one built without the history would miss the tools
+        # its searches loaded).
         tools = context.tools
         if tools is None:
-            request = context.request
-            tools = ToolRegistry.from_request(
-                request, items=[*context.history, *request.input_items]
-            )
-            context = replace(context, tools=tools)
+            logger.error("response for %s: rendered without the door's tools", owner or "-")
+            raise ServerError("The request's tools were not prepared.")
         with rules.unrenderable_is_a_400():
             token_ids = await self.pool.token_ids(context, owner, truncate)
         items = [*context.history, *context.request.input_items]

@@ -8,10 +8,11 @@ runs in tests without a cluster. Its 4xx rules live in serve_app.serving.admissi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 from openai.types.responses import Response, ResponseStreamEvent
@@ -21,7 +22,8 @@ from serve_app.engines.base import SERVER_ERROR
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.render import RenderedPrompt
 from serve_app.harmony.stream import ResponseStreamTranslator
-from serve_app.harmony.tools import ToolRegistry
+from serve_app.harmony.tools import ToolRegistry, ToolSpec
+from serve_app.protocol.errors import ServerError
 from serve_app.protocol.prompt_cache_diagnostics import PromptFingerprint
 from serve_app.protocol.requests import InputItem, ResponsesRequest
 from serve_app.protocol.responses import initial_response, new_response_id, usage
@@ -30,12 +32,13 @@ from serve_app.serving import metrics
 from serve_app.serving.admission import responses as rules
 from serve_app.serving.engine.client import EngineClient
 from serve_app.serving.moderation import Moderator, TurnModeration, input_text
-from serve_app.serving.tools import tool_search
+from serve_app.serving.tools import mcp_turn, tool_search
 from serve_app.serving.tools.bounds import OutputBounds
 from serve_app.serving.tools.builtin import register_builtin_runners
-from serve_app.serving.tools.contract import ToolRunners
+from serve_app.serving.tools.contract import ToolContext, ToolDescription, ToolRunners
 from serve_app.serving.tools.loop import ToolLoop
 from serve_app.serving.tools.mcp.client import McpClient
+from serve_app.serving.tools.mcp_once import OnceCalls
 from serve_app.serving.tools.mcp_turn import McpTurns
 from serve_app.serving.turn import cache_diagnostics, context_management, history
 from serve_app.serving.turn.admit import Door
@@ -73,10 +76,19 @@ class ResponsesService:
         self._tools = tools if tools is not None else ToolRunners()
         # What the model is given of a tool's result; large ones counted in the render pool.
         bounds = OutputBounds(args, self._renderer.pool)
-        # MCP servers' tools: listed before the model runs, their calls run by the loop.
-        self._mcp = McpTurns(McpClient(args.tools), bounds)
-        self._mcp.register(self._tools)
-        register_builtin_runners(self._tools, args.tools)  # gpt-oss's browser and python
+        # MCP servers' tools: listed once the response exists, their calls run by the loop,
+        # an approved call run once whoever asks (the store decides).
+        mcp_client = McpClient(args.tools)
+        self._mcp = McpTurns(
+            mcp_client,
+            OnceCalls(store, args.tools.resolved()),
+            args.tools.max_calls_per_response,
+            vault,
+            bounds,
+        )
+        self._tools.add_server(mcp_turn.McpToolServer(self._mcp))
+        # gpt-oss's browser and python; the MCP clients whose sessions end with the service.
+        self._mcp_clients = [mcp_client, *register_builtin_runners(self._tools, args.tools)]
         tool_search.register(self._tools)  # needs no configuration: always run
         self._engine = engine
         self._loop = EventLoop(engine, self._persistence, ToolLoop(args, self._tools, bounds))
@@ -94,18 +106,26 @@ class ResponsesService:
         self._renderer.pool.warm()
 
     def close(self) -> None:
-        """Stop the render workers, if any started (the replica is going away)."""
+        """Stop the render workers, if any started, and end the MCP sessions (the replica is
+        going away): `aclose` waits for the sessions to end."""
         self._renderer.pool.close()
+        for client in self._mcp_clients:
+            client.close()
+
+    async def aclose(self) -> None:
+        self.close()
+        await asyncio.gather(*(client.aclose() for client in self._mcp_clients))
 
     async def prepare(self, ask: Ask) -> Turn:
         """The request through the door, rendered, and the engine request built: everything
         that can reject it happens before any event is sent."""
-        context = await self._with_provided_tools(
-            await self._door.admit(ask, generating=True), ask.owner
-        )
+        context = await self._door.admit(ask, generating=True)
         request, owner = context.request, ask.owner
-        mcp = await self._mcp.prepare(request, context.history, context.tools, owner)
-        context = replace(context, request=mcp.request, tools=mcp.tools)
+        # What the tool servers add to the door's tools, and their work before the model
+        # (decided here, done once the response exists: `Turn.tools_first`).
+        door_tools = _door_tools(context)
+        described = await self._tools.describe(_tool_context(context, owner, generating=True))
+        context = replace(context, tools=_with_specs(door_tools, _described_specs(described)))
         prompt = await self._renderer.render(context, owner, truncate=True)
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         response = initial_response(
@@ -149,7 +169,6 @@ class ResponsesService:
             summarize_reasoning=self._summarize_reasoning(request),
             max_tool_calls=request.max_tool_calls,
         )
-        mcp.prelude.open(translator.writer)
         logger.info(
             "response %s: %d prompt tokens, max %d output tokens, conversation %s",
             response.id,
@@ -174,7 +193,29 @@ class ResponsesService:
                 if context_management.due(self._args, request, len(prompt.token_ids))
                 else None
             ),
+            tools_first=(
+                functools.partial(self._tools_first, described, door_tools)
+                if any(description.stage for description in described)
+                else None
+            ),
         )
+
+    async def _tools_first(
+        self, described: list[ToolDescription], door_tools: ToolRegistry, turn: Turn
+    ) -> AsyncIterator[list[ResponseStreamEvent]]:
+        """The tool servers' stages (`Turn.tools_first`: an MCP server listed, approved calls
+        run), then the turn pointed at the prompt that shows what they did, unless the one
+        rendered before shows it already."""
+        stages = [d.stage for d in described if d.stage]
+        for stage in stages:
+            async with contextlib.aclosing(stage.run(turn)) as batches:
+                async for batch in batches:
+                    yield batch
+        if not any(stage.changed_prompt() for stage in stages):
+            return  # the prompt rendered before (with the servers' last listings) stands
+        turn.server_items = [item for stage in stages for item in stage.rendered_items()]
+        specs = [spec for d in described for spec in (d.stage.specs() if d.stage else d.specs)]
+        await self.retarget(turn, turn.request, _with_specs(door_tools, specs))
 
     def _moderation(self, request: ResponsesRequest, response_id: str) -> TurnModeration | None:
         """The turn's moderation, when it asked (the door made sure the app serves it)."""
@@ -182,11 +223,18 @@ class ResponsesService:
             return None
         return TurnModeration(self._moderator, request.moderation, response_id, input_text(request))
 
-    async def retarget(self, turn: Turn, request: ResponsesRequest) -> None:
-        """Point ``turn``'s engine request at ``request`` rendered after ``turn.history`` (a
-        compacted context: serve_app.serving.turn.context_management)."""
-        context = Context(request, turn.history, tools=turn.tools, tier=turn.tier)
+    async def retarget(
+        self, turn: Turn, request: ResponsesRequest, tools: ToolRegistry | None = None
+    ) -> None:
+        """Point ``turn``'s engine request at ``request`` rendered after ``turn.history`` and
+        before ``turn.server_items`` (a compacted context: serve_app.serving.turn.
+        context_management; the MCP stage's work), with ``tools`` when they changed."""
+        if turn.server_items:
+            shown = [*request.input_items, *turn.server_items]
+            request = request.model_copy(update={"input": shown})
+        context = Context(request, turn.history, tools=tools or turn.tools, tier=turn.tier)
         prompt = await self._renderer.render(context, turn.owner, truncate=True)
+        turn.tools = turn.translator.tools = prompt.tools
         max_tokens = rules.output_budget(self._args, request, len(prompt.token_ids))
         key = routing_key(request.prompt_cache_key, prompt.token_ids, owner=turn.owner)
         # The prompt a later request may reuse is the compacted one.
@@ -213,23 +261,10 @@ class ResponsesService:
     async def render(self, ask: Ask) -> RenderedPrompt:
         """The prompt for a request (``/v1/responses/input_tokens``): its stored history (if it
         continues one) and its input, as is (no truncation)."""
-        context = await self._with_provided_tools(await self._door.admit(ask), ask.owner)
-        return await self._renderer.render(context, ask.owner, truncate=False)
-
-    async def _with_provided_tools(self, context: Context, owner: str | None) -> Context:
-        """``context`` with its tools built, the specs the tool providers add included (an
-        MCP server's listed tools: `ToolProvider`); as it was when none adds any."""
-        if not self._tools.providers or context.request.tool_choice == "none":
-            return context
-        tools = context.tools or ToolRegistry.from_request(context.request)
-        provided = [
-            spec
-            for provider in self._tools.providers
-            for spec in await provider.specs(context.request, owner)
-        ]
-        if not provided:
-            return context
-        return replace(context, tools=replace(tools, tools=(*tools.tools, *provided)))
+        context = await self._door.admit(ask)
+        described = await self._tools.describe(_tool_context(context, ask.owner, generating=False))
+        tools = _with_specs(_door_tools(context), _described_specs(described))
+        return await self._renderer.render(replace(context, tools=tools), ask.owner, truncate=False)
 
     async def context(self, ask: Ask) -> Context:
         """The door's first half (the request alone, its history loaded and references
@@ -311,3 +346,26 @@ class ResponsesService:
         except NotStored:
             return turn.translator.fail_ended(NOT_STORED_MESSAGE, SERVER_ERROR)
         return None
+
+
+def _with_specs(tools: ToolRegistry, specs: Sequence[ToolSpec]) -> ToolRegistry:
+    """``tools`` and, after the request's own, the servers' tools (an MCP server's listing)."""
+    return replace(tools, tools=(*tools.tools, *specs)) if specs else tools
+
+
+def _described_specs(described: Sequence[ToolDescription]) -> list[ToolSpec]:
+    return [spec for description in described for spec in description.specs]
+
+
+def _door_tools(context: Context) -> ToolRegistry:
+    """The registry the door built (once: `Door.admit`, with the tools the history's searches
+    loaded); missing, the request fails with a logged error rather than render with another."""
+    if context.tools is None:
+        logger.error("a request past the door without its tools")
+        raise ServerError("The request's tools were not prepared.")
+    return context.tools
+
+
+def _tool_context(context: Context, owner: str | None, *, generating: bool) -> ToolContext:
+    items = [*context.history, *context.request.input_items]
+    return ToolContext(context.request, items, owner, context.mcp, generating)

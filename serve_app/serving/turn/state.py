@@ -16,6 +16,8 @@ from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.prompt_cache_diagnostics import PromptFingerprint
 from serve_app.protocol.requests import InputItem, ResponsesRequest
 from serve_app.serving.moderation import TurnModeration
+from serve_app.serving.tools.contract import ToolSession
+from serve_app.serving.tools.mcp_trust import TrustedMcp
 from serve_app.serving.turn.client_outputs import ClientOutputs
 
 
@@ -45,6 +47,8 @@ class Context:
     request: ResponsesRequest
     history: list[InputItem]
     tools: ToolRegistry | None = None
+    # The context's MCP listings and approval requests this server issued to the owner.
+    mcp: TrustedMcp = field(default_factory=TrustedMcp)
     # The tier it is served at: its `service_tier` as its key's policy resolves it (issue 49).
     tier: ServedTier = "default"
 
@@ -81,6 +85,14 @@ class Turn:
     # (a compaction, serve_app.serving.turn.context_management): its event batches; it may point
     # ``generate`` elsewhere. An `APIError` from it ends the turn failed.
     before_answer: Callable[[Turn], AsyncIterator[list[ResponseStreamEvent]]] | None = None
+    # The server's tools' work before the model (an MCP server's listing, approved calls:
+    # serve_app.serving.tools.mcp_turn): run once an engine took the response, it is stored
+    # (``store: true``) and ``response.created`` is out, its event batches streamed as each
+    # step starts; it points ``generate`` at the prompt with what it did. None: no such work.
+    tools_first: Callable[[Turn], AsyncIterator[list[ResponseStreamEvent]]] | None = None
+    # Items that work added after the request's input for the model to read (the approved
+    # calls' outputs): rendered, not stored as input (they are the response's output).
+    server_items: list[InputItem] = field(default_factory=list)
     # The client was told of the response before the engine was asked (a background run's
     # answer): the engines at capacity then end it ``failed`` (``rate_limit_exceeded``) in its
     # events, rather than refusing the request (serve_app.serving.turn.events).
@@ -89,6 +101,10 @@ class Turn:
     tools: ToolRegistry = field(default_factory=ToolRegistry)
     # The model's completions so far (the tool loop continues the response with another).
     completions: int = 0
+    # Calls of server-run tools run so far (bounded: `ToolArgs.max_calls_per_response`).
+    server_calls: int = 0
+    # The response's session with each tool server it called (serving/tools/contract.py).
+    tool_sessions: dict[int, ToolSession] = field(default_factory=dict)
     # Prompt and cached tokens of the completions before the current one (usage sums them),
     # and the output tokens of them all.
     prompt_tokens: int = 0

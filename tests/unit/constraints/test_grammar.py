@@ -34,6 +34,12 @@ from serve_app.protocol.responses import initial_response, new_response_id
 from tests.support import MODEL
 from tests.support.helpers import CODEX_CAPTURES
 
+
+def constraint_of(request: ResponsesRequest) -> spec.CompletionConstraint | None:
+    """The request's constraint, its tools as the door builds them (no history here)."""
+    return build.from_request(request, ToolRegistry.from_request(request))
+
+
 ENCODING = get_encoding()
 SEEDS = range(50)
 MAX_TOKENS = 600
@@ -125,7 +131,7 @@ def _json_format(name: str) -> dict[str, Any]:
 
 
 def _draw(request: ResponsesRequest, seed: int) -> list[int]:
-    constraint = build.from_request(request)
+    constraint = constraint_of(request)
     assert constraint is not None
     sampler = MaskedSampler(new_matcher(constraint), seed)
     tokens = sampler.sample(MAX_TOKENS)
@@ -176,14 +182,14 @@ def test_tokenizer_matches_harmony_encoding() -> None:
 
 
 def test_nothing_to_enforce_gives_no_constraint() -> None:
-    assert build.from_request(_request()) is None
-    assert build.from_request(_request(tools=[_tools()[2]])) is None
+    assert constraint_of(_request()) is None
+    assert constraint_of(_request(tools=[_tools()[2]])) is None
     loose = {"format": {"type": "json_schema", "name": "p", "schema": SCHEMAS["person"]}}
-    assert build.from_request(_request(text=loose)) is None
+    assert constraint_of(_request(text=loose)) is None
 
 
 def test_constraint_from_request() -> None:
-    auto = build.from_request(_request(tools=_tools(), text=_json_format("person")))
+    auto = constraint_of(_request(tools=_tools(), text=_json_format("person")))
     assert auto is not None and auto.final is not None and auto.final.kind == "json"
     recipients = [(call.recipient, call.body.kind) for call in auto.tool_calls]
     assert recipients == [
@@ -191,15 +197,15 @@ def test_constraint_from_request() -> None:
         ("people.add_person", "json"),
         ("functions.note", "text"),
     ]
-    required = build.from_request(_request(tools=_tools(), tool_choice="required"))
+    required = constraint_of(_request(tools=_tools(), tool_choice="required"))
     assert required is not None and required.final is None and len(required.tool_calls) == 3
-    named = build.from_request(
+    named = constraint_of(
         _request(tools=_tools(), tool_choice={"type": "function", "name": "note"})
     )
     assert named is not None and [call.recipient for call in named.tool_calls] == ["functions.note"]
-    none = build.from_request(_request(tools=_tools(), tool_choice="none"))
+    none = constraint_of(_request(tools=_tools(), tool_choice="none"))
     assert none == spec.CompletionConstraint(final=spec.FREE, tool_calls=())
-    json_object = build.from_request(_request(text={"format": {"type": "json_object"}}))
+    json_object = constraint_of(_request(text={"format": {"type": "json_object"}}))
     assert json_object is not None and json_object.final == spec.Body.json_schema(
         {"type": "object"}
     )
@@ -207,7 +213,7 @@ def test_constraint_from_request() -> None:
 
 def test_grammar_is_deterministic_and_cached() -> None:
     request = _request(tools=_tools(), text=_json_format("math"))
-    first, second = build.from_request(request), build.from_request(request)
+    first, second = constraint_of(request), constraint_of(request)
     assert first == second and first is not None
     assert to_lark(first) == to_lark(second)
     new_matcher(first)
@@ -300,7 +306,7 @@ def test_codex_apply_patch_grammar() -> None:
     # The lark package refuses the zero-width /(.*)/ (llguidance takes it): an equivalent.
     parser = lark.Lark(definition.replace("/(.*)/", "/(.+)/?"))
     request = _request(tools=[tool], tool_choice="required")
-    constraint = build.from_request(request)
+    constraint = constraint_of(request)
     assert constraint is not None
     parsed = 0
     for seed in range(30):

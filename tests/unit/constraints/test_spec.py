@@ -34,9 +34,16 @@ from serve_app.engines.simulated.steps import Sample as _Sample
 from serve_app.engines.vllm_engine import VLLMEngine, VLLMEngineConfig, _ConstraintCheck
 from serve_app.harmony.encoding import get_encoding
 from serve_app.harmony.render import render_request
+from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import ResponsesRequest
 from tests.support import MODEL
 from tests.support.helpers import in_process_api, sdk_client
+
+
+def constraint_of(request: ResponsesRequest) -> spec.CompletionConstraint | None:
+    """The request's constraint, its tools as the door builds them (no history here)."""
+    return build.from_request(request, ToolRegistry.from_request(request))
+
 
 ENCODING = get_encoding()
 END = ENCODING.encode("<|end|>", allowed_special="all")[0]
@@ -77,15 +84,15 @@ def _text(tokens: list[int]) -> str:
 
 
 def test_strict_omitted_enforces_a_schema_already_strict() -> None:
-    constraint = build.from_request(_request(tools=[_tool("trip", STRICT_SCHEMA)]))
+    constraint = constraint_of(_request(tools=[_tool("trip", STRICT_SCHEMA)]))
     assert constraint is not None
     assert [call.body for call in constraint.tool_calls] == [spec.Body.json_schema(STRICT_SCHEMA)]
 
 
 def test_strict_omitted_is_best_effort_for_other_schemas() -> None:
-    assert build.from_request(_request(tools=[_tool("trip", LOOSE_SCHEMA)])) is None
+    assert constraint_of(_request(tools=[_tool("trip", LOOSE_SCHEMA)])) is None
     # strict: false is never enforced, whatever the schema.
-    assert build.from_request(_request(tools=[_tool("trip", STRICT_SCHEMA, strict=False)])) is None
+    assert constraint_of(_request(tools=[_tool("trip", STRICT_SCHEMA, strict=False)])) is None
 
 
 async def test_strict_omitted_calls_validate_and_loose_schemas_are_no_400(tmp_path: Path) -> None:
@@ -116,14 +123,14 @@ async def test_strict_omitted_calls_validate_and_loose_schemas_are_no_400(tmp_pa
 def test_allowed_tools_limit_the_calls_and_keep_every_tool_rendered() -> None:
     tools = [_tool("a", STRICT_SCHEMA), _tool("b", LOOSE_SCHEMA), _tool("c", LOOSE_SCHEMA)]
     required = _request(tools=tools, tool_choice=_allowed("required", "a", "b"))
-    constraint = build.from_request(required)
+    constraint = constraint_of(required)
     assert constraint is not None and constraint.final is None
     assert [call.recipient for call in constraint.tool_calls] == ["functions.a", "functions.b"]
     prompt = render_request(required)
     assert [tool.name for tool in prompt.tools.tools] == ["a", "b", "c"]
     assert "You may call only these tools: `a`, `b`." in _text(prompt.token_ids)
     # auto: an answer or a call to `b`, even though no tool is strict.
-    auto = build.from_request(_request(tools=tools[1:], tool_choice=_allowed("auto", "b")))
+    auto = constraint_of(_request(tools=tools[1:], tool_choice=_allowed("auto", "b")))
     assert auto is not None and auto.final == spec.FREE
     assert [call.recipient for call in auto.tool_calls] == ["functions.b"]
 
@@ -177,7 +184,7 @@ def test_no_call_from_the_analysis_channel() -> None:
     """The stream translator would read a recipient on analysis as a call; the grammar never
     lets one be written there: calls go on commentary, as gpt-oss writes function calls."""
     request = _request(tools=[_tool("a", STRICT_SCHEMA, strict=True)], tool_choice="required")
-    constraint = build.from_request(request)
+    constraint = constraint_of(request)
     assert constraint is not None
     matcher = new_matcher(constraint)
     header = ENCODING.encode("<|channel|>analysis", allowed_special="all")
@@ -285,7 +292,7 @@ async def test_a_vllm_engine_without_a_tokenizer_refuses_a_constraint() -> None:
 
 
 def test_a_token_the_grammar_forbids_fails_the_request() -> None:
-    constraint = build.from_request(_request(text={"format": {"type": "json_object"}}))
+    constraint = constraint_of(_request(text={"format": {"type": "json_object"}}))
     assert constraint is not None
     check = _ConstraintCheck(compile_grammar(to_lark(constraint)))
     check.follow(ENCODING.encode("<|channel|>final<|message|>{", allowed_special="all"))
@@ -295,7 +302,7 @@ def test_a_token_the_grammar_forbids_fails_the_request() -> None:
 
 
 def test_max_free_tokens_ends_each_free_message() -> None:
-    constraint = build.from_request(_request(text={"format": {"type": "json_object"}}))
+    constraint = constraint_of(_request(text={"format": {"type": "json_object"}}))
     assert constraint is not None
     matcher = new_matcher(constraint, max_free_tokens=4)
     for token in ENCODING.encode("<|channel|>analysis<|message|>", allowed_special="all"):

@@ -8,11 +8,11 @@ import pytest
 from pydantic import ValidationError
 
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.harmony.render import (
+from serve_app.harmony.render import render_request
+from serve_app.harmony.tool_messages import (
     LongPiece,
     TooManyTokens,
     _piece_boundary,
-    render_request,
     tool_message_tokens,
 )
 from serve_app.protocol.body_errors import from_validation_errors

@@ -32,10 +32,10 @@ def test_an_mcp_call_streams_its_arguments_runs_and_completes() -> None:
         "response.created",
         "response.in_progress",
         "response.output_item.added",
+        "response.mcp_call.in_progress",
         "response.mcp_call_arguments.delta",
         "response.mcp_call_arguments.delta",
         "response.mcp_call_arguments.done",
-        "response.mcp_call.in_progress",
         "response.mcp_call.completed",
         "response.output_item.done",
         "response.completed",
@@ -43,7 +43,7 @@ def test_an_mcp_call_streams_its_arguments_runs_and_completes() -> None:
     added, done = events[2]["item"], events[-2]["item"]
     assert added["type"] == "mcp_call" and added["status"] == "in_progress"
     assert added["id"].startswith("mcp_") and added["server_label"] == "docs"
-    assert events[5]["arguments"] == '{"text": "hi"}'
+    assert events[6]["arguments"] == '{"text": "hi"}'
     assert done["status"] == "completed" and done["output"] == "hi" and done["error"] is None
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
     final = Response.model_validate(dump_response(writer.response))

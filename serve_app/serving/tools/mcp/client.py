@@ -1,13 +1,17 @@
 """The MCP client the server runs `mcp` tools with: list a server's tools, call one, with the
 official `mcp` SDK (`ClientSession` over its streamable HTTP or SSE transport).
 
-Each operation opens its own session (resolve and check the address, connect, initialize),
-does its one thing and closes it: nothing of one request's server, headers or session is
-kept for another, and a broken server breaks one call. Every bound of `ToolArgs` applies:
-the connect, list and call timeouts, the bytes of a response and of a result, the tools of a
-listing, the calls in flight to one server. A failure of any kind is a value (`ListOutcome`,
-`CallOutcome` with ``error``) whose message the model and the client can read; only the
-caller's own cancellation leaves as an exception (and closes the session on its way out).
+Sessions last (sessions.py): one per (owner, server URL, headers), opened at its first
+operation (resolve and check the address, connect, initialize) and reused by every operation
+of that key within ``mcp_session_ttl_s`` of the last one: a response's listing and calls, and
+its owner's next responses. Nothing of one owner's session is used for another's (the owner is
+in the key), and a broken session breaks the operations on it and is ended, never reused. A
+session the server has forgotten (it answers 404, ``Session terminated``: the request was not
+run) is replaced once, for that operation. Every bound of `ToolArgs` applies: the connect,
+list and call timeouts, the bytes of a response (an SSE event) and of a result, the tools of a
+listing, the calls in flight to one server per owner and credentials. A failure of any kind is
+a value (`ListOutcome`, `CallOutcome` with ``error``) whose message the model and the client
+can read; only the caller's own cancellation leaves as an exception.
 
 Headers (``authorization`` too) go to their server only, in the HTTP requests of its session:
 never into a log line, an error message or a repr.
@@ -18,14 +22,14 @@ convention of SSE servers and of the SDK's own ``sse_app``), any other with stre
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import httpx2
@@ -53,6 +57,8 @@ from serve_app.serving.tools.mcp.policy import (
     parse_server_url,
     resolve_checked,
 )
+from serve_app.serving.tools.mcp.servers import McpServer, Slots
+from serve_app.serving.tools.mcp.sessions import McpSessions, SessionBroken
 from serve_app.serving.tools.mcp.transport import Guard, pinned_client
 
 logger = logging.getLogger(__name__)
@@ -61,53 +67,6 @@ _T = TypeVar("_T")
 CLIENT_INFO = mcp_types.Implementation(name="serve_app", version="1")
 # Pages of a listing followed at most (each page's tools count against mcp_max_tools too).
 MAX_LIST_PAGES = 100
-
-
-@dataclass(frozen=True)
-class McpServer:
-    """One MCP server as a request names it: its URL and the headers sent to it (its
-    ``authorization`` among them). The repr shows the URL only."""
-
-    url: str
-    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def for_tool(
-        cls,
-        server_url: str,
-        headers: Mapping[str, str] | None = None,
-        authorization: str | None = None,
-    ) -> McpServer:
-        """The server of a request's `mcp` tool (``server_url``, ``headers``, ``authorization``:
-        an OAuth access token, sent as ``Authorization: Bearer``)."""
-        sent = dict(headers or {})
-        if authorization:
-            sent = {name: value for name, value in sent.items() if name.lower() != "authorization"}
-            sent["Authorization"] = f"Bearer {authorization}"
-        return cls(server_url, sent)
-
-    @property
-    def transport(self) -> Literal["streamable_http", "sse"]:
-        path = parse_server_url(self.url).path.rstrip("/")
-        return "sse" if path.endswith("/sse") else "streamable_http"
-
-    @property
-    def key(self) -> str:
-        """The server and its credentials, as one opaque key (concurrency is bounded per key):
-        the URL and a digest of the headers, never the headers themselves."""
-        digest = hashlib.sha256(json.dumps(sorted(self.headers.items())).encode()).hexdigest()
-        return f"{self.url}#{digest[:32]}"
-
-    def redact(self, text: str) -> str:
-        """``text`` with every header value in it blanked (a server may echo one back)."""
-        for value in self.headers.values():
-            # The whole value first, then the token alone: one outcome, whatever the order.
-            for secret in sorted(
-                {value, value.removeprefix("Bearer ").strip()}, key=len, reverse=True
-            ):
-                if len(secret) >= 4:
-                    text = text.replace(secret, "[redacted]")
-        return text
 
 
 @dataclass(frozen=True)
@@ -150,39 +109,6 @@ def _protocol_error(code: int, message: str) -> McpProtocolError:
     return McpProtocolError(type="mcp_protocol_error", code=code, message=message)
 
 
-class _Slots:
-    """Calls in flight per server key, at most ``limit`` each; a key's semaphore lives while
-    someone holds or awaits it, so keys (one per server and credentials) never pile up."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._semaphores: dict[str, tuple[asyncio.Semaphore, int]] = {}
-        self._active: dict[str, int] = {}
-
-    def active(self, key: str) -> int:
-        return self._active.get(key, 0)
-
-    @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        semaphore, users = self._semaphores.get(key, (asyncio.Semaphore(self._limit), 0))
-        self._semaphores[key] = (semaphore, users + 1)
-        try:
-            async with semaphore:
-                self._active[key] = self._active.get(key, 0) + 1
-                try:
-                    yield
-                finally:
-                    self._active[key] -= 1
-                    if not self._active[key]:
-                        del self._active[key]
-        finally:
-            semaphore, users = self._semaphores[key]
-            if users == 1:
-                del self._semaphores[key]
-            else:
-                self._semaphores[key] = (semaphore, users - 1)
-
-
 class McpClient:
     """The MCP client of one ingress replica: the allowlist and bounds of `ToolArgs` (its
     environment override applied), and the per-server bound on calls in flight.
@@ -194,7 +120,37 @@ class McpClient:
     def __init__(self, args: ToolArgs | None = None, *, operator_urls: Sequence[str] = ()) -> None:
         self.args = (args or ToolArgs()).resolved()
         self._operator = [operator_entry(url) for url in operator_urls]
-        self._slots = _Slots(self.args.mcp_max_concurrent_calls)
+        self._slots = Slots(self.args.mcp_max_concurrent_calls)
+        self._sessions = McpSessions(
+            self.args.mcp_session_ttl_s, self.args.mcp_max_sessions, self.args.mcp_connect_timeout_s
+        )
+        # Each session's last listing, and when (`listed_before`): kept as long as sessions.
+        self._listed: OrderedDict[str, tuple[float, ListOutcome]] = OrderedDict()
+
+    def listed_before(self, server: McpServer) -> ListOutcome | None:
+        """What ``server``'s session listed last, within the session TTL (None: nothing):
+        a guess at its next listing, never a listing itself."""
+        found = self._listed.get(server.session_key)
+        if found is None or time.monotonic() - found[0] > self.args.mcp_session_ttl_s:
+            return None
+        return found[1]
+
+    def _remember(self, server: McpServer, listing: ListOutcome) -> None:
+        self._listed[server.session_key] = (time.monotonic(), listing)
+        self._listed.move_to_end(server.session_key)
+        while len(self._listed) > self.args.mcp_max_sessions:
+            self._listed.popitem(last=False)
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._sessions)
+
+    def close(self) -> None:
+        """End every session (the replica is going away); `aclose` waits for them."""
+        self._sessions.close()
+
+    async def aclose(self) -> None:
+        await self._sessions.aclose()
 
     def check_server_url(self, url: str, param: str) -> ServerAddress:
         """The request path's check (a 400 naming ``param``), before any connection."""
@@ -225,7 +181,9 @@ class McpClient:
             tools = await self._operate(server, self.args.mcp_list_timeout_s, listing)
         except _Failed as failure:
             return ListOutcome(error=CallOutcome(error=failure.error).message)
-        return ListOutcome(tools=tools)
+        listed = ListOutcome(tools=tools)
+        self._remember(server, listed)
+        return listed
 
     async def call_tool(
         self, server: McpServer, name: str, arguments: str | Mapping[str, Any]
@@ -307,31 +265,67 @@ class McpClient:
         *,
         slot: bool = False,
     ) -> _T:
-        """``body`` on a fresh session with ``server``, within ``timeout_s`` in all; its
-        failures raised as `_Failed` (described, redacted), the caller's cancellation as is."""
-        guard = Guard()
+        """``body`` on ``server``'s session (opened, or open already), within ``timeout_s`` in
+        all; its failures raised as `_Failed` (described, redacted), the caller's cancellation
+        as is. A session the server no longer knows is replaced once: its 404 says the request
+        was not run."""
+        guards: list[Guard] = []  # the sessions' guards: what broke them, if anything
         with anyio.CancelScope(deadline=anyio.current_time() + timeout_s) as scope:
-            guard.on_failure = scope.cancel
-            try:
-                async with AsyncExitStack() as stack:
-                    if slot:
-                        await stack.enter_async_context(self._slots.hold(server.key))
-                    session = await self._open(stack, server, guard, timeout_s)
-                    return await body(session)
-            except _Failed:
-                raise
-            except Exception as error:  # every failure is the model's to read
-                raise _Failed(_describe(error, guard, server)) from None
-        if guard.failure is not None:
-            raise _Failed(_protocol_error(mcp_types.INTERNAL_ERROR, guard.failure))
+            async with contextlib.AsyncExitStack() as stack:
+                if slot:
+                    await stack.enter_async_context(self._slots.hold(server.key))
+                try:
+                    return await self._on_session(server, timeout_s, body, scope, guards)
+                except _Forgotten:
+                    self._sessions.discard(server.session_key)
+                    return await self._on_session(server, timeout_s, body, scope, guards)
+        # Cancelled: the session broke under the operation (its guard says why), or timed out.
+        failure = next((guard.failure for guard in guards if guard.failure), None)
+        if failure is not None:
+            raise _Failed(_protocol_error(mcp_types.INTERNAL_ERROR, failure))
         raise _Failed(
             _protocol_error(
                 mcp_types.REQUEST_TIMEOUT, f"the MCP server did not answer within {timeout_s:g}s"
             )
         )
 
+    async def _on_session(
+        self,
+        server: McpServer,
+        timeout_s: float,
+        body: Callable[[ClientSession], Awaitable[_T]],
+        scope: anyio.CancelScope,
+        guards: list[Guard],
+    ) -> _T:
+        """``body`` on the session of ``server``'s key; ``guards`` gets the session's guard."""
+
+        async def opener(stack: contextlib.AsyncExitStack, guard: Guard) -> ClientSession:
+            return await self._open(stack, server, guard, timeout_s)
+
+        guard = Guard()
+        try:
+            async with self._sessions.use(server.session_key, opener, scope) as opened:
+                session, guard, reused = opened
+                guards.append(guard)
+                try:
+                    return await body(session)
+                except MCPError as error:
+                    if reused and _forgotten(error):
+                        raise _Forgotten() from None
+                    raise
+        except (_Failed, _Forgotten):
+            raise
+        except SessionBroken as broken:
+            guards.append(broken.guard)
+            cause = broken.cause
+            if isinstance(cause, _Failed):
+                raise cause from None
+            raise _Failed(_describe(cause or broken, broken.guard, server)) from None
+        except Exception as error:  # every failure is the model's to read
+            raise _Failed(_describe(error, guard, server)) from None
+
     async def _open(
-        self, stack: AsyncExitStack, server: McpServer, guard: Guard, timeout_s: float
+        self, stack: contextlib.AsyncExitStack, server: McpServer, guard: Guard, timeout_s: float
     ) -> ClientSession:
         """A session with ``server``, initialized: its URL and address checked (`reach`) and
         pinned."""
@@ -351,7 +345,7 @@ class McpClient:
                 ip,
                 server.headers,
                 connect_timeout_s=args.mcp_connect_timeout_s,
-                read_timeout_s=timeout_s,
+                read_timeout_s=max(args.mcp_call_timeout_s, args.mcp_list_timeout_s),
                 max_response_bytes=args.mcp_max_response_bytes,
                 guard=guard,
             )
@@ -360,7 +354,7 @@ class McpClient:
             streams = sse_client(
                 server.url,
                 timeout=args.mcp_connect_timeout_s,
-                sse_read_timeout=timeout_s,
+                sse_read_timeout=None,  # the session's stream stays open between operations
                 httpx_client_factory=http_client,
             )
         else:
@@ -375,6 +369,14 @@ class McpClient:
         with anyio.fail_after(args.mcp_connect_timeout_s):
             await session.initialize()
         return session
+
+
+class _Forgotten(Exception):
+    """A reused session the server no longer knows (404: the request was not run)."""
+
+
+def _forgotten(error: MCPError) -> bool:
+    return error.code == mcp_types.INVALID_REQUEST and error.message == "Session terminated"
 
 
 def _arguments(arguments: str | Mapping[str, Any]) -> dict[str, Any]:

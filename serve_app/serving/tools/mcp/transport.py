@@ -12,6 +12,8 @@ still verified against the name.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -22,6 +24,9 @@ from serve_app.serving.tools.mcp.policy import IPAddress, ServerAddress, is_rout
 
 # Asked of every server: a compressed body could decode to far more than it counts.
 _IDENTITY = {"accept-encoding": "identity"}
+# How long the rest of a POST's event stream is read once its reader stopped (the server ends
+# it right after the answer): then the connection is dropped instead of kept.
+POST_DRAIN_S = 0.5
 
 
 @functools.cache
@@ -53,25 +58,64 @@ class Guard:
 
 
 class _BoundedStream(httpx2.AsyncByteStream):
-    """A response body that fails once it has carried more than ``limit`` bytes."""
+    """A response body that fails once it has carried more than ``limit`` bytes; an event
+    stream, once one of its events has (a session's stream stays open across operations, each
+    answer one event: the bound is on what one answer may carry)."""
 
-    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, guard: Guard) -> None:
+    def __init__(
+        self,
+        inner: httpx2.AsyncByteStream,
+        limit: int,
+        guard: Guard,
+        per_event: bool = False,
+        drain_s: float = 0.0,
+    ) -> None:
         self._inner = inner
         self._limit = limit
         self._guard = guard
+        self._per_event = per_event
+        self._drain_s = drain_s
+        self._chunks: AsyncIterator[bytes] | None = None
+        self._exhausted = False
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        self._chunks = self._read()
+        return self._chunks
+
+    async def aclose(self) -> None:
+        """Closed before its end (the `mcp` SDK stops reading a POST's event stream at the
+        answer it waited for, a moment before the server ends the stream): the rest is read,
+        for ``drain_s`` at most, so the connection is kept for the session's next request
+        rather than dropped (a TCP connect for every call, a third of a call's CPU)."""
+        if self._drain_s and self._chunks is not None and not self._exhausted:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self._drain_s):
+                    async for _ in self._chunks:
+                        pass
+        await self._inner.aclose()
+
+    async def _read(self) -> AsyncIterator[bytes]:
         seen = 0
+        tail = b""  # the end of the last chunk: an event's end may straddle two chunks
         async for chunk in self._inner:
             seen += len(chunk)
+            if self._per_event:
+                joined = tail + chunk
+                end = max(joined.rfind(b"\n\n") + 2, joined.rfind(b"\r\n\r\n") + 4)
+                if end > 3:  # an event ended in this chunk: count from there
+                    seen = len(joined) - end
+                tail = joined[-3:]
             if seen > self._limit:
-                reason = f"the MCP server's response exceeded {self._limit} bytes"
+                what = (
+                    "an event of the MCP server's stream"
+                    if self._per_event
+                    else "the MCP server's response"
+                )
+                reason = f"{what} exceeded {self._limit} bytes"
                 self._guard.fail(reason)
                 raise httpx2.ReadError(reason)
             yield chunk
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+        self._exhausted = True
 
 
 class PinnedTransport(httpx2.AsyncBaseTransport):
@@ -118,10 +162,15 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
         stream = response.stream
         if not isinstance(stream, httpx2.AsyncByteStream):  # never, from an async transport
             raise httpx2.ReadError("the MCP server's response is not a stream", request=request)
+        events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
+        # A POST's event stream ends right after its answer: drained on close (a GET's, the
+        # session's own, stays open: not waited for).
+        drain_s = POST_DRAIN_S if events and request.method == "POST" else 0.0
+        bounded = _BoundedStream(stream, self._limit, self._guard, events, drain_s)
         return httpx2.Response(
             response.status_code,
             headers=response.headers,
-            stream=_BoundedStream(stream, self._limit, self._guard),
+            stream=bounded,
             extensions=response.extensions,
         )
 

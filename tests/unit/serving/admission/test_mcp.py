@@ -7,7 +7,8 @@ import pytest
 from serve_app.config import ToolArgs
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest
-from serve_app.serving.admission.mcp import check_mcp
+from serve_app.serving.admission.mcp import NOTHING_TRUSTED, check_mcp
+from serve_app.serving.tools.mcp_trust import TrustedMcp
 from tests.support import MODEL
 
 # Built per test: an import-time `ToolArgs` would take the serve tier's allowlist from the
@@ -24,11 +25,16 @@ def mcp(**fields: object) -> dict:
     }
 
 
-def check(tools: list[dict], items: list[dict] | None = None, history: int = 0) -> None:
+def check(
+    tools: list[dict],
+    items: list[dict] | None = None,
+    history: int = 0,
+    trusted: TrustedMcp = NOTHING_TRUSTED,
+) -> None:
     request = ResponsesRequest.model_validate(
         {"model": MODEL, "input": items or "hi", "tools": tools}
     )
-    check_mcp(ToolArgs(mcp_allow=ALLOWED_URLS), request, request.input_items, history)
+    check_mcp(ToolArgs(mcp_allow=ALLOWED_URLS), request, request.input_items, history, trusted)
 
 
 @pytest.mark.parametrize(
@@ -55,6 +61,25 @@ def test_an_allowed_server_passes_and_an_unanswerable_approval_is_a_400() -> Non
     with pytest.raises(InvalidRequest) as caught:
         check([mcp()], [{"role": "user", "content": "hi"}, answer])
     assert caught.value.param == "input[1].approval_request_id"
+
+
+ASKED = {
+    "type": "mcp_approval_request",
+    "id": "mcpr_1",
+    "server_label": "docs",
+    "name": "wipe",
+    "arguments": "{}",
+}
+
+
+def test_an_approval_of_a_request_the_server_did_not_issue_is_a_400_a_denial_is_not() -> None:
+    approve = {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": True}
+    with pytest.raises(InvalidRequest) as caught:
+        check([mcp()], [ASKED, approve])
+    assert caught.value.param == "input[1].approval_request_id"
+    assert "issued to this API key" in caught.value.message
+    check([mcp()], [ASKED, approve], trusted=TrustedMcp(approvals=frozenset({"mcpr_1"})))
+    check([mcp()], [ASKED, {**approve, "approve": False}])  # runs nothing: as before
 
 
 @pytest.mark.parametrize(

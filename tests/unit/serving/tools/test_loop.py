@@ -145,7 +145,7 @@ async def loop_app(
         yield app
     finally:
         await app.http.aclose()
-        api.state.service.close()
+        await api.state.service.aclose()
         await simulated.shutdown()
         await store.close()
 

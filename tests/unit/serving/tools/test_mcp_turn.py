@@ -1,24 +1,32 @@
-"""What a turn's MCP tools do before the model runs (list each server once per context, run
-the calls the client approved) and the runner of the `mcp` kinds, over a recording fake of
-the MCP client (tests/app/test_mcp.py runs the real one against real servers)."""
+"""What a turn's MCP tools do before the model runs (the plan: list each server once per
+context, run the calls the client approved; the stage that does it) and the runner of the
+`mcp` kinds, over a recording fake of the MCP client (tests/app/test_mcp.py runs the real one
+against real servers; tests/unit/serving/tools/test_mcp_once.py the whole app)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from openai.types.responses.mcp_tool_call_error import McpProtocolError
 from openai.types.responses.response_output_item import McpListToolsTool
 
-from serve_app.config import AppArgs
-from serve_app.harmony.tools import ToolSpec
+from serve_app.config import AppArgs, ToolArgs
+from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.harmony.stream import ResponseStreamTranslator
+from serve_app.harmony.tools import ToolRegistry, ToolSpec
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.serving.tools.bounds import OutputBounds
 from serve_app.serving.tools.contract import CancelScope, ToolCall
 from serve_app.serving.tools.mcp.client import CallOutcome, ListOutcome, McpClient, McpServer
-from serve_app.serving.tools.mcp_turn import McpRunner, McpTurns
+from serve_app.serving.tools.mcp_once import OnceCalls
+from serve_app.serving.tools.mcp_trust import TrustedMcp
+from serve_app.serving.tools.mcp_turn import McpDone, McpRunner, McpTurns, plan
 from serve_app.serving.turn.state import Context
+from serve_app.store.base import ToolClaim
 from tests.support import MODEL
 from tests.unit.protocol.test_stream_events import new_writer, wire
 
@@ -65,14 +73,88 @@ def context(items: list[dict], history: list[dict] = (), **tool: object) -> Cont
     return Context(request, past.input_items if history else [])
 
 
-def prepare(servers: FakeServers, ctx: Context):
-    prepared = asyncio.run(McpTurns(servers).prepare(ctx.request, ctx.history, ctx.tools))
-    return Context(prepared.request, ctx.history, prepared.tools), prepared.prelude
+class MemoryClaims:
+    """The store's claims (`ResponseStore.claim_tool_call` and its kin), in memory."""
+
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str | None, str], ToolClaim] = {}
+
+    async def claim_tool_call(self, owner: str | None, claim_id: str, claimant: str) -> ToolClaim:
+        return self.claims.setdefault((owner, claim_id), ToolClaim(claimant, time.time()))
+
+    async def settle_tool_call(self, owner, claim_id: str, claimant: str, result: str) -> bool:
+        claim = self.claims[(owner, claim_id)]
+        if claim.claimant != claimant or claim.settled:
+            return False
+        self.claims[(owner, claim_id)] = ToolClaim(claimant, claim.claimed_at, result)
+        return True
+
+    async def tool_claim(self, owner: str | None, claim_id: str) -> ToolClaim | None:
+        return self.claims.get((owner, claim_id))
+
+
+@dataclass
+class StagedTurn:
+    request: ResponsesRequest
+    translator: ResponseStreamTranslator
+    owner: str | None = None
+    server_calls: int = 0
+
+    @property
+    def response(self):
+        return self.translator.response
+
+
+def every_item(ctx: Context) -> TrustedMcp:
+    """The context's MCP items all trusted (as the door finds the ones the server issued)."""
+    items = [*ctx.history, *ctx.request.input_items]
+    return TrustedMcp(
+        listings=frozenset(i.id for i in items if i.type == "mcp_list_tools" and i.id),
+        approvals=frozenset(i.id for i in items if i.type == "mcp_approval_request"),
+    )
+
+
+def stage(
+    servers: FakeServers,
+    ctx: Context,
+    claims: MemoryClaims | None = None,
+    trusted: TrustedMcp | None = None,
+    bounds: OutputBounds | None = None,
+):
+    """The plan of ``ctx`` and its stage run on a fresh response: (the tools the model is
+    then shown, the stage's events as the client reads them, what it did). ``trusted``: the
+    context's items the server issued (default: all)."""
+    trusted = every_item(ctx) if trusted is None else trusted
+    planned = plan(ctx.request, [*ctx.history, *ctx.request.input_items], trusted)
+    once = OnceCalls(claims or MemoryClaims(), ToolArgs())
+    writer = new_writer()
+    translator = ResponseStreamTranslator(writer.response, ToolRegistry())
+    events = translator.start()
+    done = McpDone()
+
+    turns = McpTurns(servers, once, 64, ReasoningVault("k"), bounds)
+
+    async def run() -> None:
+        async for batch in turns.stage(StagedTurn(ctx.request, translator), planned, done):
+            events.extend(batch)
+
+    asyncio.run(run())
+    return planned.specs(done), wire(Written(events)), done, planned
+
+
+@dataclass
+class Written:
+    """Events as `wire` reads them off a writer."""
+
+    events: list
+
+    def take_events(self) -> list:
+        return self.events
 
 
 def test_a_server_is_listed_once_and_its_tools_join_the_registry_with_credentials_sent() -> None:
     servers = FakeServers()
-    ctx, prelude = prepare(
+    specs, events, _, planned = stage(
         servers,
         context(
             [{"role": "user", "content": "hi"}],
@@ -81,16 +163,13 @@ def test_a_server_is_listed_once_and_its_tools_join_the_registry_with_credential
             require_approval={"never": {"tool_names": ["echo"]}},
         ),
     )
+    assert planned.specs() == []  # nothing shown before the listing
     (server,) = servers.listed
     assert server.headers == {"X-Key": "k1", "Authorization": "Bearer tok"}
-    assert [(spec.recipient, spec.kind) for spec in ctx.tools.tools] == [
+    assert [(spec.recipient, spec.kind) for spec in specs] == [
         ("docs.echo", "mcp"),
         ("docs.wipe", "mcp_approval"),
     ]
-    writer = new_writer()
-    writer.start()
-    prelude.write(writer)
-    events = wire(writer)
     assert [event["type"] for event in events][2:] == [
         "response.output_item.added",
         "response.mcp_list_tools.in_progress",
@@ -112,23 +191,26 @@ def test_a_listing_in_the_context_is_reused_without_asking_the_server() -> None:
         ([], [listing, {"role": "user", "content": "again"}]),
     ):
         servers = FakeServers()
-        ctx, prelude = prepare(servers, context(items, history))
-        assert servers.listed == []
-        assert [spec.name for spec in ctx.tools.tools] == ["echo"]
-        writer = new_writer()
-        writer.start()
-        prelude.write(writer)
-        assert len(wire(writer)) == 2  # created, in_progress: no item of its own
+        specs, events, _, planned = stage(servers, context(items, history))
+        assert servers.listed == [] and not planned
+        assert [spec.name for spec in specs] == [spec.name for spec in planned.specs()] == ["echo"]
+        assert len(events) == 2  # created, in_progress: no item of its own
+
+
+def test_items_the_server_did_not_issue_are_neither_reused_nor_run() -> None:
+    servers = FakeServers()
+    approve = {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": True}
+    ctx = context([approve], history=[LISTED, ASKED])
+    specs, _, done, planned = stage(servers, ctx, trusted=TrustedMcp())
+    assert planned.listings == {} and planned.approved == []
+    assert len(servers.listed) == 1 and servers.calls == [] and done.approved == []
+    assert [spec.name for spec in specs] == ["echo", "wipe"]  # from the fresh listing
 
 
 def test_a_failed_listing_is_a_failed_item_and_shows_no_tools() -> None:
     servers = FakeServers(list_error="could not reach the MCP server")
-    ctx, prelude = prepare(servers, context([{"role": "user", "content": "hi"}]))
-    assert ctx.tools.tools == ()
-    writer = new_writer()
-    writer.start()
-    prelude.write(writer)
-    events = wire(writer)
+    specs, events, _, _ = stage(servers, context([{"role": "user", "content": "hi"}]))
+    assert specs == []
     assert events[-2]["type"] == "response.mcp_list_tools.failed"
     assert events[-1]["item"]["error"] == "could not reach the MCP server"
 
@@ -151,31 +233,37 @@ LISTED = {
 def test_an_approved_call_runs_before_the_model_and_is_rendered_after_the_input() -> None:
     servers = FakeServers()
     approve = {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": True}
-    ctx, prelude = prepare(servers, context([approve], history=[LISTED, ASKED]))
+    _, events, done, _ = stage(servers, context([approve], history=[LISTED, ASKED]))
     assert [(name, args) for _, name, args in servers.calls] == [("wipe", '{"all": true}')]
-    (shown,) = ctx.request.input_items[1:]
+    (shown,) = done.rendered_items()
     assert shown.type == "mcp_call" and shown.approval_request_id == "mcpr_1"
-    writer = new_writer()
-    writer.start()
-    prelude.write(writer)
-    events = wire(writer)
     assert [event["type"] for event in events][2:] == [
         "response.output_item.added",
+        "response.mcp_call.in_progress",
         "response.mcp_call_arguments.delta",
         "response.mcp_call_arguments.done",
-        "response.mcp_call.in_progress",
         "response.mcp_call.completed",
         "response.output_item.done",
     ]
-    done = events[-1]["item"]
-    assert done["approval_request_id"] == "mcpr_1" and done["output"].startswith("wipe ran")
+    item = events[-1]["item"]
+    assert item["approval_request_id"] == "mcpr_1" and item["output"].startswith("wipe ran")
     # Run once: a context that holds its mcp_call does not run it again; a denial never runs.
-    ran = {**done, "status": "completed"}
+    ran = {**item, "status": "completed"}
     servers = FakeServers()
-    prepare(servers, context([approve, ran], history=[LISTED, ASKED]))
+    stage(servers, context([approve, ran], history=[LISTED, ASKED]))
     deny = {**approve, "approve": False}
-    prepare(servers, context([deny], history=[LISTED, ASKED]))
+    stage(servers, context([deny], history=[LISTED, ASKED]))
     assert servers.calls == []
+
+
+def test_an_approval_claimed_already_answers_with_that_runs_result_without_a_call() -> None:
+    claims = MemoryClaims()
+    approve = {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": True}
+    first, second = FakeServers(), FakeServers()
+    _, ran, _, _ = stage(first, context([approve], history=[LISTED, ASKED]), claims)
+    _, again, _, _ = stage(second, context([approve], history=[LISTED, ASKED]), claims)
+    assert len(first.calls) == 1 and second.calls == []
+    assert again[-1]["item"]["output"] == ran[-1]["item"]["output"]
 
 
 class HugeServers(FakeServers):
@@ -200,9 +288,8 @@ def test_an_approved_calls_output_is_held_to_the_same_bounds_before_it_is_render
     bounds = OutputBounds(AppArgs.model_validate({"tools": {"max_output_tokens": 200}}))
     for output, why in (("a" * 700_000, "700,000 characters"), ("word " * 2000, "tokens")):
         ctx = context([approve], history=[LISTED, ASKED])
-        turns = McpTurns(HugeServers(output), bounds)
-        prepared = asyncio.run(turns.prepare(ctx.request, ctx.history, ctx.tools))
-        (shown,) = prepared.request.input_items[1:]
+        _, _, done, _ = stage(HugeServers(output), ctx, bounds=bounds)
+        (shown,) = done.rendered_items()
         assert shown.type == "mcp_call" and shown.output is None
         assert why in (shown.error or "") and "not passed on" in (shown.error or "")
         assert len(shown.model_dump_json()) < 2000

@@ -16,7 +16,7 @@ import pytest
 
 from serve_app.config import AppArgs, Limits
 from serve_app.harmony.reasoning_vault import ReasoningVault
-from serve_app.harmony.render import LongPiece, TooManyTokens, tool_message_tokens
+from serve_app.harmony.tool_messages import LongPiece, TooManyTokens, tool_message_tokens
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.errors import InvalidRequest
 from serve_app.protocol.requests import ResponsesRequest

@@ -20,7 +20,8 @@ from openai.types.responses.mcp_tool_call_error import (
 
 from serve_app.config import ToolArgs
 from serve_app.serving.tools.mcp import McpClient, McpServer
-from serve_app.serving.tools.mcp.client import _describe, _Failed, _protocol_error, _Slots
+from serve_app.serving.tools.mcp.client import _describe, _Failed, _protocol_error
+from serve_app.serving.tools.mcp.servers import Slots
 from serve_app.serving.tools.mcp.transport import Guard
 from tests.support.mcp_servers import McpTestServer, mcp_server
 
@@ -47,7 +48,7 @@ async def test_lists_tools_with_their_schemas(good: McpTestServer) -> None:
     listing = await _client(good).list_tools(McpServer(good.url))
     assert listing.error is None
     tools = {tool.name: tool for tool in listing.tools}
-    assert set(tools) == {"echo", "add", "slow", "fail", "seen_headers"}
+    assert set(tools) == {"echo", "add", "slow", "fail", "seen_headers", "charge", "charges"}
     assert tools["add"].description == "Adds two integers."
     schema = tools["add"].input_schema
     assert isinstance(schema, dict)
@@ -295,7 +296,7 @@ KEYS = ("a", "b", "c")
 
 async def _interleaving(seed: int) -> None:
     rng = random.Random(seed)
-    slots = _Slots(LIMIT)
+    slots = Slots(LIMIT)
     inside = dict.fromkeys(KEYS, 0)
     worst = dict.fromkeys(KEYS, 0)
 
