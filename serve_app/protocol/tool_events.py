@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from openai.types.responses import (
     ResponseOutputItem,
@@ -30,6 +31,10 @@ class ToolCallEvents:
     _tool_calls: int
     _sequence: int
     _next_output_index: int
+
+    if TYPE_CHECKING:  # the writer's part for whole items (whole_item_events.py)
+
+        def _whole_item(self, final: ResponseOutputItem) -> None: ...
 
     @property
     def tool_calls(self) -> int:
@@ -103,27 +108,6 @@ class ToolCallEvents:
             answer = follow_up(item, result)
             if answer is not None:
                 self._whole_item(answer)
-
-    def _whole_item(self, final: ResponseOutputItem) -> None:
-        """An item made whole at once: ``output_item.added`` and ``output_item.done``."""
-        index = self._output_index()
-        self._finished(index, final)
-        self._events.append(
-            ResponseOutputItemAddedEvent(
-                type="response.output_item.added",
-                output_index=index,
-                item=final,
-                sequence_number=self._seq(),
-            )
-        )
-        self._events.append(
-            ResponseOutputItemDoneEvent(
-                type="response.output_item.done",
-                output_index=index,
-                item=final,
-                sequence_number=self._seq(),
-            )
-        )
 
     def close_pending_calls(self, status: ItemStatus = "incomplete") -> None:
         """The response ends before its pending calls ran: each closed, never run."""

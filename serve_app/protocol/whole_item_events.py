@@ -21,7 +21,8 @@ from serve_app.protocol.stream_items import ItemKind, OpenItem, compaction_item
 
 
 class WholeItemWriting:
-    """`ResponseEventWriter`'s part for a compaction item and the items the client put in."""
+    """`ResponseEventWriter`'s part for a compaction item and the items made whole at once (the
+    items the client put in, a server-run tool's own result item)."""
 
     if TYPE_CHECKING:  # the writer's own state and helpers
         _events: list[ResponseStreamEvent]
@@ -75,24 +76,30 @@ class WholeItemWriting:
 
     def place(self, items: Sequence[ResponseOutputItem]) -> None:
         """Items the client committed into the response (a WebSocket ``response.inject``'s
-        tool outputs), whole already: each at the next output index, ``output_item.added``
-        then ``output_item.done`` with the same complete item, as every item is announced."""
+        tool outputs), whole already: each at the next output index, as every item is
+        announced."""
         for item in items:
-            index = self._output_index()
-            self._finished(index, item)
-            self._events.append(
-                ResponseOutputItemAddedEvent(
-                    type="response.output_item.added",
-                    output_index=index,
-                    item=item,
-                    sequence_number=self._seq(),
-                )
+            self._whole_item(item)
+
+    def _whole_item(self, final: ResponseOutputItem) -> None:
+        """An item made whole at once (one the client put in, the server's
+        ``tool_search_output``): ``output_item.added`` then ``output_item.done`` with the same
+        complete item."""
+        index = self._output_index()
+        self._finished(index, final)
+        self._events.append(
+            ResponseOutputItemAddedEvent(
+                type="response.output_item.added",
+                output_index=index,
+                item=final,
+                sequence_number=self._seq(),
             )
-            self._events.append(
-                ResponseOutputItemDoneEvent(
-                    type="response.output_item.done",
-                    output_index=index,
-                    item=item,
-                    sequence_number=self._seq(),
-                )
+        )
+        self._events.append(
+            ResponseOutputItemDoneEvent(
+                type="response.output_item.done",
+                output_index=index,
+                item=final,
+                sequence_number=self._seq(),
             )
+        )
