@@ -142,13 +142,7 @@ class EventLoop:
                     if placed:
                         yield placed
                     if isinstance(resumed, str):
-                        if await self._settle(turn, wait=True):
-                            resumed = "content_filter"
-                        terminal = translator.finish(
-                            resumed,
-                            prompt_tokens=turn.prompt_tokens,
-                            cached_tokens=turn.cached_tokens,
-                        )
+                        terminal = await self._end_between(turn, resumed)
                         break
                     turn.generate = resumed
                     translator.begin_completion()
@@ -172,13 +166,7 @@ class EventLoop:
                 if not isinstance(following, str) and steer is not None and steer():
                     following = "steered"  # between two completions: a safe boundary
                 if isinstance(following, str):
-                    if await self._settle(turn, wait=True):
-                        following = "content_filter"
-                    terminal = translator.finish(
-                        following,
-                        prompt_tokens=turn.prompt_tokens,
-                        cached_tokens=turn.cached_tokens,
-                    )
+                    terminal = await self._end_between(turn, following)
                     break
                 turn.generate = following
                 translator.begin_completion()
@@ -367,6 +355,15 @@ class EventLoop:
         if await self._settle(turn, wait=wait) and reason != "abort":
             reason = "content_filter"
         return self._finish(turn, completion, reason)
+
+    async def _end_between(self, turn: Turn, reason: str) -> list[ResponseStreamEvent]:
+        """The terminal event between two completions (the turn's usage summed already), the
+        turn's moderation settled first: a flagged `block` side makes it ``content_filter``."""
+        if await self._settle(turn, wait=True):
+            reason = "content_filter"
+        return turn.translator.finish(
+            reason, prompt_tokens=turn.prompt_tokens, cached_tokens=turn.cached_tokens
+        )
 
     @staticmethod
     async def _settle(turn: Turn, *, wait: bool) -> bool:
