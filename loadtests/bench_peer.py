@@ -1099,7 +1099,9 @@ def peer_replay_class():
                     raise traffic.Stop(traffic.Deviation(at, end, "completed or incomplete"))
             return end
 
-        async def _message(self, socket: Any, at: str, message: Mapping[str, Any]) -> None:
+        async def _message(
+            self, socket: Any, at: str, message: Mapping[str, Any], events: Any
+        ) -> None:
             self.last_sent = message["text"]
             text = self.subs.apply(message["text"])
             self.seen.sent(text)
@@ -1110,7 +1112,7 @@ def peer_replay_class():
             while len(ends) < len(recorded["ends"]):
                 received.append(await traffic._recv(socket, self.timeout_s))
                 event = json.loads(received[-1])
-                traffic.valid(traffic.SERVER_EVENT, event, at)
+                traffic.valid(events, event, at)
                 if event["type"] in traffic.TERMINAL:
                     ends.append(traffic.ws_end(event))
                     self.ends.append(ends[-1])
