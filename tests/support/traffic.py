@@ -510,7 +510,7 @@ class Replay:
         recorded = message["answer"]
         received: list[str] = []
         ends: list[str] = []
-        while len(ends) < len(recorded["ends"]):
+        while len(ends) < len(recorded["ends"]) or self._awaits_minted(recorded, received):
             received.append(await _recv(socket, self.timeout_s))
             event = json.loads(received[-1])
             valid(events, event, at)
@@ -519,6 +519,17 @@ class Replay:
                 if ends[-1] != recorded["ends"][len(ends) - 1]:
                     raise Stop(_ws_deviation(at, event, recorded["ends"][len(ends) - 1]))
         self.subs.learn(recorded, *self.seen.answered("\n".join(received)))
+
+    def _awaits_minted(self, recorded: Mapping[str, Any], received: list[str]) -> bool:
+        """Whether a message the recording answered without a terminal event (a response
+        waiting for the client's tool outputs, to be injected) has yet to mint what the
+        recording's answer did: the ids the client's next message names. Without this wait
+        the next message went out before them, naming the recording's ids."""
+        if recorded["ends"]:
+            return False
+        wanted = _by_prefix(recorded.get("minted", []))
+        new = _by_prefix(i for i in ids_in("\n".join(received)) if i not in self.seen.ids)
+        return any(len(new.get(prefix, [])) < len(ids) for prefix, ids in wanted.items())
 
 
 def _ws_deviation(at: str, event: Mapping[str, Any], recorded: str) -> Deviation:
