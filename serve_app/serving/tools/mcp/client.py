@@ -310,7 +310,7 @@ class McpClient:
                 try:
                     return await body(session)
                 except MCPError as error:
-                    if reused and _forgotten(error):
+                    if reused and _forgotten(error, guard):
                         raise _Forgotten() from None
                     raise
         except (_Failed, _Forgotten):
@@ -375,8 +375,13 @@ class _Forgotten(Exception):
     """A reused session the server no longer knows (404: the request was not run)."""
 
 
-def _forgotten(error: MCPError) -> bool:
-    return error.code == mcp_types.INVALID_REQUEST and error.message == "Session terminated"
+def _forgotten(error: MCPError, guard: Guard) -> bool:
+    """Whether the server no longer knows the session: it answers 404 (the transport's rule),
+    whatever its error says (the Python SDK's client says ``Session terminated``; servers say
+    ``Session not found``, with -32600 or -32001)."""
+    return guard.http_status == 404 or (
+        error.code == mcp_types.INVALID_REQUEST and error.message == "Session terminated"
+    )
 
 
 def _arguments(arguments: str | Mapping[str, Any]) -> dict[str, Any]:

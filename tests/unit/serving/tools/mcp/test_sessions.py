@@ -60,6 +60,26 @@ async def test_one_owners_operations_share_one_session(good) -> None:
         assert len(new_sessions(good, before)) == 1
 
 
+async def test_a_session_the_restarted_server_forgot_is_replaced_once() -> None:
+    # A server restarted at the same URL answers the old session's id with 404 ("Session not
+    # found" from the SDK's server): the operation is run again on a new session, not failed.
+    # (The Agents SDKs' approval tests start their own server per test on one allowlisted port.)
+    with mcp_server("good") as first:
+        port = first.port
+        async with client_of(first) as client:
+            server = McpServer(first.url, owner="alice")
+            assert (await client.call_tool(server, "echo", {"text": "one"})).output == "one"
+            old, _ = first.session_stats()
+            first.stop()
+            with mcp_server("good", port=port) as restarted:
+                listed = await client.list_tools(server)
+                called = await client.call_tool(server, "echo", {"text": "two"})
+                assert listed.error is None, listed.error
+                assert called.output == "two", called
+                # The old id once (its 404), then one new session for both operations.
+                assert len(restarted.session_stats()[0] - old) == 1
+
+
 async def test_owners_and_credentials_never_share_a_session(good) -> None:
     before, _ = good.session_stats()
     async with client_of(good) as client:
