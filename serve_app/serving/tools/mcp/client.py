@@ -6,8 +6,8 @@ operation (resolve and check the address, connect, initialize) and reused by eve
 of that key within ``mcp_session_ttl_s`` of the last one: a response's listing and calls, and
 its owner's next responses. Nothing of one owner's session is used for another's (the owner is
 in the key), and a broken session breaks the operations on it and is ended, never reused. A
-session the server has forgotten (it answers 404, ``Session terminated``: the request was not
-run) is replaced once, for that operation. Every bound of `ToolArgs` applies: the connect,
+session the server has forgotten (it answers 404 to its id: the request was not run; a server
+restarted at the same URL) is replaced once, for that operation. Every bound of `ToolArgs` applies: the connect,
 list and call timeouts, the bytes of a response (an SSE event) and of a result, the tools of a
 listing, the calls in flight to one server per owner and credentials. A failure of any kind is
 a value (`ListOutcome`, `CallOutcome` with ``error``) whose message the model and the client
