@@ -58,9 +58,10 @@ WARM_TURNS = 12  # turns acknowledged before the upgrade is deployed
 AFTER_S = 10.0  # of load on the new version before the replay stops
 ROOM = 2  # engine replicas a worker node has room for across nodes (the rest of it held)
 # How far the hit rate of turns after the rollout may fall below the one before it (measured:
-# 0.922-0.952 after, against 0.877-0.962 before, a dozen turns or more; without affinity it is
-# near Codex's shared prefix alone, about half).
-HIT_RATE_MARGIN = 0.03
+# 0.922-0.952 after, against 0.877-0.962 before, a dozen turns or more, and once 0.931 after
+# 0.961: a dozen turns' rate moves by a few hundredths; without affinity it is near Codex's
+# shared prefix alone, about half).
+HIT_RATE_MARGIN = 0.05
 
 
 @dataclass
