@@ -7,11 +7,11 @@ of that key within ``mcp_session_ttl_s`` of the last one: a response's listing a
 its owner's next responses. Nothing of one owner's session is used for another's (the owner is
 in the key), and a broken session breaks the operations on it and is ended, never reused. A
 session the server has forgotten (it answers 404 to its id: the request was not run; a server
-restarted at the same URL) is replaced once, for that operation. Every bound of `ToolArgs` applies: the connect,
-list and call timeouts, the bytes of a response (an SSE event) and of a result, the tools of a
-listing, the calls in flight to one server per owner and credentials. A failure of any kind is
-a value (`ListOutcome`, `CallOutcome` with ``error``) whose message the model and the client
-can read; only the caller's own cancellation leaves as an exception.
+restarted at the same URL) is replaced once, for that operation. Every bound of `ToolArgs`
+applies: the connect, list and call timeouts, the bytes of a response (an SSE event) and of a
+result, the tools of a listing, the calls in flight to one server per owner and credentials. A
+failure of any kind is a value (`ListOutcome`, `CallOutcome` with ``error``) whose message the
+model and the client can read; only the caller's own cancellation leaves as an exception.
 
 Headers (``authorization`` too) go to their server only, in the HTTP requests of its session:
 never into a log line, an error message or a repr.
