@@ -58,8 +58,9 @@ AUTOSCALING = {
     "policy": {"policy_function": POLICY},
 }
 # Users by stage (end in seconds, users): some load, a rise to four times it, a lower load
-# (replicas drain while it goes on), then none.
-SHAPE = "3:3,24:12,44:5"
+# (replicas drain while it goes on: 30 s, since the first stopped 16-21 s into it, the
+# high stage's turns ending and the look-back and down-scale delays passing first), then none.
+SHAPE = "3:3,24:12,54:5"
 # The fixed-size run the autoscaled one is compared with: as many replicas as the rolling
 # upgrade's first case runs next in the cluster stage (no replica to start between them).
 FIXED_REPLICAS = 2
