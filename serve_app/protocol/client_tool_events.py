@@ -24,7 +24,6 @@ from openai.types.responses import (
     ResponseFunctionShellToolCall,
     ResponseOutputItem,
     ResponseOutputItemAddedEvent,
-    ResponseOutputItemDoneEvent,
     ResponseShellCallCommandAddedEvent,
     ResponseShellCallCommandDeltaEvent,
     ResponseShellCallCommandDoneEvent,
@@ -135,12 +134,12 @@ class ClientCallWriting:
 
     if TYPE_CHECKING:  # the writer's own state and helpers
         _events: list[ResponseStreamEvent]
-        _items: list[ResponseOutputItem]
         _tool_calls: int
 
         def _seq(self) -> int: ...
         def _output_index(self) -> int: ...
         def _open(self, item: OpenItem) -> OpenItem: ...
+        def _item_done(self, output_index: int, item: ResponseOutputItem) -> None: ...
 
     def open_client_call(self, tool: str) -> OpenItem:
         """A call to a client-run tool (``shell``, ``local_shell``, ``apply_patch``): its
@@ -170,13 +169,5 @@ class ClientCallWriting:
         )
         self._events += command_events(final, item.output_index, self._seq)
         self._tool_calls += 1
-        self._items.append(final)
-        self._events.append(
-            ResponseOutputItemDoneEvent(
-                type="response.output_item.done",
-                output_index=item.output_index,
-                item=final,
-                sequence_number=self._seq(),
-            )
-        )
+        self._item_done(item.output_index, final)
         return True

@@ -39,7 +39,6 @@ from openai.types.responses import (
     ResponseInProgressEvent,
     ResponseOutputItem,
     ResponseOutputItemAddedEvent,
-    ResponseOutputItemDoneEvent,
     ResponseReasoningSummaryPartAddedEvent,
     ResponseReasoningSummaryPartDoneEvent,
     ResponseReasoningSummaryTextDeltaEvent,
@@ -327,15 +326,7 @@ class ResponseEventWriter(ToolCallEvents, ClientCallWriting, WholeItemWriting):
             final = done_item(item, text, status)
         if item.kind in (ItemKind.FUNCTION_CALL, ItemKind.CUSTOM_TOOL_CALL):
             self._tool_calls += 1
-        self._finished(item.output_index, final)
-        events.append(
-            ResponseOutputItemDoneEvent(
-                type="response.output_item.done",
-                output_index=item.output_index,
-                item=final,
-                sequence_number=self._seq(),
-            )
-        )
+        self._item_done(item.output_index, final)
 
     # --- the end -------------------------------------------------------------------------
 

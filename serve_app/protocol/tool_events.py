@@ -93,15 +93,7 @@ class ToolCallEvents:
         builder = _builder(item)
         events, final = builder.done(item, result, status)
         self._stamp(events)
-        self._finished(item.output_index, final)
-        self._events.append(
-            ResponseOutputItemDoneEvent(
-                type="response.output_item.done",
-                output_index=item.output_index,
-                item=final,
-                sequence_number=self._seq(),
-            )
-        )
+        self._item_done(item.output_index, final)
         # A kind whose result is an item of its own (the server's `tool_search_output`).
         follow_up = getattr(builder, "follow_up", None)
         if result is not None and follow_up is not None:
@@ -128,6 +120,18 @@ class ToolCallEvents:
         self._stamp(_builder(item).arguments_done(item))
         self._pending_calls.append(item)
         self._tool_calls += 1
+
+    def _item_done(self, output_index: int, item: ResponseOutputItem) -> None:
+        """``item`` finished: in ``output`` (`_finished`) and its ``output_item.done``."""
+        self._finished(output_index, item)
+        self._events.append(
+            ResponseOutputItemDoneEvent(
+                type="response.output_item.done",
+                output_index=output_index,
+                item=item,
+                sequence_number=self._seq(),
+            )
+        )
 
     def _finished(self, output_index: int, item: ResponseOutputItem) -> None:
         """``item`` joins ``output`` at its place in the model's order (a call that ran

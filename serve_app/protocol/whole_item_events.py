@@ -12,7 +12,6 @@ from openai.types.responses import (
     ResponseCompactionCompactingEvent,
     ResponseOutputItem,
     ResponseOutputItemAddedEvent,
-    ResponseOutputItemDoneEvent,
     ResponseStreamEvent,
 )
 
@@ -29,7 +28,7 @@ class WholeItemWriting:
 
         def _seq(self) -> int: ...
         def _output_index(self) -> int: ...
-        def _finished(self, output_index: int, item: ResponseOutputItem) -> None: ...
+        def _item_done(self, output_index: int, item: ResponseOutputItem) -> None: ...
 
     # --- server-side compaction ----------------------------------------------------------
 
@@ -62,15 +61,7 @@ class WholeItemWriting:
     def close_compaction(self, item: OpenItem, encrypted_content: str) -> None:
         """``output_item.done`` with the sealed summary; the item is in ``output`` from now."""
         final = compaction_item(item, encrypted_content)
-        self._finished(item.output_index, final)
-        self._events.append(
-            ResponseOutputItemDoneEvent(
-                type="response.output_item.done",
-                output_index=item.output_index,
-                item=final,
-                sequence_number=self._seq(),
-            )
-        )
+        self._item_done(item.output_index, final)
 
     # --- items the client put in (response.inject) ------------------------------------------
 
@@ -86,7 +77,6 @@ class WholeItemWriting:
         ``tool_search_output``): ``output_item.added`` then ``output_item.done`` with the same
         complete item."""
         index = self._output_index()
-        self._finished(index, final)
         self._events.append(
             ResponseOutputItemAddedEvent(
                 type="response.output_item.added",
@@ -95,11 +85,4 @@ class WholeItemWriting:
                 sequence_number=self._seq(),
             )
         )
-        self._events.append(
-            ResponseOutputItemDoneEvent(
-                type="response.output_item.done",
-                output_index=index,
-                item=final,
-                sequence_number=self._seq(),
-            )
-        )
+        self._item_done(index, final)
