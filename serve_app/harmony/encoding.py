@@ -17,7 +17,12 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_encoding
+from openai_harmony import (
+    HarmonyEncoding,
+    HarmonyEncodingName,
+    ReasoningEffort,
+    load_harmony_encoding,
+)
 
 from serve_app.harmony.distribution import warn_if_shared
 
@@ -42,6 +47,12 @@ RETURN_TOKEN = SPECIAL_TOKENS["<|return|>"]
 CALL_TOKEN = SPECIAL_TOKENS["<|call|>"]
 # Sampling stops after either: the completion is a final answer or a tool call.
 STOP_TOKENS = (RETURN_TOKEN, CALL_TOKEN)
+# The request's `reasoning.effort`, as harmony's system message says it.
+REASONING_EFFORTS = {
+    "low": ReasoningEffort.LOW,
+    "medium": ReasoningEffort.MEDIUM,
+    "high": ReasoningEffort.HIGH,
+}
 # o200k's ordinary tokens are 0..199997; harmony's special and reserved ids follow (199998 to
 # 201088). `get_encoding` checks it against harmony's own list.
 FIRST_SPECIAL_TOKEN = 199998

@@ -17,21 +17,15 @@ from typing import Literal
 from openai_harmony import (
     Conversation,
     Message,
-    ReasoningEffort,
     RenderConversationConfig,
     Role,
     SystemContent,
 )
 
-from serve_app.harmony.encoding import RETURN_TOKEN, STOP_TOKENS, get_encoding
+from serve_app.harmony.encoding import REASONING_EFFORTS, RETURN_TOKEN, STOP_TOKENS, get_encoding
 
 logger = logging.getLogger(__name__)
 
-_EFFORTS = {
-    "low": ReasoningEffort.LOW,
-    "medium": ReasoningEffort.MEDIUM,
-    "high": ReasoningEffort.HIGH,
-}
 # Said before the content is cut to its last tokens: the classifier should know it reads a part.
 _CUT_NOTE = "[earlier content omitted]\n"
 
@@ -48,7 +42,7 @@ def classifier_prompt(
     must fit the classifier's context)."""
     encoding = get_encoding()
     content = _last_tokens(content, max_content_tokens)
-    system = SystemContent.new().with_reasoning_effort(_EFFORTS[effort])
+    system = SystemContent.new().with_reasoning_effort(REASONING_EFFORTS[effort])
     messages = [
         Message.from_role_and_content(Role.SYSTEM, system),
         Message.from_role_and_content(Role.DEVELOPER, f"# Instructions\n\n{policy}"),

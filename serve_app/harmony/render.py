@@ -28,7 +28,6 @@ from openai_harmony import (
     Conversation,
     HarmonyError,
     Message,
-    ReasoningEffort,
     RenderConversationConfig,
     RenderOptions,
     Role,
@@ -36,7 +35,7 @@ from openai_harmony import (
 )
 
 from serve_app.harmony import builtin, client_tools, compaction
-from serve_app.harmony.encoding import get_encoding
+from serve_app.harmony.encoding import REASONING_EFFORTS, get_encoding
 from serve_app.harmony.mcp_tools import McpHistory
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.tools import (
@@ -71,11 +70,6 @@ from serve_app.protocol.tool_search import (
 
 logger = logging.getLogger(__name__)
 
-_EFFORTS = {
-    "low": ReasoningEffort.LOW,
-    "medium": ReasoningEffort.MEDIUM,
-    "high": ReasoningEffort.HIGH,
-}
 _JSON_CONTENT_TYPE = "<|constrain|>json"
 
 
@@ -151,7 +145,7 @@ def split_leading_instructions(
 def _system_message(request: ResponsesRequest, now: datetime, tools: ToolRegistry) -> Message:
     content = (
         SystemContent.new()
-        .with_reasoning_effort(_EFFORTS[request.effort])
+        .with_reasoning_effort(REASONING_EFFORTS[request.effort])
         .with_conversation_start_date(now.date().isoformat())
     )
     # gpt-oss's own browser and python tools are described here, as it was trained; a tool
