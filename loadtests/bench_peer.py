@@ -594,10 +594,12 @@ def start_profiles(
             continue
         out = folder / f"{server.kind}-{role}-{pid}.txt"
         command = [spy, "record", "-p", str(pid), "-d", str(seconds), "-r", "100"]
-        command += ["--nonblocking", "-f", "raw", "-o", str(out), *(["--native"] * native)]
-        spies.append(
-            subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        )
+        # C frames need the process paused while its stack is read: py-spy refuses
+        # --nonblocking with --native.
+        command += ["--native"] if native else ["--nonblocking"]
+        command += ["-f", "raw", "-o", str(out)]
+        with out.with_suffix(".log").open("w") as log:  # why a profile is missing
+            spies.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
     return spies
 
 
