@@ -660,7 +660,7 @@ async def test_an_unknown_call_is_answered_in_the_response_and_never_shown(
         plain = await app.sdk.responses.create(
             model=MODEL,
             input="UNKNOWN-ONE",
-            tools=[WEATHER_TOOL],  # type: ignore[list-item]
+            tools=[WEATHER_TOOL],
         )
         counted = await unknown_count(app) - before
     response = final(events)
