@@ -11,18 +11,25 @@ Each harmony message of a completion becomes one output item:
   has items registered, serve_app/protocol/tool_items.py: the tool loop runs it), a
   ``custom_tool_call`` when the recipient resolves to a custom tool; a ``shell_call``,
   ``local_shell_call`` or ``apply_patch_call`` when it resolves to that client-run tool
-  (serve_app.harmony.client_tools); else a ``function_call`` (unknown recipients too: the
-  client answers them with an error output, which the model can read, rather than the turn
-  vanishing).
+  (serve_app.harmony.client_tools); else a ``function_call`` when it resolves to a function
+  (``ToolRegistry.resolve``: ``functions.NAME``, ``NAMESPACE.NAME`` or a bare ``NAME`` of one).
+
+A recipient no tool of the request resolves to (gpt-oss invents some: ``repo_browser.search``,
+a function the client never declared) becomes no item at all: OpenAI never returns a call of a
+tool the request did not declare, and clients fail on one (the Agents SDKs end the run, "Tool
+... not found"). The message is an `UnknownCall` instead, which the tool loop answers inside
+the response with an error the model reads (serving/tools/unknown.py); it counts as a call
+toward ``max_tool_calls``.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from openai_harmony import Message, StreamableParser
 
-from serve_app.harmony.recovery import ROLE_RECIPIENTS, bare_name
+from serve_app.harmony.recovery import ROLE_RECIPIENTS, recipient_name
 from serve_app.harmony.tools import CLIENT_KINDS, ToolRegistry
 from serve_app.protocol.stream_events import OpenItem, ResponseEventWriter
 from serve_app.protocol.stream_items import CALL_CHANNEL
@@ -31,15 +38,90 @@ from serve_app.protocol.tool_items import tool_items
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class UnknownCall:
+    """A call of a recipient no tool of the request resolves to: shown to no one (no item);
+    the tool loop answers it as that recipient would, with an error the model reads."""
+
+    # The recipient as the model wrote it (less what followed it in the header): the author
+    # of the answer, as a tool's answer is authored by the tool the model called.
+    recipient: str
+    # The channel the model called it on: the answer goes back on it (as for any tool).
+    channel: str
+    # How many calls of tools the server runs the completion made before it (pending then):
+    # its answer follows theirs, so the model reads the answers in the order it called.
+    after_calls: int
+
+
+def unknown_call(
+    tools: ToolRegistry, channel: str | None, recipient: str | None, after_calls: int
+) -> UnknownCall | None:
+    """The message's call when its recipient is no tool of the request (None: it is not a
+    call, or it calls a tool the request has)."""
+    target = _call_target(recipient)
+    if not target or tools.resolve(target) is not None:
+        return None
+    return UnknownCall(recipient_name(target), channel or "commentary", after_calls)
+
+
+class UnknownCalls:
+    """A completion's calls of tools the request does not have (`UnknownCall`): none opens an
+    item; each the model ends is kept, and counted as a call, for the tool loop to answer."""
+
+    def __init__(self) -> None:
+        self._open: UnknownCall | None = None
+        self._made: list[UnknownCall] = []
+
+    def hides(
+        self,
+        writer: ResponseEventWriter,
+        tools: ToolRegistry,
+        channel: str | None,
+        recipient: str | None,
+        refused: bool,
+    ) -> bool:
+        """Whether the message opening now opens no item: a call ``refused`` (past
+        ``max_tool_calls``: dropped, never answered), or a call of a tool the request does not
+        have (kept once the model ends it: `end`). Asked of every message, so what it keeps
+        is always the open message's."""
+        after_calls = len(writer.pending_calls)
+        self._open = None if refused else unknown_call(tools, channel, recipient, after_calls)
+        return refused or self._open is not None
+
+    def end(self, writer: ResponseEventWriter, *, made: bool) -> None:
+        """The open message ended: its call is kept when the model ``made`` it (ended it
+        itself, not cut short), counted toward ``max_tool_calls`` as any call."""
+        if self._open is not None and made:
+            self._made.append(self._open)
+            writer.count_unshown_call()
+        self._open = None
+
+    @property
+    def calls(self) -> list[UnknownCall]:
+        """The calls kept, in the model's order, not answered yet."""
+        return list(self._made)
+
+    def take(self) -> list[UnknownCall]:
+        """The calls kept, now the caller's to answer."""
+        calls, self._made = self._made, []
+        return calls
+
+    def clear(self) -> None:
+        """A new completion: the last one's calls were answered, or never will be."""
+        self._open = None
+        self._made = []
+
+
 def open_item(
     writer: ResponseEventWriter, tools: ToolRegistry, channel: str | None, recipient: str | None
-) -> OpenItem:
-    """Open (announce) the item a message's header names."""
+) -> OpenItem | None:
+    """Open (announce) the item a message's header names; None (nothing opened) for a call of
+    a tool the request does not have (`unknown_call`)."""
     target = _call_target(recipient)
     if target:
         spec = tools.resolve(target)
         if spec is None:
-            return writer.open_function_call(bare_name(target))
+            return None
         if tool_items(spec.kind) is not None:
             item = writer.open_tool_call(spec.kind, spec.name, spec.item_namespace)
             item.data[CALL_CHANNEL] = channel  # its output is the tool's message on it

@@ -69,7 +69,7 @@ def parse_loose_header(text: str, *, leading_role: bool) -> LooseHeader:
     return LooseHeader(channel, recipient, rest.lstrip() if had_fields else rest, had_fields)
 
 
-def bare_name(recipient: str) -> str:
-    """`functions.foo` / `ns.foo<|constrain|>json` -> `foo`, for recipients no tool matches."""
-    cleaned = _RECIPIENT_TAIL.split(recipient.strip(), maxsplit=1)[0]
-    return cleaned.rsplit(".", 1)[-1] or cleaned or recipient
+def recipient_name(recipient: str) -> str:
+    """`ns.foo<|constrain|>json` / `ns.foo code` -> `ns.foo`: the name a recipient no tool
+    matches is answered by (the model's own spelling, less what follows it in the header)."""
+    return _RECIPIENT_TAIL.split(recipient.strip(), maxsplit=1)[0] or recipient.strip()

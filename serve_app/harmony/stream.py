@@ -26,7 +26,7 @@ from openai.types.responses.response_output_text import Logprob as TextLogprob
 from openai_harmony import HarmonyEncoding, Role, StreamableParser
 
 from serve_app.harmony.encoding import CALL_TOKEN, FIRST_SPECIAL_TOKEN, get_encoding
-from serve_app.harmony.items import CallLimit, current_text, final_text, open_item
+from serve_app.harmony.items import CallLimit, UnknownCalls, current_text, final_text, open_item
 from serve_app.harmony.recovery import LooseHeader, parse_loose_header
 from serve_app.harmony.token_text import structural_tokens, text_logprob, valid_token
 from serve_app.harmony.tools import ToolRegistry
@@ -78,6 +78,7 @@ class ResponseStreamTranslator:
         )
         self.tools = tools  # what recipients resolve to (a listing may add to it: MCP)
         self.call_limit = CallLimit(max_tool_calls)
+        self.unknown_calls = UnknownCalls()  # calls of tools it lacks: no item (items.py)
         self._state = _State.EXPECT_START
         self._parser: StreamableParser | None = None
         # The current header's tokens (ours: the parser's copy is only reachable as JSON).
@@ -143,6 +144,7 @@ class ResponseStreamTranslator:
         if self._state is not _State.DONE:
             self._close_all("completed", ending=False)
             self.call_limit.begin(self._writer.tool_calls)
+        self.unknown_calls.clear()
 
     def take_sequence(self) -> int:
         """The stream's next sequence number, for an event that joins it (steering's)."""
@@ -439,7 +441,8 @@ class ResponseStreamTranslator:
         # Open only once announced, so recovery never closes an item the client never saw.
         self._pending = []
         refused = self.call_limit.refuses(self._writer.tool_calls, recipient)
-        self._item = None if refused else open_item(self._writer, self.tools, channel, recipient)
+        hidden = self.unknown_calls.hides(self._writer, self.tools, channel, recipient, refused)
+        self._item = None if hidden else open_item(self._writer, self.tools, channel, recipient)
 
     def _flush(self) -> None:
         """Send the open item's new content, measured as growth of the decoded text.
@@ -475,23 +478,20 @@ class ResponseStreamTranslator:
     ) -> None:
         item = self._item
         if item is None:
+            self.unknown_calls.end(self._writer, made=status == "completed")
             self._reset_message()
             return
-        final = None if broken else self._final_text(stop_token)
-        if final is None:
-            final = self._current_text()
+        final = self._closing_text(stop_token, broken=broken)
         if final is not None:
             self._send_delta(item, final)
         self._writer.close(item, status, self._pending)
         self._reset_message()
 
-    def _final_text(self, stop_token: int | None) -> str | None:
-        """The message's whole text per harmony (includes a trailing partial character)."""
-        text = final_text(self._require_parser(), stop_token, self._response_id)
-        return None if text is None else self._prefix + text
-
-    def _current_text(self) -> str | None:
-        text = current_text(self._parser)
+    def _closing_text(self, stop_token: int | None, *, broken: bool) -> str | None:
+        """The message's whole text per harmony (with a trailing partial character); when it
+        is ``broken`` or harmony cannot finalise it, what was decoded of it so far."""
+        text = None if broken else final_text(self._require_parser(), stop_token, self._response_id)
+        text = current_text(self._parser) if text is None else text
         return None if text is None else self._prefix + text
 
     def _require_parser(self) -> StreamableParser:

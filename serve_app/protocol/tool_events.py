@@ -39,8 +39,14 @@ class ToolCallEvents:
     @property
     def tool_calls(self) -> int:
         """How many tool calls the model made (function and custom calls done, server-run
-        calls whose arguments are whole)."""
+        calls whose arguments are whole, calls no item shows: `count_unshown_call`)."""
         return self._tool_calls
+
+    def count_unshown_call(self) -> None:
+        """The model made a call no item shows (its recipient is no tool of the request; the
+        server answers it, harmony/items.py): it counts toward ``max_tool_calls`` all the
+        same, so a model calling unknown tools is held to that bound as to any."""
+        self._tool_calls += 1
 
     def open_tool_call(self, kind: str, name: str, namespace: str | None = None) -> OpenItem:
         """A call of a tool the server runs (``kind`` has registered items):

@@ -60,6 +60,12 @@ TOOLS_OMITTED = Counter(
     "web_search with no browser tool server), by the tool's type.",
     ["tool"],
 )
+UNKNOWN_TOOL_CALLS = Counter(
+    "serve_app_unknown_tool_calls",
+    "Calls the model addressed to a recipient no tool of the request resolves to (an invented "
+    "`repo_browser.search`, an undeclared function): never shown to the client, answered inside "
+    "the response with an error the model reads (serve_app/serving/tools/unknown.py).",
+)
 WEBSOCKET_CONNECTIONS = Gauge(
     "serve_app_websocket_connections", "WebSocket connections open on this ingress replica."
 )

@@ -37,6 +37,46 @@ async def test_agent_runs_its_tool_and_answers_with_previous_response_id(app_url
     assert stored.previous_response_id == first.response_id
 
 
+async def test_a_run_survives_the_models_call_of_a_tool_the_agent_does_not_have(
+    app_url: str,
+) -> None:
+    """The scripted model (``UNKNOWN-THEN-WEATHER``) first calls ``echo``, which the agent does
+    not have: the app answers that call inside the response, so the SDK never sees it (as a
+    ``function_call`` named echo it failed the run: ModelBehaviorError, "Tool echo not found in
+    agent weather"); the model reads the answer, calls the agent's tool, and answers."""
+    set_tracing_disabled(True)
+    calls: list[str] = []
+
+    # Not strict: a strict tool's grammar would leave the model no recipient but the agent's
+    # own tools (constrained decoding), and the simulated engine holds its script to it.
+    @function_tool(strict_mode=False)
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        calls.append(city)
+        return f"WEATHER-RESULT: sunny in {city}"
+
+    client = AsyncOpenAI(base_url=f"{app_url}/v1", api_key="sk-test", max_retries=0)
+    agent = Agent(
+        name="weather",
+        instructions="Answer weather questions with the tool.",
+        model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+        tools=[get_weather],
+    )
+    result = await Runner.run(agent, "UNKNOWN-THEN-WEATHER: weather in Paris?")
+
+    assert calls == ["Paris"]
+    assert result.final_output == "It is sunny in Paris."
+    first = result.raw_responses[0]
+    assert [item.type for item in first.output] == ["reasoning", "reasoning", "function_call"]
+    called = [
+        item.name
+        for response in result.raw_responses
+        for item in response.output
+        if item.type == "function_call"
+    ]
+    assert called == ["get_weather"]
+
+
 async def test_hosted_mcp_tool_with_an_approval_callback_runs_its_call(app_url: str) -> None:
     """The Agents SDK's `HostedMCPTool`: the app lists the server and asks for approval; the
     SDK's `on_approval_request` approves, the SDK sends the `mcp_approval_response` on its next

@@ -10,6 +10,10 @@
 // app's status); exits 1 when the SDK threw. Scenarios:
 //   shell         an agent with shellTool runs CLIENT-SHELL-TASK (chained by previousResponseId)
 //   apply-patch   an agent with applyPatchTool runs CLIENT-PATCH-TASK (history resent)
+//   unknown-tool  an agent with a function tool runs UNKNOWN-THEN-WEATHER: the model first
+//                 calls `echo`, which the agent does not have; the app answers that call
+//                 itself (the SDK, shown it, failed the run: "Tool echo not found"), the
+//                 model then calls the agent's tool and answers
 
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -23,6 +27,7 @@ import {
   run,
   setTracingDisabled,
   shellTool,
+  tool,
 } from '@openai/agents';
 import OpenAI from 'openai';
 import { recordingFetch, playScenario } from './recording_fetch.mjs';
@@ -111,6 +116,34 @@ const scenarios = {
       file: readFileSync(join(folder, 'hello.txt'), 'utf8'),
       finalOutput: result.finalOutput,
       itemTypes: result.newItems.map((item) => item.rawItem?.type ?? item.type),
+    };
+  },
+  async 'unknown-tool'() {
+    const cities = [];
+    // Not strict: a strict tool's grammar would leave the model no recipient but the agent's
+    // own tools (constrained decoding), and the simulated engine holds its script to it.
+    const weather = tool({
+      name: 'get_weather',
+      description: 'Current weather in a city.',
+      parameters: {
+        type: 'object',
+        properties: { city: { type: 'string' } },
+        required: ['city'],
+        additionalProperties: false,
+      },
+      strict: false,
+      async execute({ city }) {
+        cities.push(city);
+        return `WEATHER-RESULT: sunny in ${city}`;
+      },
+    });
+    const result = await run(agent([weather]), 'UNKNOWN-THEN-WEATHER: weather in Paris?');
+    return {
+      cities,
+      finalOutput: result.finalOutput,
+      called: result.newItems
+        .filter((item) => item.rawItem?.type === 'function_call')
+        .map((item) => item.rawItem.name),
     };
   },
 };

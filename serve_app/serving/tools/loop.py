@@ -13,6 +13,11 @@ is the last prompt, the completion up to its last ``<|call|>``, the tools' messa
 with the same session id and cache salt (so the same replica), nothing re-rendered. Each
 result is held to what the model may be given first (bounds.py: the piece limit, then tokens
 within what the context leaves), its message rendered there, off the event loop when large.
+
+A call of a tool the request does not have (no item: harmony/items.py, `UnknownCall`) is
+answered here too (`answer_unknown`, unknown.py): an error the model reads, in the model's
+order among the round's results, counted as a call the server ran. Such a call alone is a
+round: the response goes on as after any server-run call, within the same bounds.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ from serve_app.constraints import build as constraint_build
 from serve_app.constraints.spec import CompletionConstraint
 from serve_app.engines.base import GenerateRequest
 from serve_app.harmony.encoding import CALL_TOKEN, START_TOKEN, get_encoding
+from serve_app.harmony.items import UnknownCall
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry, ToolSpec
 from serve_app.protocol.requests import ResponsesRequest
 from serve_app.protocol.stream_items import CALL_CHANNEL, OpenItem
+from serve_app.serving.tools import unknown
 from serve_app.serving.tools.bounds import Bounded, Budget, OutputBounds
 from serve_app.serving.tools.contract import (
     CancelScope,
@@ -76,6 +83,10 @@ class Round:
     # Each result's harmony message as the continuation's prompt appends it (bounds.py
     # rendered it when it checked the result's size): beside ``results``, in the same order.
     messages: list[list[int]] = dataclasses.field(default_factory=list)
+    # The answers to the completion's calls of tools the request does not have
+    # (`ToolLoop.answer_unknown`): each (how many of ``calls`` the model made before it, its
+    # harmony message), in the model's order.
+    unknown: list[tuple[int, list[int]]] = dataclasses.field(default_factory=list)
     # The same completion also called a tool the client runs.
     client_called: bool = False
     # Tokens in the context when the calls were made (the prompt and the completion that
@@ -85,6 +96,11 @@ class Round:
     @property
     def awaits_client(self) -> bool:
         return any(result is not None and result.awaits_client for result in self.results)
+
+    @property
+    def answered(self) -> bool:
+        """Whether the model has anything to read: a call ran, or a call was answered."""
+        return bool(self.calls or self.unknown)
 
 
 class ToolLoop:
@@ -171,6 +187,21 @@ class ToolLoop:
             )
             return ToolResult(error=f"The tool failed ({type(exc).__name__}).")
 
+    def answer_unknown(self, turn: Turn, calls: Sequence[UnknownCall], done: Round) -> None:
+        """Answer each call of a tool the request does not have (unknown.py): the error the
+        model reads, in ``done`` beside the round's results. Each counts as a call the server
+        ran: past ``tools.max_calls_per_response`` the answer is the loop's "Not run", as for
+        any call, and the next completion may call nothing (`_constraint`)."""
+        cap = self._args.tools.max_calls_per_response
+        for call in calls:
+            unknown.record(turn.response.id, call)
+            if turn.server_calls >= cap:
+                error = over_cap(cap)
+            else:
+                turn.server_calls += 1
+                error = unknown.unknown_tool_error(call.recipient, turn.tools)
+            done.unknown.append((call.after_calls, unknown.answer_tokens(call, error)))
+
     @staticmethod
     def _session(turn: Turn, server: ToolServer) -> ToolSession:
         """The response's session with ``server``, opened at its first call."""
@@ -197,9 +228,10 @@ class ToolLoop:
         ends here: ``stop`` (completed) when the model answered or called a tool the client
         runs in the same completion, a result awaits the client, the model tried a call past
         ``max_tool_calls`` or the rounds are at their bound; ``length`` (incomplete,
-        ``max_output_tokens``) when no output tokens are left (`output_left`)."""
+        ``max_output_tokens``) when no output tokens are left (`output_left`). A round of
+        calls of tools the request does not have alone (`answer_unknown`) goes on the same."""
         translator = turn.translator
-        if done.awaits_client or translator.call_limit.refused or not done.calls:
+        if done.awaits_client or translator.call_limit.refused or not done.answered:
             return "stop"
         cut = after_last_call(completion)
         if cut is None or done.client_called:
@@ -286,14 +318,17 @@ def after_last_call(completion: Sequence[int]) -> int | None:
 
 def _tool_messages(done: Round) -> list[int]:
     """The tools' harmony messages (author: the recipient; the call's channel: commentary, or
-    analysis where gpt-oss calls its own browser and python), in order: rendered when each
-    result was bounded (bounds.py), off the event loop when large."""
-    return [
-        token
-        for result, message in zip(done.results, done.messages, strict=True)
-        if result is not None
-        for token in message
+    analysis where gpt-oss calls its own browser and python), in the model's order: rendered
+    when each result was bounded (bounds.py), off the event loop when large; the answers to
+    calls of tools the request does not have where the model made those calls."""
+    # Each message keyed by how many of the round's calls come before it and itself: the
+    # n-th call's by n, an answer made after n calls by n (a stable sort puts the call first).
+    ran = [
+        (index + 1, message if result is not None else [])
+        for index, (result, message) in enumerate(zip(done.results, done.messages, strict=True))
     ]
+    ordered = sorted([*ran, *done.unknown], key=lambda entry: entry[0])
+    return [token for _, message in ordered for token in message]
 
 
 def client_calls(turn: Turn) -> int:

@@ -16,7 +16,6 @@ from serve_app.engines.base import SERVER_ERROR, GenerateChunk, GenerateRequest
 from serve_app.harmony.render import tool_output_tokens
 from serve_app.protocol.client_tools import OWED_CALL_TYPES
 from serve_app.protocol.errors import RATE_LIMITED, APIError, RateLimited
-from serve_app.protocol.tool_items import tool_items
 from serve_app.routing import metrics as routing_metrics
 from serve_app.serving import metrics
 from serve_app.serving.engine.client import EngineClient
@@ -37,7 +36,7 @@ class _Completion:
     replica: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    # Its token ids (kept only when the service runs tools: a continuation's prompt).
+    # Its token ids (kept when the service has the tool loop: a continuation's prompt).
     token_ids: list[int] = field(default_factory=list)
     # Calls of tools the client runs among the response's items before it.
     client_calls: int = 0
@@ -95,8 +94,9 @@ class EventLoop:
         The first batch (``response.created``) comes once an engine has taken the request, as
         OpenAI's: the engines at capacity before that raise `RateLimited` (the client's 429,
         nothing stored), unless the response was announced already (``turn.announced``).
-        A completion that leaves calls of tools the server runs pending goes on through the
-        tool loop (serve_app/serving/tools/loop.py): the calls run, the next completion
+        A completion that leaves calls of tools the server runs pending, or calls of tools the
+        request does not have unanswered, goes on through the tool loop
+        (serve_app/serving/tools/loop.py): the calls run (or are answered), the next completion
         streams on, until the response ends."""
         try:
             async with contextlib.aclosing(self._batches(turn)) as batches:
@@ -155,12 +155,14 @@ class EventLoop:
                     context_tokens=len(turn.generate.prompt_token_ids) + len(completion.token_ids),
                 )
                 calls = translator.writer.pending_calls  # pending until each is closed
-                scope = CancelScope()
-                async with contextlib.aclosing(
-                    self._tools.run_calls(turn, calls, scope, done)
-                ) as batches:
-                    async for batch in batches:
-                        yield batch
+                if calls:  # else only calls of tools the request does not have: no events
+                    scope = CancelScope()
+                    async with contextlib.aclosing(
+                        self._tools.run_calls(turn, calls, scope, done)
+                    ) as batches:
+                        async for batch in batches:
+                            yield batch
+                self._tools.answer_unknown(turn, translator.unknown_calls.take(), done)
                 following = self._tools.next_completion(turn, completion.token_ids, done)
                 steer = turn.end_at_boundary
                 if not isinstance(following, str) and steer is not None and steer():
@@ -232,11 +234,10 @@ class EventLoop:
         translator = turn.translator
         turn.completions += 1
         completion.client_calls = client_calls(turn)
-        # A continuation's prompt holds the completion's tokens: kept when tools may run.
-        keep_tokens = self._tools is not None and (
-            turn.client_outputs is not None
-            or any(tool_items(spec.kind) is not None for spec in turn.tools.tools)
-        )
+        # A continuation's prompt holds the completion's tokens: kept whenever the loop may
+        # continue, which any request's may (a call of a tool the request does not have is
+        # answered by the loop, whatever tools the request has).
+        keep_tokens = self._tools is not None
         try:
             # Closed on leaving (a steered end breaks out early): that aborts the engine request.
             async with contextlib.aclosing(self._engine_chunks(turn)) as chunks:
@@ -298,9 +299,13 @@ class EventLoop:
             )
 
     def _runs_pending(self, turn: Turn) -> bool:
-        """Calls of server-run tools are pending and this service runs tools (without the
-        loop, the response ends and they close unrun)."""
-        return self._tools is not None and bool(turn.translator.writer.pending_calls)
+        """Calls of server-run tools are pending, or calls of tools the request does not have
+        await their answer, and this service has the tool loop (without it, the response ends:
+        the calls close unrun, the unknown ones unanswered)."""
+        translator = turn.translator
+        return self._tools is not None and bool(
+            translator.writer.pending_calls or translator.unknown_calls.calls
+        )
 
     def _awaits_client(self, turn: Turn) -> bool:
         """The response may wait for the client's outputs (`Turn.client_outputs`), and owes

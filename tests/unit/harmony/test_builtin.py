@@ -229,9 +229,16 @@ def test_a_python_call_streams_its_code() -> None:
     assert final["type"] == "code_interpreter_call" and final["code"] == "print(6 * 7)"
 
 
-def test_without_the_tool_a_browser_recipient_stays_a_function_call() -> None:
+def test_without_the_tool_a_browser_recipient_is_no_item() -> None:
+    """No web_search in the request: `browser.search` is no tool of it, so the call is shown to
+    no one (the tool loop answers it: tests/unit/serving/tools/test_loop.py)."""
     wire = translate([], '<|channel|>analysis to=browser.search code<|message|>{"q":1}<|call|>')
-    assert wire[-2]["item"]["type"] == "function_call"
+    assert [event["type"] for event in wire] == [
+        "response.created",
+        "response.in_progress",
+        "response.completed",
+    ]
+    assert wire[-1]["response"]["output"] == []
 
 
 def test_a_tool_served_without_is_one_line_after_the_identity_said_once() -> None:

@@ -10,7 +10,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from serve_app.harmony.encoding import get_encoding
-from serve_app.harmony.items import CallLimit
+from serve_app.harmony.items import CallLimit, UnknownCall
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol.requests import ResponsesRequest
@@ -97,3 +97,24 @@ def test_call_limit_counts_calls_over_completions() -> None:
     assert limit.refuses(2, "functions.x") and limit.exhausted(2)
     unbounded = CallLimit(None)
     assert not unbounded.refuses(10**6, "functions.x") and not unbounded.exhausted(10**6)
+
+
+def test_an_unknown_call_after_a_server_run_call_is_kept_after_it() -> None:
+    """No item for a recipient the request has no tool of; the call is kept with its place
+    among the completion's server-run calls (the tool loop answers in the model's order)."""
+    translate = translator()
+    events = dumped(
+        translate.feed(
+            tokens(
+                f"{CALL_A}<|start|>assistant<|channel|>commentary to=functions.gone"
+                ' <|constrain|>json<|message|>{"x":1}<|call|>'
+            )
+        )
+    )
+    added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
+    assert added == ["mcp_call"]
+    assert len(translate.writer.pending_calls) == 1
+    assert translate.unknown_calls.calls == [UnknownCall("functions.gone", "commentary", 1)]
+    assert translate.writer.tool_calls == 2
+    translate.begin_completion()  # the next completion: the last one's are gone
+    assert translate.unknown_calls.calls == []

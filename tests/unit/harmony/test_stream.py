@@ -27,6 +27,7 @@ from pydantic import TypeAdapter
 
 from serve_app.engines.base import TokenLogprob
 from serve_app.harmony.encoding import CALL_TOKEN, END_TOKEN, RETURN_TOKEN, get_encoding
+from serve_app.harmony.items import UnknownCall
 from serve_app.harmony.reasoning_vault import ReasoningVault
 from serve_app.harmony.stream import ResponseStreamTranslator
 from serve_app.harmony.tools import ToolRegistry
@@ -536,12 +537,71 @@ def test_preamble_is_a_commentary_message() -> None:
     ]
 
 
-def test_unknown_recipient_becomes_a_function_call_by_bare_name() -> None:
-    # (`browser.search` is gpt-oss's browser here: the request offers web_search.)
-    ids = tokens('<|channel|>analysis to=repo_browser.search code<|message|>{"q":"x"}<|call|>')
-    run = drive(ids)
-    assert kinds(run) == [("function_call:search", '{"q":"x"}')]
-    assert "namespace" not in run.items()[0]
+UNKNOWN_CALL = (
+    "<|channel|>analysis<|message|>Search the repo.<|end|>"
+    '<|start|>assistant<|channel|>analysis to=repo_browser.search code<|message|>{"q":"x"}<|call|>'
+)
+
+
+@pytest.mark.parametrize("sizes", CHUNK_SIZES, ids=str)
+def test_an_unknown_recipient_opens_no_item_and_is_kept_for_the_tool_loop(
+    sizes: tuple[int, ...],
+) -> None:
+    """gpt-oss's invented `repo_browser.search` (no tool of the request): no item, no event of
+    it, nothing the client must answer; the call is kept for the tool loop to answer."""
+    run = drive(tokens(UNKNOWN_CALL), sizes=sizes)
+    assert kinds(run) == [("reasoning", "Search the repo.")]
+    added = [event["item"]["type"] for event in run.of_type("response.output_item.added")]
+    assert added == ["reasoning"]
+    assert "repo_browser" not in json.dumps(run.wire)
+    assert run.translator.unknown_calls.calls == [UnknownCall("repo_browser.search", "analysis", 0)]
+    # A call all the same: it counts toward max_tool_calls.
+    assert run.translator.writer.tool_calls == 1
+
+
+def test_an_undeclared_function_is_an_unknown_call_by_its_recipient() -> None:
+    run = drive(
+        tokens(
+            '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"c":1}'
+            "<|call|>"
+        )
+    )
+    assert run.items() == [] and run.of_type("response.output_item.added") == []
+    assert run.translator.unknown_calls.take() == [
+        UnknownCall("functions.get_weather", "commentary", 0)
+    ]
+    assert run.translator.unknown_calls.calls == []  # taken: the loop's to answer
+
+
+def test_a_header_only_unknown_call_is_kept_and_a_cut_short_one_is_not() -> None:
+    salvaged = drive(tokens("<|channel|>commentary to=functions.nothing<|call|>"))
+    assert salvaged.items() == []
+    assert salvaged.translator.unknown_calls.calls == [
+        UnknownCall("functions.nothing", "commentary", 0)
+    ]
+    # Cut by max_output_tokens: not a call the model made (the response ends incomplete).
+    cut = drive(tokens('<|channel|>commentary to=functions.nothing<|message|>{"a"'), "length")
+    assert cut.items() == [] and cut.translator.unknown_calls.calls == []
+    assert cut.translator.writer.tool_calls == 0
+
+
+def test_a_recipient_whose_bare_name_is_a_declared_tool_stays_that_tools_call() -> None:
+    """`ToolRegistry.resolve` tolerates the model's slips: a wrong namespace before a declared
+    function's name is still that function's call, as before."""
+    run = drive(tokens('<|channel|>commentary to=repo.exec_command<|message|>{"cmd":"ls"}<|call|>'))
+    assert kinds(run) == [("function_call:exec_command", '{"cmd":"ls"}')]
+    assert run.translator.unknown_calls.calls == []
+
+
+def test_an_unknown_call_counts_toward_max_tool_calls() -> None:
+    ids = tokens(
+        "<|channel|>commentary to=functions.nothing <|constrain|>json<|message|>{}<|call|>"
+        '<|start|>assistant<|channel|>commentary to=functions.exec_command<|message|>{"cmd":"ls"}'
+        "<|call|>"
+    )
+    run = drive(ids, max_tool_calls=1)
+    assert run.items() == [] and run.translator.tool_calls_exhausted
+    assert [call.recipient for call in run.translator.unknown_calls.calls] == ["functions.nothing"]
 
 
 # --- terminal events -----------------------------------------------------------------------

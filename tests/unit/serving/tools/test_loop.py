@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import random
 import time
 from collections.abc import AsyncIterator
@@ -19,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from openai import AsyncOpenAI
 from openai.types.responses import ResponseStreamEvent
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import TypeAdapter
 
 from serve_app.config import AppArgs
@@ -49,6 +52,12 @@ def call(text: str) -> dict[str, Any]:
     }
 
 
+def undeclared(name: str) -> dict[str, Any]:
+    """A scripted call of a function no request here declares (``to=functions.NAME``)."""
+    return {"function_call": {"name": name, "arguments": {"secret": "ARGS-NEVER-LOGGED"}}}
+
+
+REPO_SEARCH = {"builtin_call": {"to": "repo_browser.search", "input": {"query": "loop"}}}
 MANY = [f"c{i}" for i in range(5)]
 SCRIPT = {
     "turns": [
@@ -72,6 +81,17 @@ SCRIPT = {
         {"match": "not passed on", "items": [{"text": "It was too large."}]},
         {"match": "BIG-ONE", "items": [call("big")]},
         {"match": "BIG-TWO", "items": [call("big1"), call("big2")]},
+        # Calls of tools the request does not have: answered by the server, never shown.
+        {"match": 'named "repo_browser.search"', "items": [{"text": "No repo browser here."}]},
+        {"match": "UNKNOWN-ONE", "items": [{"reasoning": "Search the repo."}, REPO_SEARCH]},
+        {"match": 'named "functions.nowhere"', "items": [undeclared("nowhere")]},
+        {"match": "UNKNOWN-REPEAT", "items": [undeclared("nowhere")]},
+        {"match": "echo: u2", "items": [{"text": "Two ran, one was no tool."}]},
+        {"match": "UNKNOWN-BESIDE", "items": [call("u1"), undeclared("gone"), call("u2")]},
+        {"match": "Not run", "items": [{"text": "The second was not run."}]},
+        {"match": "UNKNOWN-TWO", "items": [undeclared("one"), undeclared("two")]},
+        {"match": 'named "functions.first"', "items": [{"text": "Answered after the limit."}]},
+        {"match": "UNKNOWN-FIRST", "items": [undeclared("first"), call("late")]},
     ]
 }  # fmt: skip
 
@@ -612,3 +632,109 @@ async def test_large_tool_messages_render_off_the_event_loop(tmp_path: Path) -> 
         loop_cpu = time.thread_time() - before
     assert [item["status"] for item in response["output"][:2]] == ["failed", "failed"]
     assert loop_cpu < 0.07, loop_cpu
+
+
+# --- calls of tools the request does not have ---------------------------------------------------
+
+
+async def unknown_count(app: LoopApp) -> float:
+    """``serve_app_unknown_tool_calls_total``, from the app's own /metrics."""
+    page = (await app.http.get("/metrics")).text
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == "serve_app_unknown_tool_calls_total":
+                return sample.value
+    return 0.0
+
+
+async def test_an_unknown_call_is_answered_in_the_response_and_never_shown(
+    tmp_path: Path,
+) -> None:
+    """gpt-oss calls ``repo_browser.search`` (no tool of the request, which has only a client
+    function and no tool the server runs): no item for it; the server answers as that
+    recipient, the model reads why and answers, in the same response."""
+    async with loop_app(tmp_path, runners=ToolRunners()) as app:
+        before = await unknown_count(app)
+        events = await app.stream(input="UNKNOWN-ONE", tools=[WEATHER_TOOL])
+        message = tool_message(app)
+        plain = await app.sdk.responses.create(
+            model=MODEL,
+            input="UNKNOWN-ONE",
+            tools=[WEATHER_TOOL],
+        )
+        counted = await unknown_count(app) - before
+    response = final(events)
+    assert response["status"] == "completed"
+    assert types_of(response) == ["reasoning", "message"]
+    assert response["output"][-1]["content"][0]["text"] == "No repo browser here."
+    assert "repo_browser" not in json.dumps(events)  # no event names it
+    # (On analysis, harmony writes the answer's recipient in the role header, as for the
+    # browser's answers: the same rendering, tool_messages.py.)
+    assert message == (
+        "<|start|>repo_browser.search to=assistant<|channel|>analysis<|message|>"
+        'Error: No tool named "repo_browser.search" is available. '
+        "Available tools: functions.get_weather.<|end|><|start|>assistant"
+    )
+    # The call stays in the continuation's prompt, before its answer.
+    first, second = app.engine.requests[-4:-2]
+    head = [*first.prompt_token_ids, *app.engine.outputs[-4]]
+    assert second.prompt_token_ids[: len(head)] == head
+    assert "to=repo_browser.search code<|message|>" in decode(app.engine.outputs[-4])
+    # Non-streaming: the same.
+    assert [item.type for item in plain.output] == ["reasoning", "message"]
+    assert plain.output_text == "No repo browser here."
+    assert counted == 2
+
+
+async def test_unknown_calls_again_and_again_are_held_to_the_rounds_bound(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model that calls an undeclared function after every answer ends as a loop at its
+    rounds' bound ends: ``completed``, after the last round. Each call is logged with the
+    response and the recipient, never its arguments."""
+    with caplog.at_level(logging.INFO, logger="serve_app.serving.tools.unknown"):
+        async with loop_app(tmp_path, max_rounds=3) as app:
+            response = final(await app.stream(input="UNKNOWN-REPEAT"))
+    assert len(app.engine.requests) == 3
+    assert response["status"] == "completed" and response["output"] == []
+    lines = [r.getMessage() for r in caplog.records if r.name == "serve_app.serving.tools.unknown"]
+    assert len(lines) == 3
+    assert all(response["id"] in line and "functions.nowhere" in line for line in lines)
+    assert not any("ARGS-NEVER-LOGGED" in line for line in lines)
+
+
+async def test_unknown_answers_take_the_models_place_among_server_calls(tmp_path: Path) -> None:
+    async with loop_app(tmp_path) as app:
+        response = final(await app.stream(input="UNKNOWN-BESIDE"))
+    assert types_of(response) == ["mcp_call", "mcp_call", "message"]
+    assert [item["output"] for item in response["output"][:2]] == ["echo: u1", "echo: u2"]
+    message = tool_message(app)
+    places = [message.index(text) for text in ("echo: u1", '"functions.gone"', "echo: u2")]
+    assert places == sorted(places)
+    assert "<|start|>functions.gone<|channel|>commentary to=assistant" in message
+    assert "Available tools: testtools.echo." in message
+
+
+async def test_unknown_calls_count_toward_the_servers_calls_per_response(tmp_path: Path) -> None:
+    args = tools_args(max_calls_per_response=1)
+    async with loop_app(tmp_path, args=args) as app:
+        response = final(await app.stream(input="UNKNOWN-TWO"))
+    assert types_of(response) == ["message"]
+    assert response["output"][0]["content"][0]["text"] == "The second was not run."
+    message = tool_message(app)
+    assert 'No tool named "functions.one"' in message
+    assert "<|start|>functions.two<|channel|>commentary to=assistant<|message|>Error: Not run" in (
+        message
+    )
+    last = app.engine.requests[-1].constraint
+    assert last is not None and last.tool_calls == ()  # no call after the bound
+
+
+async def test_an_unknown_call_counts_toward_max_tool_calls(tmp_path: Path) -> None:
+    async with loop_app(tmp_path) as app:
+        response = final(await app.stream(input="UNKNOWN-FIRST", max_tool_calls=1))
+    assert types_of(response) == ["message"]
+    assert response["output"][0]["content"][0]["text"] == "Answered after the limit."
+    assert app.runner.started == []  # the call after it was past the limit: never run
+    last = app.engine.requests[-1].constraint
+    assert last is not None and last.tool_calls == ()
