@@ -115,7 +115,8 @@ def test_stored_responses_continue_on_a_new_socket_and_over_http(client) -> None
 
 def test_plain_websocket_client_gets_sse_events_as_json_messages(app_url: str) -> None:
     with connect(socket_url(app_url), additional_headers=AUTH) as socket:
-        socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "SDK-TOOL"}))
+        create = {"type": "response.create", "model": MODEL, "input": "SDK-TOOL"}
+        socket.send(json.dumps({**create, "tools": [WEATHER_TOOL]}))
         events = []
         while not events or events[-1]["type"] not in TERMINAL:
             events.append(json.loads(socket.recv(timeout=30)))
