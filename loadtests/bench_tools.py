@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -152,7 +153,10 @@ def serve_app(port: int, options: argparse.Namespace) -> None:
 
 def start(command: list[str], ready_url: str) -> subprocess.Popen:
     """A child process of this script, once ``ready_url`` answers (any HTTP status)."""
-    process = subprocess.Popen([sys.executable, __file__, *command])
+    # A session of its own: `stop` ends it with whatever it started (the app's render-pool
+    # workers, multiprocessing's resource tracker), which would otherwise outlive it holding
+    # this script's stdout, so that a caller reading it to the end waited for them.
+    process = subprocess.Popen([sys.executable, __file__, *command], start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -169,12 +173,19 @@ def start(command: list[str], ready_url: str) -> subprocess.Popen:
 
 
 def stop(process: subprocess.Popen) -> None:
-    process.terminate()
+    """Ends a child of `start` and every process of its session."""
+    _signal_session(process, signal.SIGTERM)
     try:
         process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    _signal_session(process, signal.SIGKILL)  # what it started and left behind
+
+
+def _signal_session(process: subprocess.Popen, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signum)
 
 
 def cpu_by_role(pids: dict[str, list[int]]) -> dict[str, float]:

@@ -152,7 +152,10 @@ class RenderPool:
                 # mid-flight. Spawn starts each worker from a fresh interpreter.
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start_worker,
-                initargs=(self._args, self._vault, self._render),
+                # The replica's pid, read here: a worker that asked for its parent's once
+                # started would get init's (1) if the replica died while it started, and wait
+                # for a parent that is already gone.
+                initargs=(self._args, self._vault, self._render, os.getpid()),
             )
         return self._executor
 
@@ -176,20 +179,20 @@ def text_size(context: Context, limit: int) -> int:
     return total
 
 
-def _start_worker(args: AppArgs, vault: ReasoningVault, render: RenderFn) -> None:
+def _start_worker(args: AppArgs, vault: ReasoningVault, render: RenderFn, parent: int) -> None:
     global _worker
     _worker = (args, vault, render)
     # Below the replica's own threads: on a busy machine the streams' event loop gets the CPU
     # before a render does (a render is throughput, a stream's next token is latency).
     os.nice(10)
-    get_encoding()  # loaded once per worker, before its first job
-    parent = os.getppid()
     threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+    get_encoding()  # loaded once per worker, before its first job
 
 
 def _exit_with(parent: int) -> None:
     """A worker outlives no replica: a replica killed (not shut down) leaves its workers
-    waiting for jobs that never come; each checks every second that its parent is there."""
+    waiting for jobs that never come; each checks every second that its parent (``parent``,
+    the replica's pid) is still its parent, from before it loads anything."""
     while os.getppid() == parent:
         time.sleep(1.0)
     os._exit(0)

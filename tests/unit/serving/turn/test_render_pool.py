@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -277,3 +279,74 @@ async def test_one_owner_may_queue_only_so_much_text(tmp_path: Path) -> None:
     assert "max_render_chars_per_owner" in error["message"]
     assert again.status_code == 200
     assert alone.status_code == 200
+
+
+# A replica that starts its pool and dies at once (SIGKILL: no shutdown), before its worker has
+# loaded harmony's encoding: the worker must end on its own.
+_DYING_REPLICA = """
+import os, sys
+from serve_app.config import AppArgs, Limits
+from serve_app.harmony.reasoning_vault import ReasoningVault
+from serve_app.serving.turn.render_pool import RenderPool
+from serve_app.serving.turn.rendering import render_token_ids
+
+pool = RenderPool(AppArgs(limits=Limits(render_workers=1)), ReasoningVault("k"), render_token_ids)
+pool.warm()
+print(os.getpid(), flush=True)
+sys.stdin.read()
+"""
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.2, 0.5, 1.0, 3.0])
+def test_a_worker_outlives_no_replica_killed_while_it_starts(delay_s: float) -> None:
+    """Each delay kills the replica at another point of its worker's start (spawning, importing,
+    loading the encoding, started): the worker is gone within a few seconds of it every time."""
+    replica = subprocess.Popen(
+        [sys.executable, "-c", _DYING_REPLICA],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert replica.stdout is not None
+        replica.stdout.readline()
+        workers: list[int] = []
+        deadline = time.monotonic() + 30
+        while not workers and time.monotonic() < deadline:
+            # The resource tracker is a child too; the spawned worker is the one to watch.
+            workers = [
+                pid
+                for pid in _children(replica.pid)
+                if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+            ]
+            time.sleep(0.02)
+        assert workers, "the pool spawned no worker"
+        time.sleep(delay_s)
+    finally:
+        replica.kill()
+        replica.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers), f"worker {workers} outlived its replica"
