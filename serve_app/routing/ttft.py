@@ -74,10 +74,21 @@ DEFAULT_KV_LOAD_TOKENS_PER_S = 500_000.0
 
 @dataclass
 class _Backlog:
-    """A replica's queued uncached prefill tokens as of ``at``."""
+    """A replica's queued uncached prefill tokens as of ``at``, drained in place by each
+    prediction; and as of ``settled_at`` as `TTFTPredictor.update` derives them (from the report
+    or pushed load, then each turn sent since, drained only to that turn's time). A delivery
+    starts again from the settled figures (``delivery``: the one ``tokens`` is of), as it did
+    when every delivery derived every backlog again (and so to the same bit: a drain in two
+    steps can differ from one in the last bit)."""
 
     tokens: float
     at: float
+    delivery: int = 0
+    settled_tokens: float = field(init=False)
+    settled_at: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.settled_tokens, self.settled_at = self.tokens, self.at
 
 
 @dataclass(frozen=True)
@@ -116,11 +127,11 @@ class TTFTPredictor:
     _reports: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # the latest each
     # The latest load each replica pushed (`pushed`), kept while newer than its report.
     _pushes: dict[str, Mapping[str, Any]] = field(default_factory=dict)
-    # The replicas whose queue changed in place since the last `update` (drained to a
-    # prediction's time, a turn sent, a push): `update` derives them again, as it derives
-    # every queue from the reports, pushes and turns sent (the same arithmetic in the same
-    # order, so the same figures to the last bit).
-    _touched: set[str] = field(default_factory=set)
+    # The replicas whose backlog changed since the last `update` otherwise than by a turn sent
+    # (a push, a turn sent again elsewhere, a prediction of a replica with none): the next
+    # derives it again.
+    _unsettled: set[str] = field(default_factory=set)
+    _deliveries: int = 0  # `update`s so far (`_Backlog.delivery`)
 
     def update(self, reports: Mapping[str, Mapping[str, Any]]) -> None:
         """The replicas' latest routing-stats reports. A replica listed without one (Serve
@@ -131,20 +142,22 @@ class TTFTPredictor:
         Serve delivers every replica's stats whenever one changed (up to ten times a second),
         so only what changed is derived again (as `DirectoryMerger` merges): a report is known
         by its ``reported_at`` (the same again is the same report), and a replica's state is
-        derived again when it reported anew or went, or its queue changed in place since (a
-        prediction drained it, a turn was sent or a push taken there), or a turn sent there
-        expired, or its rate is the others' mean (which any report may move). The others keep
-        theirs: what deriving it again would give. A delivery so costs a look at each listed
-        replica's ``reported_at`` and rate, and the work of the replicas that changed."""
+        derived again when it reported anew or went, a push was taken or a turn sent there
+        expired or was sent again elsewhere, or its rate is the others' mean (which any report
+        may move). The others keep theirs, what deriving it again would give: each backlog
+        keeps its settled figures as a turn is sent, and a prediction drains a copy
+        (`_Backlog`). A delivery so costs a look at each listed replica's ``reported_at`` and
+        rate, and the work of the replicas that changed."""
+        self._deliveries += 1  # every backlog starts again from its settled figures
         previous = self._reports
-        self._reports = latest = _latest_reports(previous, reports)
-        new = [replica for replica, stats in latest.items() if previous.get(replica) is not stats]
+        self._reports = latest = {}
+        new = _latest_reports(previous, self._reported_at, reports, latest)
         gone = [replica for replica in previous if replica not in latest]
         for replica in new:
             self._take_report(replica, latest[replica])
         for replica in gone:
             self._forget(replica)
-        stale = self._touched | set(new) | set(gone) | self._expire_sent()
+        stale = self._unsettled | set(new) | set(gone) | self._expire_sent()
         self._pushes = {
             replica: load
             for replica, load in self._pushes.items()
@@ -156,7 +169,7 @@ class TTFTPredictor:
         # A turn sent to a replica without a rate of its own drained at the others' mean.
         stale.update(replica for replica in self._sent if not self._rated(replica))
         self._settle(stale)
-        self._touched = set()
+        self._unsettled = set()
 
     def _take_report(self, replica: str, stats: Mapping[str, Any]) -> None:
         """What a replica's new report says, but its queue (`_settle`)."""
@@ -215,8 +228,8 @@ class TTFTPredictor:
             stats = self._reports.get(replica)
             if stats is not None:
                 reported_at = stats[REPORTED_AT_KEY]
-                self._backlogs[replica] = _Backlog(float(stats[QUEUED_KEY]), reported_at)
-                self._ahead[replica] = _ahead_backlogs(stats, reported_at)
+                self._backlogs[replica] = self._new_backlog(float(stats[QUEUED_KEY]), reported_at)
+                self._ahead[replica] = self._ahead_backlogs(stats, reported_at)
         for replica, load in self._pushes.items():
             if load.get(RATE_KEY):
                 self._rates[replica] = float(load[RATE_KEY])
@@ -243,7 +256,9 @@ class TTFTPredictor:
             return False
         self._pushes[replica] = load
         self._apply_push(replica, load)
-        self._touched.add(replica)
+        # Its rate may be an earlier push's, where the next delivery takes this one's or the
+        # report's: derived again then.
+        self._unsettled.add(replica)
         return True
 
     def _apply_push(self, replica: str, load: Mapping[str, Any]) -> None:
@@ -251,8 +266,8 @@ class TTFTPredictor:
         at = load[REPORTED_AT_KEY]
         if load.get(RATE_KEY):
             self._rates[replica] = float(load[RATE_KEY])
-        self._backlogs[replica] = _Backlog(float(load[QUEUED_KEY]), at)
-        self._ahead[replica] = _ahead_backlogs(load, at)
+        self._backlogs[replica] = self._new_backlog(float(load[QUEUED_KEY]), at)
+        self._ahead[replica] = self._ahead_backlogs(load, at)
         for sent in self._sent.get(replica, ()):
             if sent.at > at:
                 self._add(sent)
@@ -377,12 +392,15 @@ class TTFTPredictor:
                 self._sent[earlier.replica].remove(earlier)
                 for backlog in self._backlogs_holding(earlier, now):
                     backlog.tokens = max(0.0, backlog.tokens - earlier.uncached_tokens)
-                self._touched.add(earlier.replica)
+                self._unsettled.add(earlier.replica)  # settled as if it was never sent
         uncached = self.uncached(replica, key, prompt_tokens)
         conversation = stable_hash(key)
         sent = _Sent(replica, conversation, prompt_tokens, uncached, now, request_id, priority)
         self._add(sent)
         self._sent.setdefault(replica, []).append(sent)
+        if self._pushes.get(replica, {}).get(REPORTED_AT_KEY, float("-inf")) >= now:
+            # A push made since counts it (`_apply_push`): the next delivery leaves it out.
+            self._unsettled.add(replica)
 
     def _sent_as(self, request_id: str) -> list[_Sent]:
         return [
@@ -392,9 +410,14 @@ class TTFTPredictor:
     def _add(self, sent: _Sent) -> None:
         """A turn sent counts in its replica's backlog and in the queue ahead of every rank at
         or after its own (the engine serves it before them; ranks order the deadlines)."""
+        rate = self.rate(sent.replica)
         for backlog in self._backlogs_holding(sent, sent.at):
             backlog.tokens += sent.uncached_tokens
-        self._touched.add(sent.replica)
+            if sent.at > backlog.settled_at:  # as `_drained` drains
+                drained = backlog.settled_tokens - rate * (sent.at - backlog.settled_at)
+                backlog.settled_tokens = max(0.0, drained)
+                backlog.settled_at = sent.at
+            backlog.settled_tokens += sent.uncached_tokens
 
     def _backlogs_holding(self, sent: _Sent, now: float) -> list[_Backlog]:
         ahead = self._ahead.get(sent.replica, {})
@@ -414,41 +437,57 @@ class TTFTPredictor:
         """The replica's backlog drained to ``now`` at its rate."""
         backlog = self._backlogs.get(replica)
         if backlog is None:
-            backlog = self._backlogs[replica] = _Backlog(0.0, now)
-            self._touched.add(replica)
+            backlog = self._backlogs[replica] = self._new_backlog(0.0, now)
+            self._unsettled.add(replica)  # derived again: from the turns sent there, if any
         return self._drained(replica, backlog, now)
 
     def _drained(self, replica: str, backlog: _Backlog, now: float) -> _Backlog:
         """``backlog`` drained to ``now`` at the replica's rate (the queue ahead of a rank too:
         the engine works through it first)."""
+        if backlog.delivery != self._deliveries:  # the first drain since a delivery
+            backlog.tokens, backlog.at = backlog.settled_tokens, backlog.settled_at
+            backlog.delivery = self._deliveries
         if now > backlog.at:
             backlog.tokens = max(0.0, backlog.tokens - self.rate(replica) * (now - backlog.at))
             backlog.at = now
-            self._touched.add(replica)
         return backlog
+
+    def _new_backlog(self, tokens: float, at: float) -> _Backlog:
+        return _Backlog(tokens, at, self._deliveries)
+
+    def _ahead_backlogs(self, stats: Mapping[str, Any], at: float) -> dict[int, _Backlog]:
+        """The queue ahead of each rank in a replica's report or pushed load (none: an older
+        replica, or one that has seen no request)."""
+        ahead = stats.get(QUEUED_AHEAD_KEY) or {}
+        return {int(rank): self._new_backlog(float(tokens), at) for rank, tokens in ahead.items()}
 
 
 def _latest_reports(
-    known: Mapping[str, Mapping[str, Any]], reports: Mapping[str, Mapping[str, Any]]
-) -> dict[str, Mapping[str, Any]]:
-    """Each listed replica's latest report: the one delivered if newer than the one known,
-    else the known (the very object: a report is known by its ``reported_at``). In the order
-    listed, the replicas first known now last (the order the others' mean rate is summed in)."""
-    latest = {replica: known[replica] for replica in reports if replica in known}
+    known: Mapping[str, Mapping[str, Any]],
+    known_at: Mapping[str, float],
+    reports: Mapping[str, Mapping[str, Any]],
+    latest: dict[str, Mapping[str, Any]],
+) -> list[str]:
+    """Fills ``latest`` with each listed replica's latest report: the one delivered if newer
+    than the one ``known`` (made at ``known_at``, as read: a report is known by its
+    ``reported_at``), else the known, in the order listed, the replicas first known now last
+    (the order the rates are summed in, for their mean). The replicas whose report is new."""
+    renewed: list[str] = []
+    first: dict[str, Mapping[str, Any]] = {}
     for replica, stats in reports.items():
+        before = known.get(replica)
         reported_at = stats.get(REPORTED_AT_KEY)
-        if reported_at is None or QUEUED_KEY not in stats:
-            continue
-        if reported_at > latest.get(replica, {}).get(REPORTED_AT_KEY, float("-inf")):
+        readable = reported_at is not None and QUEUED_KEY in stats
+        if before is None:
+            if readable:
+                first[replica] = stats
+        elif readable and reported_at > known_at[replica]:
             latest[replica] = stats
-    return latest
-
-
-def _ahead_backlogs(stats: Mapping[str, Any], at: float) -> dict[int, _Backlog]:
-    """The queue ahead of each rank in a replica's report or pushed load (none: an older
-    replica, or one that has seen no request)."""
-    ahead = stats.get(QUEUED_AHEAD_KEY) or {}
-    return {int(rank): _Backlog(float(tokens), at) for rank, tokens in ahead.items()}
+            renewed.append(replica)
+        else:
+            latest[replica] = before
+    latest.update(first)
+    return [*renewed, *first]
 
 
 def choose_fastest(

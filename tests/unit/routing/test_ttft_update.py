@@ -9,7 +9,7 @@ object or as a copy, as Serve unpickles it)."""
 
 from __future__ import annotations
 
-import copy
+import pickle
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -313,30 +313,27 @@ class Clock:
         return self.now
 
 
-def _maybe(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    return st.one_of(st.none(), strategy)
-
-
-# Slow rates too: a queue that outlasts MAX_UNREPORTED_S.
-rates = st.one_of(st.none(), st.just(0.0), st.floats(100, 50_000))
-queues_ahead = _maybe(st.dictionaries(st.sampled_from(RANKS), st.floats(0, 20_000), max_size=3))
+# Slow rates too: a queue that outlasts MAX_UNREPORTED_S. 0: not measured yet.
+rates = st.one_of(st.just(0.0), st.floats(100, 50_000))
+queues_ahead = st.dictionaries(st.sampled_from(RANKS), st.floats(0, 20_000), max_size=3)
 held = st.dictionaries(st.sampled_from(CONVERSATIONS), st.integers(0, 9_000), max_size=3)
-
-
-@st.composite
-def report_contents(draw: st.DrawFn) -> dict[str, Any]:
-    """What a replica's report says, but when it was made; None: the key is left out."""
-    contents = {
-        QUEUED_KEY: draw(st.floats(0, 20_000)),
-        QUEUED_AHEAD_KEY: draw(queues_ahead),
-        RATE_KEY: draw(rates),
-        HELD_KEY: draw(_maybe(held)),
-        CPU_HELD_KEY: draw(_maybe(held)),
-        KV_LOAD_RATE_KEY: draw(_maybe(st.floats(10_000, 1_000_000))),
-        SHARED_KEY: draw(_maybe(st.integers(0, 5_000))),
-        KV_EVENTS_KEY: draw(_maybe(st.builds(lambda n: {"BlockRemoved": n}, st.integers(0, 4)))),
-    }
-    return {key: value for key, value in contents.items() if value is not None}
+# What a replica's report says, but when it was made.
+report_contents = st.fixed_dictionaries(
+    {QUEUED_KEY: st.floats(0, 20_000)},
+    optional={
+        QUEUED_AHEAD_KEY: queues_ahead,
+        RATE_KEY: rates,
+        HELD_KEY: held,
+        CPU_HELD_KEY: held,
+        KV_LOAD_RATE_KEY: st.floats(10_000, 1_000_000),
+        SHARED_KEY: st.integers(0, 5_000),
+        KV_EVENTS_KEY: st.builds(lambda n: {"BlockRemoved": n}, st.integers(0, 4)),
+    },
+)
+# A replica's pushed load (`ReplicaReporter.load`), but when it was made.
+loads = st.fixed_dictionaries(
+    {QUEUED_KEY: st.floats(0, 20_000)}, optional={QUEUED_AHEAD_KEY: queues_ahead, RATE_KEY: rates}
+)
 
 
 @st.composite
@@ -351,7 +348,7 @@ def delivery(draw: st.DrawFn, now: float, made: dict[str, list[dict[str, Any]]])
         if action == "new" or (action in ("same", "copy", "older") and not earlier):
             at = now + draw(st.floats(-3, 0.5))
             known = [report for report in earlier if report[REPORTED_AT_KEY] == at]
-            report = known[0] if known else {**draw(report_contents()), REPORTED_AT_KEY: at}
+            report = known[0] if known else {**draw(report_contents), REPORTED_AT_KEY: at}
             earlier.append(report)
             reports[replica] = report
         elif action == "same":
@@ -378,13 +375,8 @@ def steps(draw: st.DrawFn) -> list[Step]:
         if kind == "update":
             drawn.append(draw(delivery(now, made)))
         elif kind == "push":  # as `ReplicaReporter.load`: older than the report, or newer
-            load = {
-                REPORTED_AT_KEY: now + draw(st.floats(-3, 0.5)),
-                QUEUED_KEY: draw(st.floats(0, 20_000)),
-                QUEUED_AHEAD_KEY: draw(queues_ahead),
-                RATE_KEY: draw(rates),
-            }
-            drawn.append(("push", replica, {k: v for k, v in load.items() if v is not None}))
+            load = {**draw(loads), REPORTED_AT_KEY: now + draw(st.floats(-3, 0.5))}
+            drawn.append(("push", replica, load))
         elif kind == "send":
             turn = (draw(st.sampled_from(KEYS)), draw(st.integers(1, 12_000)))
             rank = draw(st.sampled_from([None, *RANKS]))
@@ -428,7 +420,7 @@ def _take(step: Step, predictor: Predictor) -> Any:
 def _seen(predictor: Predictor) -> list[Any]:
     """What a placement reads of every replica, the predictions of a copy: a prediction drains
     the queues it reads, and these are not to (the "look" steps do)."""
-    probe = copy.deepcopy(predictor)
+    probe = _copy(predictor)
     return [
         (
             replica,
@@ -436,11 +428,15 @@ def _seen(predictor: Predictor) -> list[Any]:
             predictor.load_rate(replica),
             predictor.shared(replica),
             predictor.evicting(replica),
-            [predictor.uncached(replica, key, tokens) for key in KEYS for tokens in (1, 4_000)],
+            [predictor.uncached(replica, key, 4_000) for key in KEYS],
             [probe.predict(replica, "a", 4_000, rank) for rank in (None, *RANKS)],
         )
         for replica in (*REPLICAS, UNKNOWN)
     ]
+
+
+def _copy(predictor: Predictor) -> Predictor:
+    return pickle.loads(pickle.dumps(predictor))  # what copy.deepcopy does, a few times faster
 
 
 @settings(deadline=None)  # a loaded shared machine: time is not what is tested
@@ -457,3 +453,22 @@ def test_deriving_only_what_changed_predicts_as_deriving_everything(
         assert _take(step, incremental) == _take(step, reference), step
         assert _seen(incremental) == _seen(reference), step
         assert incremental._pushes == reference._pushes
+
+
+def _stats(reported_at: float, queued: float, rate: float) -> dict[str, Any]:
+    return {REPORTED_AT_KEY: reported_at, QUEUED_KEY: queued, RATE_KEY: rate}
+
+
+def test_a_report_is_known_by_when_it_was_made() -> None:
+    """The same ``reported_at`` again is the report already read, whatever it says (as
+    `DirectoryMerger` reads them: Serve hands every replica's stats on every delivery); a later
+    one is read, even in the very mapping of the earlier."""
+    clock = Clock()
+    predictor = TTFTPredictor(clock=clock)
+    report = _stats(clock.now, queued=4_000, rate=4_000)
+    predictor.update({"r0": report})
+    predictor.update({"r0": {**report, QUEUED_KEY: 8_000}})
+    assert predictor.predict("r0", "a", 1) == (4_000 + 1) / 4_000
+    report.update(_stats(clock.now + 0.5, queued=2_000, rate=2_000))
+    predictor.update({"r0": report})
+    assert predictor.predict("r0", "a", 1) == (2_000 + 1) / 2_000
