@@ -128,8 +128,8 @@ class TTFTPredictor:
     # The latest load each replica pushed (`pushed`), kept while newer than its report.
     _pushes: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     # The replicas whose backlog changed since the last `update` otherwise than by a turn sent
-    # (a push, a turn sent again elsewhere, a prediction of a replica with none): the next
-    # derives it again.
+    # (a push, a turn sent again elsewhere or no later than the replica's push, a prediction of
+    # a replica with none): the next derives it again.
     _unsettled: set[str] = field(default_factory=set)
     _deliveries: int = 0  # `update`s so far (`_Backlog.delivery`)
 
@@ -163,6 +163,7 @@ class TTFTPredictor:
             for replica, load in self._pushes.items()
             if load[REPORTED_AT_KEY] > self._reported_at.get(replica, float("inf"))
         }
+        # In the order of ``latest``: the others' mean sums them in it (the same to the bit).
         self._rates = {
             r: float(stats[RATE_KEY]) for r, stats in latest.items() if stats.get(RATE_KEY)
         }
