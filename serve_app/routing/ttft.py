@@ -74,10 +74,21 @@ DEFAULT_KV_LOAD_TOKENS_PER_S = 500_000.0
 
 @dataclass
 class _Backlog:
-    """A replica's queued uncached prefill tokens as of ``at``."""
+    """A replica's queued uncached prefill tokens as of ``at``, drained in place by each
+    prediction; and as of ``settled_at`` as `TTFTPredictor.update` derives them (from the report
+    or pushed load, then each turn sent since, drained only to that turn's time). A delivery
+    starts again from the settled figures (``delivery``: the one ``tokens`` is of), as it did
+    when every delivery derived every backlog again (and so to the same bit: a drain in two
+    steps can differ from one in the last bit)."""
 
     tokens: float
     at: float
+    delivery: int = 0
+    settled_tokens: float = field(init=False)
+    settled_at: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.settled_tokens, self.settled_at = self.tokens, self.at
 
 
 @dataclass(frozen=True)
@@ -110,68 +121,125 @@ class TTFTPredictor:
     _removed: dict[str, tuple[float, int]] = field(default_factory=dict)
     _evicting: set[str] = field(default_factory=set)
     _reported_at: dict[str, float] = field(default_factory=dict)
-    _sent: list[_Sent] = field(default_factory=list)  # since the replica's latest report
+    # Each replica's turns this router sent since its latest report, in the order sent (its
+    # backlog drains between them).
+    _sent: dict[str, list[_Sent]] = field(default_factory=dict)
     _reports: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # the latest each
     # The latest load each replica pushed (`pushed`), kept while newer than its report.
     _pushes: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    # The replicas whose backlog changed since the last `update` otherwise than by a turn sent
+    # (a push, a turn sent again elsewhere or no later than the replica's push, a prediction of
+    # a replica with none): the next derives it again.
+    _unsettled: set[str] = field(default_factory=set)
+    _deliveries: int = 0  # `update`s so far (`_Backlog.delivery`)
 
     def update(self, reports: Mapping[str, Mapping[str, Any]]) -> None:
         """The replicas' latest routing-stats reports. A replica listed without one (Serve
         lists a replica before its first report, and may pass a replica's stats on late)
         keeps the latest this predictor had: forgetting what its home holds would send a
-        conversation away from its prefix. A replica no longer listed is forgotten."""
-        latest = {
-            replica: self._reports[replica] for replica in reports if replica in self._reports
-        }
-        for replica, stats in reports.items():
-            reported_at = stats.get(REPORTED_AT_KEY)
-            if reported_at is None or QUEUED_KEY not in stats:
-                continue
-            if reported_at >= latest.get(replica, {}).get(REPORTED_AT_KEY, float("-inf")):
-                latest[replica] = stats
-        self._reports = latest
-        self._backlogs.clear()
-        self._ahead.clear()
-        self._rates.clear()
-        self._held.clear()
-        self._cpu_held.clear()
-        self._load_rates.clear()
-        self._shared.clear()
-        self._reported_at.clear()
-        for replica, stats in latest.items():
-            reported_at = stats[REPORTED_AT_KEY]
-            self._reported_at[replica] = reported_at
-            self._backlogs[replica] = _Backlog(float(stats[QUEUED_KEY]), reported_at)
-            self._ahead[replica] = _ahead_backlogs(stats, reported_at)
-            if stats.get(RATE_KEY):
-                self._rates[replica] = float(stats[RATE_KEY])
-            self._held[replica] = stats.get(HELD_KEY) or {}
-            self._cpu_held[replica] = stats.get(CPU_HELD_KEY) or {}
-            if stats.get(KV_LOAD_RATE_KEY):
-                self._load_rates[replica] = float(stats[KV_LOAD_RATE_KEY])
-            if stats.get(SHARED_KEY) is not None:
-                self._shared[replica] = int(stats[SHARED_KEY])
-            self._note_evictions(replica, reported_at, stats)
-        self._evicting &= latest.keys()
-        self._removed = {r: seen for r, seen in self._removed.items() if r in latest}
-        # Kept until the replica reports after it; bounded for a replica that never reports.
-        oldest = self.clock() - MAX_UNREPORTED_S
-        self._sent = [
-            sent
-            for sent in self._sent
-            if sent.at > max(self._reported_at.get(sent.replica, oldest), oldest)
-        ]
+        conversation away from its prefix. A replica no longer listed is forgotten.
+
+        Serve delivers every replica's stats whenever one changed (up to ten times a second),
+        so only what changed is derived again (as `DirectoryMerger` merges): a report is known
+        by its ``reported_at`` (the same again is the same report), and a replica's state is
+        derived again when it reported anew or went, a push was taken or a turn sent there
+        expired or was sent again elsewhere, or its rate is the others' mean (which any report
+        may move). The others keep theirs, what deriving it again would give: each backlog
+        keeps its settled figures as a turn is sent, and a prediction drains a copy
+        (`_Backlog`). A delivery so costs a look at each listed replica's ``reported_at`` and
+        rate, and the work of the replicas that changed."""
+        self._deliveries += 1  # every backlog starts again from its settled figures
+        previous = self._reports
+        self._reports = latest = {}
+        new = _latest_reports(previous, self._reported_at, reports, latest)
+        gone = [replica for replica in previous if replica not in latest]
+        for replica in new:
+            self._take_report(replica, latest[replica])
+        for replica in gone:
+            self._forget(replica)
+        stale = self._unsettled | set(new) | set(gone) | self._expire_sent()
         self._pushes = {
             replica: load
             for replica, load in self._pushes.items()
             if load[REPORTED_AT_KEY] > self._reported_at.get(replica, float("inf"))
         }
+        # In the order of ``latest``: the others' mean sums them in it (the same to the bit).
+        self._rates = {
+            r: float(stats[RATE_KEY]) for r, stats in latest.items() if stats.get(RATE_KEY)
+        }
+        # A turn sent to a replica without a rate of its own drained at the others' mean.
+        stale.update(replica for replica in self._sent if not self._rated(replica))
+        self._settle(stale)
+        self._unsettled = set()
+
+    def _take_report(self, replica: str, stats: Mapping[str, Any]) -> None:
+        """What a replica's new report says, but its queue (`_settle`)."""
+        reported_at = stats[REPORTED_AT_KEY]
+        self._reported_at[replica] = reported_at
+        self._held[replica] = stats.get(HELD_KEY) or {}
+        self._cpu_held[replica] = stats.get(CPU_HELD_KEY) or {}
+        if stats.get(KV_LOAD_RATE_KEY):
+            self._load_rates[replica] = float(stats[KV_LOAD_RATE_KEY])
+        else:
+            self._load_rates.pop(replica, None)
+        if stats.get(SHARED_KEY) is not None:
+            self._shared[replica] = int(stats[SHARED_KEY])
+        else:
+            self._shared.pop(replica, None)
+        self._note_evictions(replica, reported_at, stats)
+
+    def _forget(self, replica: str) -> None:
+        """A replica no longer listed: what its report said (the turns sent there stay until
+        they expire, should it be listed again)."""
+        for reported in (self._reported_at, self._held, self._cpu_held, self._load_rates):
+            reported.pop(replica, None)
+        self._shared.pop(replica, None)
+        self._removed.pop(replica, None)
+        self._evicting.discard(replica)
+
+    def _expire_sent(self) -> set[str]:
+        """Forgets the turns sent before their replica's latest report (it counts them) or
+        longer ago than MAX_UNREPORTED_S (one that never reports); the replicas that had some."""
+        oldest = self.clock() - MAX_UNREPORTED_S
+        expired = set()
+        for replica, sents in list(self._sent.items()):
+            after = max(self._reported_at.get(replica, oldest), oldest)
+            kept = [sent for sent in sents if sent.at > after]
+            if len(kept) < len(sents):
+                expired.add(replica)
+            if kept:
+                self._sent[replica] = kept
+            else:
+                del self._sent[replica]
+        return expired
+
+    def _rated(self, replica: str) -> bool:
+        """Whether the replica's rate is its own (reported or pushed), not the others' mean."""
+        stats = self._reports.get(replica, {})
+        return bool(stats.get(RATE_KEY) or self._pushes.get(replica, {}).get(RATE_KEY))
+
+    def _settle(self, stale: set[str]) -> None:
+        """Derives the queues of the ``stale`` replicas again: each from its report, or its
+        pushed load, then the turns sent there since, in the order sent. Every pushed rate is
+        taken in the pushes' order, as they came: a replica without a rate of its own drains
+        at the mean of those taken before it."""
+        for replica in stale:
+            self._backlogs.pop(replica, None)
+            self._ahead.pop(replica, None)
+            stats = self._reports.get(replica)
+            if stats is not None:
+                reported_at = stats[REPORTED_AT_KEY]
+                self._backlogs[replica] = self._new_backlog(float(stats[QUEUED_KEY]), reported_at)
+                self._ahead[replica] = self._ahead_backlogs(stats, reported_at)
         for replica, load in self._pushes.items():
-            self._apply_push(replica, load)
-        pushed = self._pushes.keys()
-        for sent in self._sent:  # in the order sent: the backlog drains between them
-            if sent.replica not in pushed:
-                self._add(sent)
+            if load.get(RATE_KEY):
+                self._rates[replica] = float(load[RATE_KEY])
+            if replica in stale:
+                self._apply_push(replica, load)
+        for replica in stale:
+            if replica not in self._pushes:
+                for sent in self._sent.get(replica, ()):  # the backlog drains between them
+                    self._add(sent)
 
     def pushed(self, replica: str, load: Mapping[str, Any]) -> bool:
         """The load ``replica`` pushed (`ReplicaReporter.load`: its queued prefill and rate as
@@ -189,6 +257,9 @@ class TTFTPredictor:
             return False
         self._pushes[replica] = load
         self._apply_push(replica, load)
+        # Its rate may be an earlier push's, where the next delivery takes this one's or the
+        # report's: derived again then.
+        self._unsettled.add(replica)
         return True
 
     def _apply_push(self, replica: str, load: Mapping[str, Any]) -> None:
@@ -196,10 +267,10 @@ class TTFTPredictor:
         at = load[REPORTED_AT_KEY]
         if load.get(RATE_KEY):
             self._rates[replica] = float(load[RATE_KEY])
-        self._backlogs[replica] = _Backlog(float(load[QUEUED_KEY]), at)
-        self._ahead[replica] = _ahead_backlogs(load, at)
-        for sent in self._sent:
-            if sent.replica == replica and sent.at > at:
+        self._backlogs[replica] = self._new_backlog(float(load[QUEUED_KEY]), at)
+        self._ahead[replica] = self._ahead_backlogs(load, at)
+        for sent in self._sent.get(replica, ()):
+            if sent.at > at:
                 self._add(sent)
 
     def _note_evictions(self, replica: str, reported_at: float, stats: Mapping[str, Any]) -> None:
@@ -251,10 +322,8 @@ class TTFTPredictor:
         latest report (the replica holds it now; 0: none)."""
         reported_at = self._reported_at.get(replica, float("-inf"))
         sent_prompt = 0
-        for sent in self._sent:  # few: the turns this router sent within one report period
-            if (sent.replica, sent.conversation) == (replica, conversation) and (
-                sent.at > reported_at
-            ):
+        for sent in self._sent.get(replica, ()):  # few: those sent within a report period
+            if sent.conversation == conversation and sent.at > reported_at:
                 sent_prompt = max(sent_prompt, sent.prompt_tokens)
         return sent_prompt
 
@@ -269,7 +338,12 @@ class TTFTPredictor:
             held.get(conversation, 0) + self._cpu_held.get(replica, {}).get(conversation, 0)
             for replica, held in self._held.items()
         ]
-        held.extend(sent.prompt_tokens for sent in self._sent if sent.conversation == conversation)
+        held.extend(
+            sent.prompt_tokens
+            for sents in self._sent.values()
+            for sent in sents
+            if sent.conversation == conversation
+        )
         return max(held, default=0)
 
     def _pull_rate(self, shared: int, upto: int) -> float:
@@ -315,21 +389,36 @@ class TTFTPredictor:
         ``request_id``, the latest choice replaces the earlier, so a turn is counted once."""
         now = self.clock()
         if request_id is not None:
-            for earlier in [sent for sent in self._sent if sent.request_id == request_id]:
-                self._sent.remove(earlier)
+            for earlier in self._sent_as(request_id):
+                self._sent[earlier.replica].remove(earlier)
                 for backlog in self._backlogs_holding(earlier, now):
                     backlog.tokens = max(0.0, backlog.tokens - earlier.uncached_tokens)
+                self._unsettled.add(earlier.replica)  # settled as if it was never sent
         uncached = self.uncached(replica, key, prompt_tokens)
         conversation = stable_hash(key)
         sent = _Sent(replica, conversation, prompt_tokens, uncached, now, request_id, priority)
         self._add(sent)
-        self._sent.append(sent)
+        self._sent.setdefault(replica, []).append(sent)
+        if self._pushes.get(replica, {}).get(REPORTED_AT_KEY, float("-inf")) >= now:
+            # A push made since counts it (`_apply_push`): the next delivery leaves it out.
+            self._unsettled.add(replica)
+
+    def _sent_as(self, request_id: str) -> list[_Sent]:
+        return [
+            sent for sents in self._sent.values() for sent in sents if sent.request_id == request_id
+        ]
 
     def _add(self, sent: _Sent) -> None:
         """A turn sent counts in its replica's backlog and in the queue ahead of every rank at
         or after its own (the engine serves it before them; ranks order the deadlines)."""
+        rate = self.rate(sent.replica)
         for backlog in self._backlogs_holding(sent, sent.at):
             backlog.tokens += sent.uncached_tokens
+            if sent.at > backlog.settled_at:  # as `_drained` drains
+                drained = backlog.settled_tokens - rate * (sent.at - backlog.settled_at)
+                backlog.settled_tokens = max(0.0, drained)
+                backlog.settled_at = sent.at
+            backlog.settled_tokens += sent.uncached_tokens
 
     def _backlogs_holding(self, sent: _Sent, now: float) -> list[_Backlog]:
         ahead = self._ahead.get(sent.replica, {})
@@ -349,23 +438,57 @@ class TTFTPredictor:
         """The replica's backlog drained to ``now`` at its rate."""
         backlog = self._backlogs.get(replica)
         if backlog is None:
-            backlog = self._backlogs[replica] = _Backlog(0.0, now)
+            backlog = self._backlogs[replica] = self._new_backlog(0.0, now)
+            self._unsettled.add(replica)  # derived again: from the turns sent there, if any
         return self._drained(replica, backlog, now)
 
     def _drained(self, replica: str, backlog: _Backlog, now: float) -> _Backlog:
         """``backlog`` drained to ``now`` at the replica's rate (the queue ahead of a rank too:
         the engine works through it first)."""
+        if backlog.delivery != self._deliveries:  # the first drain since a delivery
+            backlog.tokens, backlog.at = backlog.settled_tokens, backlog.settled_at
+            backlog.delivery = self._deliveries
         if now > backlog.at:
             backlog.tokens = max(0.0, backlog.tokens - self.rate(replica) * (now - backlog.at))
             backlog.at = now
         return backlog
 
+    def _new_backlog(self, tokens: float, at: float) -> _Backlog:
+        return _Backlog(tokens, at, self._deliveries)
 
-def _ahead_backlogs(stats: Mapping[str, Any], at: float) -> dict[int, _Backlog]:
-    """The queue ahead of each rank in a replica's report or pushed load (none: an older
-    replica, or one that has seen no request)."""
-    ahead = stats.get(QUEUED_AHEAD_KEY) or {}
-    return {int(rank): _Backlog(float(tokens), at) for rank, tokens in ahead.items()}
+    def _ahead_backlogs(self, stats: Mapping[str, Any], at: float) -> dict[int, _Backlog]:
+        """The queue ahead of each rank in a replica's report or pushed load (none: an older
+        replica, or one that has seen no request)."""
+        ahead = stats.get(QUEUED_AHEAD_KEY) or {}
+        return {int(rank): self._new_backlog(float(tokens), at) for rank, tokens in ahead.items()}
+
+
+def _latest_reports(
+    known: Mapping[str, Mapping[str, Any]],
+    known_at: Mapping[str, float],
+    reports: Mapping[str, Mapping[str, Any]],
+    latest: dict[str, Mapping[str, Any]],
+) -> list[str]:
+    """Fills ``latest`` with each listed replica's latest report: the one delivered if newer
+    than the one ``known`` (made at ``known_at``, as read: a report is known by its
+    ``reported_at``), else the known, in the order listed, the replicas first known now last
+    (the order the rates are summed in, for their mean). The replicas whose report is new."""
+    renewed: list[str] = []
+    first: dict[str, Mapping[str, Any]] = {}
+    for replica, stats in reports.items():
+        before = known.get(replica)
+        reported_at = stats.get(REPORTED_AT_KEY)
+        readable = reported_at is not None and QUEUED_KEY in stats
+        if before is None:
+            if readable:
+                first[replica] = stats
+        elif readable and reported_at > known_at[replica]:
+            latest[replica] = stats
+            renewed.append(replica)
+        else:
+            latest[replica] = before
+    latest.update(first)
+    return [*renewed, *first]
 
 
 def choose_fastest(

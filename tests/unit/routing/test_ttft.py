@@ -287,7 +287,9 @@ def test_a_prefix_held_only_on_the_replicas_cpu_tier_costs_its_load_time() -> No
     # 92 computed; 4,000 loaded at 50,000 tokens/s: 0.08 s, what 400 prefill tokens take
     assert predictor.uncached("r1", "c", 5100) == pytest.approx(92 + 400)
     assert predictor.predict("r1", "c", 5100) == pytest.approx(492 / RATE)
-    del report[KV_LOAD_RATE_KEY]  # a replica that reports no rate: the default one
+    clock.now += 1  # its next report, of a replica that reports no rate: the default one
+    report = _tier_report(clock, "r1", 0, {"c": 1008}, {"c": 4000})
+    assert KV_LOAD_RATE_KEY not in report
     predictor.update({"r1": report})
     assert predictor.uncached("r1", "c", 5100) == pytest.approx(92 + 4000 * RATE / 500_000)
 
