@@ -26,8 +26,8 @@ the reports made since it last merged (a report is known by its ``reported_at``)
 again only the conversations whose sighting there changed: its work per second grows with the
 turns served, not with the reports delivered (N ten times a second) nor with the conversations
 they repeat. Rebuilding the directory from every report on each delivery
-(`ConversationDirectory.from_reports`) cost 109 ms at 256 replicas of 188 conversations each,
-more than a core per ingress replica at ten deliveries a second; merging costs 4.4 ms
+(`ConversationDirectory.from_reports`) cost 99 ms at 256 replicas of 188 conversations each,
+about a core per ingress replica at ten deliveries a second; merging costs 2.9 ms
 (loadtests/sim_scale.py --steady-only, docs/benchmarks.md).
 
 A request's prompt-cache ``ttl`` (``GenerateRequest.cache_ttl_s``: 30 min by default through the
