@@ -29,7 +29,9 @@ Parts (``--parts``, all by default):
    own processes (controller, raylet, GCS, dashboard, the ``serve run`` driver) are shown too,
    beside the front. TTFT p50/p90 (request sent to the first ``output_text.delta``) and tokens/s
    per stream after the first. ``--py-spy DIR`` records the front processes during each system's
-   first round at the largest stream count.
+   first round at the largest stream count; ``--perf DIR`` records them with ``perf`` (native
+   frames, C++ and kernel included: what py-spy cannot unwind in Ray's workers) and splits that
+   round's CPU per token by library, thread and function.
 2. ``codex``: multi-turn Codex traces (loadtests/traces.py, sized here: ``--codex-*``) replayed
    by locust (loadtests/locustfile.py, every session once, ``TRACE_ONCE``) against two engines:
    two ``vllm serve`` behind HAProxy's round robin (``balance roundrobin``, per request), then
@@ -89,7 +91,15 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import MODEL, free_port, percentile
-from procs import cpu_seconds, descendants, process_table, read_text, role_of
+from procs import (
+    cpu_seconds,
+    descendants,
+    perf_record,
+    perf_shares,
+    process_table,
+    read_text,
+    role_of,
+)
 from stream_client import TEXT_DELTA, Stream, sse_stream
 from traces import Session, generate
 
@@ -603,6 +613,44 @@ def start_profiles(
     return spies
 
 
+def start_perf(folder: Path, kind: str, seconds: int) -> tuple[Path, subprocess.Popen]:
+    """A ``perf record`` of the machine for ``seconds`` while ``kind``'s round runs: its file
+    and its recorder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / f"{kind}.perf.data"
+    return data, perf_record(seconds, data, data.with_suffix(".log"))
+
+
+def perf_report(data: Path, roles: Mapping[int, str], result: FrontRound, top: int = 5) -> str:
+    """Each front process's CPU per token in the recorded round (from /proc), split by its
+    share of the recording's samples: by library, by thread and by function (the ``top``
+    largest of each). Every function's share goes to ``<recording>.<role>.txt`` beside it."""
+    lines = [
+        "| system | process | µs/token | by library | by thread | by function |",
+        "| --- | --- | ---: | --- | --- | --- |",
+    ]
+    for pid, role in roles.items():
+        if role not in FRONTS[result.system]:
+            continue
+        per_token = result.us_per_token(role)
+
+        def split(shares: Mapping[str, float], per_token: float = per_token) -> str:
+            return ", ".join(
+                f"{key} {share * per_token:.0f}" for key, share in list(shares.items())[:top]
+            )
+
+        functions = perf_shares(data, pid, "dso,sym")
+        data.with_suffix(f".{role}.txt").write_text(
+            "".join(f"{share:7.2%}  {key}\n" for key, share in functions.items())
+        )
+        lines.append(
+            f"| {result.system} | {role} | {per_token:.0f} "
+            f"| {split(perf_shares(data, pid, 'dso'))} | {split(perf_shares(data, pid, 'comm'))} "
+            f"| {split(functions)} |"
+        )
+    return "\n".join(lines)
+
+
 def front_report(rounds: Sequence[FrontRound]) -> str:
     """Each stream count: both systems' figures (the range over rounds) and the ratios of
     their medians (serve_app / vLLM)."""
@@ -681,14 +729,18 @@ def part_front(args: argparse.Namespace, folder: Path) -> str:
                 wait_ready(server)
             asyncio.run(_warm_up(server.port))
         profiled: set[str] = set()
+        profiles: list[str] = []
         for count in args.streams:
             for _ in range(args.repeat):
                 for server in systems:
-                    spies = []
-                    if args.py_spy and count == max(args.streams) and server.kind not in profiled:
-                        spies = start_profiles(
-                            args.py_spy, server, args.py_spy_seconds, args.py_spy_native
-                        )
+                    spies, recording = [], None
+                    if count == max(args.streams) and server.kind not in profiled:
+                        if args.py_spy:
+                            spies = start_profiles(
+                                args.py_spy, server, args.py_spy_seconds, args.py_spy_native
+                            )
+                        if args.perf:
+                            recording = start_perf(args.perf, server.kind, args.perf_seconds)
                         profiled.add(server.kind)
                     per_client = responses_per_client(
                         count, args.front_answer_tokens, args.round_tokens
@@ -696,6 +748,10 @@ def part_front(args: argparse.Namespace, folder: Path) -> str:
                     result = front_round(server, count, per_client)
                     for spy in spies:
                         spy.wait()
+                    if recording:
+                        data, recorder = recording
+                        recorder.wait()
+                        profiles.append(perf_report(data, server.roles(), result))
                     rounds.append(result)
                     print(
                         f"{server.kind} x {count}: {result.completed}/{len(result.streams)} "
@@ -710,6 +766,9 @@ def part_front(args: argparse.Namespace, folder: Path) -> str:
     finally:
         for server in systems:
             stop(server)
+    if profiles:
+        header = [f"perf, µs of CPU per token of the round recorded ({args.perf_seconds} s):", ""]
+        return "\n\n".join([front_report(rounds), "\n".join(header), *profiles])
     return front_report(rounds)
 
 
@@ -1286,6 +1345,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--py-spy", type=Path, help="profile the fronts' processes here")
     parser.add_argument("--py-spy-seconds", type=int, default=15)
     parser.add_argument("--py-spy-native", action="store_true", help="with C frames")
+    parser.add_argument("--perf", type=Path, help="record the fronts' processes with perf here")
+    parser.add_argument("--perf-seconds", type=int, default=15)
     parser.add_argument("--codex-answer-tokens", type=int, default=16)
     parser.add_argument("--codex-sessions", type=int, default=16)
     parser.add_argument("--codex-seed", type=int, default=1)

@@ -4,10 +4,15 @@ CPU time they spent."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# A line of ``perf report --stdio -q``: a share, then the key it was sorted by.
+PERF_LINE = re.compile(r"^\s*([\d.]+)%\s+(.+?)\s*$")
 
 
 def read_text(path: str) -> str:
@@ -59,3 +64,40 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def perf_record(seconds: int, data: Path, log: Path) -> subprocess.Popen:
+    """``perf record`` of the whole machine for ``seconds``, sampled on CPU time (the
+    ``cpu-clock`` software event: no hardware counters in a VM), native frames only: which
+    library and which thread each process spends its CPU in, C++ and kernel included, which
+    py-spy cannot unwind in Ray's workers. The whole machine, because this kernel counts
+    nothing for a recording attached to one running process (``-p``: "not counted"); each
+    process is read apart (:func:`perf_shares`). Its output goes to ``log``."""
+    perf = shutil.which("perf")
+    if perf is None:
+        raise RuntimeError("perf is not installed (Debian: apt-get install linux-perf)")
+    command = [perf, "record", "-a", "-e", "cpu-clock", "-F", "997", "-o", str(data)]
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [*command, "--", "sleep", str(seconds)], stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def perf_shares(data: Path, pid: int, sort: str) -> dict[str, float]:
+    """Process ``pid``'s samples in the recording by ``sort`` (``dso``: the library; ``comm``:
+    the thread's name; ``dso,sym``: the function), each key's share of its samples, largest
+    first."""
+    report = ["perf", "report", "-i", str(data), "--pid", str(pid), "--stdio", "-q"]
+    done = subprocess.run(
+        [*report, "--no-children", "--sort", sort],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    shares: dict[str, float] = {}
+    for line in done.stdout.splitlines():
+        if match := PERF_LINE.match(line):
+            key = " ".join(match[2].split())  # perf pads its columns
+            shares[key] = shares.get(key, 0.0) + float(match[1]) / 100
+    total = sum(shares.values())  # --pid's percentages are of every process's samples
+    return {key: share / total for key, share in sorted(shares.items(), key=lambda i: -i[1])}

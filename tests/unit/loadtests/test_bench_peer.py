@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +29,9 @@ from bench_peer import (
     descendants,
     engine_options,
     haproxy_config,
+    perf_record,
+    perf_report,
+    perf_shares,
     prometheus_sum,
     responses_per_client,
     role_of,
@@ -84,6 +89,42 @@ def test_the_front_is_every_process_before_the_engine_core_per_token() -> None:
     peer = FrontRound("vllm", 4, streams, {"api-server": 0.03, "engine-core": 1.0}, 1.0)
     assert peer.front_us == pytest.approx(75.0)
     assert "engine-core" not in bench_peer.FRONTS["vllm"] + bench_peer.FRONTS["serve_app"]
+
+
+@pytest.mark.skipif(shutil.which("perf") is None, reason="perf is not installed")
+def test_perf_splits_a_rounds_cpu_per_token_by_library_thread_and_function(
+    tmp_path: Path,
+) -> None:
+    # A process spending its CPU in zlib's C code, beside one spending it in Python.
+    script = "import zlib\nwhile True: zlib.compress(bytes(range(256)) * 4000, 9)\n"
+    busy = subprocess.Popen([sys.executable, "-c", script])
+    other = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        data = tmp_path / "round.perf.data"
+        recorder = perf_record(2, data, tmp_path / "round.log")
+        assert recorder.wait(timeout=60) == 0, (tmp_path / "round.log").read_text()
+    finally:
+        for process in (busy, other):
+            process.kill()
+            process.wait()
+    libraries = perf_shares(data, busy.pid, "dso")
+    assert next(iter(libraries)).startswith("libz"), libraries
+    assert sum(libraries.values()) == pytest.approx(1.0)
+    assert next(iter(perf_shares(data, other.pid, "dso"))).startswith("libpython")
+    streams = [Stream(tokens=100, status="completed") for _ in range(10)]
+    cpu = {"ingress": 0.1, "engine-replica": 0.05}  # 100 and 50 µs a token
+    round_ = FrontRound("serve_app", 10, streams, cpu, 1.0)
+    roles = {busy.pid: "ingress", other.pid: "engine-replica", 1: "ray"}
+    rows = perf_report(data, roles, round_, top=1).splitlines()
+    assert len(rows) == 4, rows  # the header, its rule, the two front processes: not Ray's
+    zlib, python = ([cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:])
+    assert zlib[:3] == ["serve_app", "ingress", "100"]
+    library, share = zlib[3].rsplit(" ", 1)
+    assert library.startswith("libz") and 50 <= int(share) <= 100, rows
+    assert zlib[4].startswith("python"), rows  # the thread's name
+    assert python[:3] == ["serve_app", "engine-replica", "50"]
+    assert python[5].startswith("libpython") and "PyEval" in python[5], rows  # the function
+    assert "PyEval" in (tmp_path / "round.perf.engine-replica.txt").read_text()
 
 
 def test_a_streams_rate_counts_the_tokens_after_its_first() -> None:
