@@ -57,6 +57,7 @@ def undeclared(name: str) -> dict[str, Any]:
     return {"function_call": {"name": name, "arguments": {"secret": "ARGS-NEVER-LOGGED"}}}
 
 
+WEATHER_CALL = {"function_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
 REPO_SEARCH = {"builtin_call": {"to": "repo_browser.search", "input": {"query": "loop"}}}
 MANY = [f"c{i}" for i in range(5)]
 SCRIPT = {
@@ -92,6 +93,8 @@ SCRIPT = {
         {"match": "UNKNOWN-TWO", "items": [undeclared("one"), undeclared("two")]},
         {"match": 'named "functions.first"', "items": [{"text": "Answered after the limit."}]},
         {"match": "UNKNOWN-FIRST", "items": [undeclared("first"), call("late")]},
+        {"match": "Sunny", "items": [{"text": "It is sunny."}]},
+        {"match": "UNKNOWN-WITH-CLIENT", "items": [undeclared("ghost"), WEATHER_CALL]},
     ]
 }  # fmt: skip
 
@@ -728,6 +731,33 @@ async def test_unknown_calls_count_toward_the_servers_calls_per_response(tmp_pat
     )
     last = app.engine.requests[-1].constraint
     assert last is not None and last.tool_calls == ()  # no call after the bound
+
+
+async def test_an_unknown_call_beside_a_client_call_ends_with_the_client_call_alone(
+    tmp_path: Path,
+) -> None:
+    """One completion calls an undeclared function, then the client's: the response ends
+    awaiting the client's output, as any client call ends it, showing that call alone; the
+    unknown call is counted, never shown, and the client's output chains on as usual."""
+    async with loop_app(tmp_path, runners=ToolRunners()) as app:
+        before = await unknown_count(app)
+        first = final(await app.stream(input="UNKNOWN-WITH-CLIENT", tools=[WEATHER_TOOL]))
+        counted = await unknown_count(app) - before
+        (called,) = first["output"]
+        output = {"type": "function_call_output", "call_id": called["call_id"], "output": "Sunny"}
+        second = final(
+            await app.stream(input=[output], previous_response_id=first["id"], tools=[WEATHER_TOOL])
+        )
+    assert first["status"] == "completed" and called["type"] == "function_call"
+    assert called["name"] == "get_weather" and json.loads(called["arguments"]) == {"city": "Oslo"}
+    assert len(app.engine.requests) == 2 and counted == 1
+    assert second["status"] == "completed"
+    assert second["output"][-1]["content"][0]["text"] == "It is sunny."
+    assert "ghost" not in json.dumps(first)
+    # The next prompt holds the client's call and its output, not the call never shown.
+    prompt = decode(app.engine.requests[-1].prompt_token_ids)
+    assert "to=functions.get_weather" in prompt and "Sunny" in prompt
+    assert "ghost" not in prompt
 
 
 async def test_an_unknown_call_counts_toward_max_tool_calls(tmp_path: Path) -> None:
