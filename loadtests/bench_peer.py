@@ -81,6 +81,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +96,7 @@ from procs import (
     cpu_seconds,
     descendants,
     perf_record,
+    perf_samples,
     perf_shares,
     process_table,
     read_text,
@@ -591,10 +593,11 @@ def front_round(server: Server, count: int, per_client: int = 1) -> FrontRound:
 
 
 def start_profiles(
-    folder: Path, server: Server, seconds: int, native: bool = False
+    folder: Path, server: Server, seconds: int, native: bool = False, gil: bool = False
 ) -> list[subprocess.Popen]:
-    """py-spy (raw collapsed stacks, 100 Hz; C frames too with ``native``) of the front's
-    processes."""
+    """py-spy (raw collapsed stacks, 100 Hz; C frames too with ``native``; with ``gil``, only
+    the samples of a thread holding the GIL: where the Python code runs, not where a thread
+    waits in C) of the front's processes."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     folder.mkdir(parents=True, exist_ok=True)
     front = FRONTS[server.kind]
@@ -607,6 +610,7 @@ def start_profiles(
         # C frames need the process paused while its stack is read: py-spy refuses
         # --nonblocking with --native.
         command += ["--native"] if native else ["--nonblocking"]
+        command += ["--gil"] if gil else []
         command += ["-f", "raw", "-o", str(out)]
         with out.with_suffix(".log").open("w") as log:  # why a profile is missing
             spies.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
@@ -623,30 +627,30 @@ def start_perf(folder: Path, kind: str, seconds: int) -> tuple[Path, subprocess.
 
 def perf_report(data: Path, roles: Mapping[int, str], result: FrontRound, top: int = 5) -> str:
     """Each front process's CPU per token in the recorded round (from /proc), split by its
-    share of the recording's samples: by library, by thread and by function (the ``top``
+    share of its samples in the recording: by library, by thread and by function (the ``top``
     largest of each). Every function's share goes to ``<recording>.<role>.txt`` beside it."""
     lines = [
-        "| system | process | µs/token | by library | by thread | by function |",
-        "| --- | --- | ---: | --- | --- | --- |",
+        "| system | process | samples | µs/token | by library | by thread | by function |",
+        "| --- | --- | ---: | ---: | --- | --- | --- |",
     ]
+    samples = perf_samples(data)
     for pid, role in roles.items():
         if role not in FRONTS[result.system]:
             continue
+        mine = samples.get(pid, Counter())
         per_token = result.us_per_token(role)
 
-        def split(shares: Mapping[str, float], per_token: float = per_token) -> str:
-            return ", ".join(
-                f"{key} {share * per_token:.0f}" for key, share in list(shares.items())[:top]
-            )
+        def split(key: str, mine: Counter = mine, per_token: float = per_token) -> str:
+            shares = list(perf_shares(mine, key).items()) if mine else []
+            return ", ".join(f"{name} {share * per_token:.0f}" for name, share in shares[:top])
 
-        functions = perf_shares(data, pid, "dso,sym")
-        data.with_suffix(f".{role}.txt").write_text(
-            "".join(f"{share:7.2%}  {key}\n" for key, share in functions.items())
-        )
+        if mine:
+            data.with_suffix(f".{role}.txt").write_text(
+                "".join(f"{s:7.2%}  {name}\n" for name, s in perf_shares(mine, "function").items())
+            )
         lines.append(
-            f"| {result.system} | {role} | {per_token:.0f} "
-            f"| {split(perf_shares(data, pid, 'dso'))} | {split(perf_shares(data, pid, 'comm'))} "
-            f"| {split(functions)} |"
+            f"| {result.system} | {role} | {mine.total()} | {per_token:.0f} | {split('library')} "
+            f"| {split('thread')} | {split('function')} |"
         )
     return "\n".join(lines)
 
@@ -737,7 +741,11 @@ def part_front(args: argparse.Namespace, folder: Path) -> str:
                     if count == max(args.streams) and server.kind not in profiled:
                         if args.py_spy:
                             spies = start_profiles(
-                                args.py_spy, server, args.py_spy_seconds, args.py_spy_native
+                                args.py_spy,
+                                server,
+                                args.py_spy_seconds,
+                                args.py_spy_native,
+                                args.py_spy_gil,
                             )
                         if args.perf:
                             recording = start_perf(args.perf, server.kind, args.perf_seconds)
@@ -1345,6 +1353,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--py-spy", type=Path, help="profile the fronts' processes here")
     parser.add_argument("--py-spy-seconds", type=int, default=15)
     parser.add_argument("--py-spy-native", action="store_true", help="with C frames")
+    parser.add_argument("--py-spy-gil", action="store_true", help="threads holding the GIL only")
     parser.add_argument("--perf", type=Path, help="record the fronts' processes with perf here")
     parser.add_argument("--perf-seconds", type=int, default=15)
     parser.add_argument("--codex-answer-tokens", type=int, default=16)

@@ -7,12 +7,16 @@ import os
 import re
 import shutil
 import subprocess
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-# A line of ``perf report --stdio -q``: a share, then the key it was sorted by.
-PERF_LINE = re.compile(r"^\s*([\d.]+)%\s+(.+?)\s*$")
+# A line of ``perf script -F comm,pid,ip,sym,dso``: the thread's name, the process, the
+# address, the function (``[unknown]`` where the library has no symbols), the library's path.
+PERF_SAMPLE = re.compile(
+    r"^\s*(?P<thread>.+?)\s+(?P<pid>\d+)\s+[0-9a-f]+\s+(?P<function>.+?)\s+\((?P<dso>[^()]*)\)\s*$"
+)
 
 
 def read_text(path: str) -> str:
@@ -83,21 +87,34 @@ def perf_record(seconds: int, data: Path, log: Path) -> subprocess.Popen:
         )
 
 
-def perf_shares(data: Path, pid: int, sort: str) -> dict[str, float]:
-    """Process ``pid``'s samples in the recording by ``sort`` (``dso``: the library; ``comm``:
-    the thread's name; ``dso,sym``: the function), each key's share of its samples, largest
-    first."""
-    report = ["perf", "report", "-i", str(data), "--pid", str(pid), "--stdio", "-q"]
+def perf_samples(data: Path) -> dict[int, Counter[tuple[str, str, str]]]:
+    """The recording's samples by process: how many fell in each (thread name, library,
+    function). Read from ``perf script``, not ``perf report --pid``, whose shares by function
+    came from other processes than the one asked for."""
     done = subprocess.run(
-        [*report, "--no-children", "--sort", sort],
+        ["perf", "script", "-i", str(data), "-F", "comm,pid,ip,sym,dso"],
         capture_output=True,
         text=True,
         check=False,
     )
-    shares: dict[str, float] = {}
+    samples: dict[int, Counter[tuple[str, str, str]]] = {}
     for line in done.stdout.splitlines():
-        if match := PERF_LINE.match(line):
-            key = " ".join(match[2].split())  # perf pads its columns
-            shares[key] = shares.get(key, 0.0) + float(match[1]) / 100
-    total = sum(shares.values())  # --pid's percentages are of every process's samples
-    return {key: share / total for key, share in sorted(shares.items(), key=lambda i: -i[1])}
+        if match := PERF_SAMPLE.match(line):
+            library = Path(match["dso"]).name
+            key = (match["thread"], library, f"{library} {match['function']}")
+            samples.setdefault(int(match["pid"]), Counter())[key] += 1
+    return samples
+
+
+PERF_KEYS = {"thread": 0, "library": 1, "function": 2}
+
+
+def perf_shares(samples: Counter[tuple[str, str, str]], key: str) -> dict[str, float]:
+    """One process's samples by ``key`` (``thread``, ``library`` or ``function``), each
+    one's share of them, largest first."""
+    index = PERF_KEYS[key]
+    counts: Counter[str] = Counter()
+    for keys, count in samples.items():
+        counts[keys[index]] += count
+    total = sum(counts.values())
+    return {name: count / total for name, count in counts.most_common()}

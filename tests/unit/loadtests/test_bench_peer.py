@@ -31,6 +31,7 @@ from bench_peer import (
     haproxy_config,
     perf_record,
     perf_report,
+    perf_samples,
     perf_shares,
     prometheus_sum,
     responses_per_client,
@@ -107,10 +108,13 @@ def test_perf_splits_a_rounds_cpu_per_token_by_library_thread_and_function(
         for process in (busy, other):
             process.kill()
             process.wait()
-    libraries = perf_shares(data, busy.pid, "dso")
+    samples = perf_samples(data)
+    libraries = perf_shares(samples[busy.pid], "library")
     assert next(iter(libraries)).startswith("libz"), libraries
     assert sum(libraries.values()) == pytest.approx(1.0)
-    assert next(iter(perf_shares(data, other.pid, "dso"))).startswith("libpython")
+    python = perf_shares(samples[other.pid], "function")
+    assert next(iter(python)).startswith("libpython"), python
+    assert not any(name.startswith("libz") for name in python), python
     streams = [Stream(tokens=100, status="completed") for _ in range(10)]
     cpu = {"ingress": 0.1, "engine-replica": 0.05}  # 100 and 50 µs a token
     round_ = FrontRound("serve_app", 10, streams, cpu, 1.0)
@@ -118,12 +122,13 @@ def test_perf_splits_a_rounds_cpu_per_token_by_library_thread_and_function(
     rows = perf_report(data, roles, round_, top=1).splitlines()
     assert len(rows) == 4, rows  # the header, its rule, the two front processes: not Ray's
     zlib, python = ([cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:])
-    assert zlib[:3] == ["serve_app", "ingress", "100"]
-    library, share = zlib[3].rsplit(" ", 1)
+    assert zlib[:2] == ["serve_app", "ingress"] and int(zlib[2]) > 100 and zlib[3] == "100"
+    library, share = zlib[4].rsplit(" ", 1)
     assert library.startswith("libz") and 50 <= int(share) <= 100, rows
-    assert zlib[4].startswith("python"), rows  # the thread's name
-    assert python[:3] == ["serve_app", "engine-replica", "50"]
-    assert python[5].startswith("libpython") and "PyEval" in python[5], rows  # the function
+    assert zlib[5].startswith("python"), rows  # the thread's name
+    assert python[:2] == ["serve_app", "engine-replica"] and python[3] == "50"
+    assert python[6].startswith("libpython") and "PyEval" in python[6], rows  # the function
+    assert "libz" not in python[6]
     assert "PyEval" in (tmp_path / "round.perf.engine-replica.txt").read_text()
 
 
