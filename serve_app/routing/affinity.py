@@ -84,7 +84,6 @@ from serve_app.routing.ttft import (
     DEFAULT_PREFILL_TOKENS_PER_S,
     DEFAULT_TTFT_SLACK_S,
     TTFTPredictor,
-    choose_fastest,
 )
 
 DEFAULT_SPILL_FACTOR = 2.0
@@ -353,3 +352,15 @@ class ConversationPlacer:
             ):
                 counts[before.replica] -= 1
         return counts
+
+
+def choose_fastest(
+    candidates: Iterable[str], predict: Callable[[str], float], slack_s: float
+) -> str | None:
+    """The first of ``candidates`` (in affinity order) predicted within ``slack_s`` of the
+    lowest prediction; None if there are none."""
+    predictions = {replica: predict(replica) for replica in candidates}
+    if not predictions:
+        return None
+    best = min(predictions.values())
+    return next(replica for replica, ttft in predictions.items() if ttft <= best + slack_s)

@@ -38,16 +38,16 @@ prefill rate:
   and it stays there. The turns this router sent since count ahead of the ranks at or after
   their own. A turn of a rank the replica reports nothing for waits for the whole queue.
 
-`choose_fastest` sends the turn to the lowest prediction among the replicas the load bounds
-allow (``affinity.py``), preferring, among those within ``slack_s`` of the lowest, the first in
-affinity order (the conversation's home, then the ring from its key; a new conversation's, the
-replica running fewest conversations first). Pure Python, no Ray.
+`affinity.choose_fastest` sends the turn to the lowest prediction among the replicas the load
+bounds allow, preferring, among those within ``slack_s`` of the lowest, the first in affinity
+order (the conversation's home, then the ring from its key; a new conversation's, the replica
+running fewest conversations first). Pure Python, no Ray.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -490,14 +490,3 @@ def _latest_reports(
     latest.update(first)
     return [*renewed, *first]
 
-
-def choose_fastest(
-    candidates: Iterable[str], predict: Callable[[str], float], slack_s: float
-) -> str | None:
-    """The first of ``candidates`` (in affinity order) predicted within ``slack_s`` of the
-    lowest prediction; None if there are none."""
-    predictions = {replica: predict(replica) for replica in candidates}
-    if not predictions:
-        return None
-    best = min(predictions.values())
-    return next(replica for replica, ttft in predictions.items() if ttft <= best + slack_s)
