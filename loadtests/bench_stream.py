@@ -306,6 +306,38 @@ def translator_us_per_token(tokens: int, chunk: int, top: int | None) -> tuple[f
     return seconds[0] / (turns * len(ids)) * 1e6, seconds[1] / (turns * len(ids)) * 1e6
 
 
+# Messages of these many tokens (a long reasoning, then as long an answer), one token a chunk:
+# a message's cost per token must not grow with its length.
+TRANSLATOR_LENGTHS = (200, 2_000, 8_000, 32_000)
+
+
+def translator_length_us_per_token(length: int) -> float:
+    """CPU µs per token of `ResponseStreamTranslator` alone over one turn of two messages
+    (reasoning, then the answer) of about ``length`` tokens together, one token a chunk."""
+    from serve_app.harmony.encoding import get_encoding
+    from serve_app.harmony.stream import ResponseStreamTranslator
+    from serve_app.harmony.tools import ToolRegistry
+    from serve_app.protocol.requests import ResponsesRequest
+    from serve_app.protocol.responses import initial_response
+
+    request = ResponsesRequest.model_validate({"model": MODEL, "input": PROMPT})
+    sentence = "Here are the files: a.txt, b.txt (Ünïcødé 日本語 🎉). "  # 21 tokens
+    text = sentence * max(1, length // 42)
+    ids = get_encoding().encode(
+        f"<|channel|>analysis<|message|>{text}<|end|><|start|>assistant<|channel|>final"
+        f"<|message|>{text}<|return|>",
+        allowed_special="all",
+    )
+    response = initial_response(request, response_id="resp_bench", model=MODEL)
+    translator = ResponseStreamTranslator(response, ToolRegistry.from_request(request))
+    translator.start()
+    before = time.process_time()
+    for token in ids:
+        translator.feed([token])
+    translator.finish("stop", prompt_tokens=1, cached_tokens=0)
+    return (time.process_time() - before) / len(ids) * 1e6
+
+
 def translator_report(tokens: int) -> str:
     translator_us_per_token(2_000, 1, None)  # warm-up: imports and harmony's encoding
     lines = [f"translator alone, about {tokens:,} tokens per case, CPU µs per token:"]
@@ -314,6 +346,10 @@ def translator_report(tokens: int) -> str:
         alone, framed = translator_us_per_token(tokens, chunk, top)
         shown = "-" if top is None else f"top {top}"
         lines.append(f"   {chunk:>5} {shown:>8} {alone:>10.1f} {framed:>8.1f}")
+    lines += ["", "one turn of two messages, one token a chunk, CPU µs per token:"]
+    lines.append(f"   {'tokens':>7} {'translator':>10}")
+    for length in TRANSLATOR_LENGTHS:
+        lines.append(f"   {length:>7,} {translator_length_us_per_token(length):>10.1f}")
     return "\n".join(lines)
 
 

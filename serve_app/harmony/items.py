@@ -185,6 +185,34 @@ def message_text(message: Message) -> str:
     return "".join(getattr(part, "text", "") or "" for part in message.content)
 
 
+class MessageText:
+    """The open message's text not yet sent as a delta: what harmony decoded of each token as
+    it came (nothing while a UTF-8 character is split across tokens, then the whole
+    character), after the text salvaged from its header (``prefix``). Joined, these pieces are
+    the parser's ``current_content``, which decodes the whole message again on each read."""
+
+    __slots__ = ("_unsent", "prefix")
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+        self._unsent = [prefix] if prefix else []
+
+    def add(self, parser: StreamableParser) -> None:
+        """What the token the parser just processed added."""
+        delta = parser.last_content_delta
+        if delta:
+            self._unsent.append(delta)
+
+    def take(self) -> str:
+        """The text added since the last take (empty: none)."""
+        unsent = self._unsent
+        if len(unsent) <= 1:
+            return unsent.pop() if unsent else ""
+        delta = "".join(unsent)
+        unsent.clear()
+        return delta
+
+
 def final_text(parser: StreamableParser, stop_token: int | None, response_id: str) -> str | None:
     """The message's whole text once ``parser`` reads its stop token (``None``: the end of
     generation); None when harmony cannot finalise it."""

@@ -69,6 +69,16 @@ def parse_loose_header(text: str, *, leading_role: bool) -> LooseHeader:
     return LooseHeader(channel, recipient, rest.lstrip() if had_fields else rest, had_fields)
 
 
+def header_is_text(text: str) -> bool | None:
+    """Whether a header read so far, decoded and holding no special token, is ordinary text
+    the model wrote without a header; None while too early to tell. Without a special token a
+    header can only be a recipient (`` to=functions.x``)."""
+    text = text.lstrip()
+    if not text or "to=".startswith(text):
+        return None
+    return not text.startswith("to=")
+
+
 def recipient_name(recipient: str) -> str:
     """`ns.foo<|constrain|>json` / `ns.foo code` -> `ns.foo`: the name a recipient no tool
     matches is answered by (the model's own spelling, less what follows it in the header)."""

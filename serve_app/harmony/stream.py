@@ -26,8 +26,15 @@ from openai.types.responses.response_output_text import Logprob as TextLogprob
 from openai_harmony import HarmonyEncoding, Role, StreamableParser
 
 from serve_app.harmony.encoding import CALL_TOKEN, FIRST_SPECIAL_TOKEN, get_encoding
-from serve_app.harmony.items import CallLimit, UnknownCalls, current_text, final_text, open_item
-from serve_app.harmony.recovery import LooseHeader, parse_loose_header
+from serve_app.harmony.items import (
+    CallLimit,
+    MessageText,
+    UnknownCalls,
+    current_text,
+    final_text,
+    open_item,
+)
+from serve_app.harmony.recovery import LooseHeader, header_is_text, parse_loose_header
 from serve_app.harmony.token_text import structural_tokens, text_logprob, valid_token
 from serve_app.harmony.tools import ToolRegistry
 from serve_app.protocol import responses as builders
@@ -88,9 +95,7 @@ class ResponseStreamTranslator:
         self._item: OpenItem | None = None
         # Logprobs of the open message's output_text tokens whose text no delta carried yet.
         self._pending: list[TextLogprob] = []
-        # Salvaged text that precedes what the current parser decodes.
-        self._prefix = ""
-        self._dirty = False
+        self._text = MessageText()  # the open message's, not sent yet
         self._completion_tokens = 0
         self._reasoning_tokens = 0
         # The logprob entry of the token being stepped (None: the engine sent none).
@@ -314,7 +319,7 @@ class ResponseStreamTranslator:
             logger.info("response %s: malformed header (%s)", self._response_id, exc)
             self._open_loose(header_complete=True)
             return
-        self._prefix = ""
+        self._text = MessageText()
         self._open_item(parser.current_channel, parser.current_recipient)
         self._state = _State.CONTENT
 
@@ -325,12 +330,9 @@ class ResponseStreamTranslator:
         if any(token >= FIRST_SPECIAL_TOKEN for token in self._header):
             self._header_checked = True
             return False
-        text = self._encoding.decode(self._header).lstrip()
-        if not text or "to=".startswith(text):
-            return False  # too early to tell
-        self._header_checked = True
-        # A header without a special token can only be a recipient: ` to=functions.x`.
-        return not text.startswith("to=")
+        is_text = header_is_text(self._encoding.decode(self._header))
+        self._header_checked = is_text is not None
+        return bool(is_text)
 
     def _content_token(self, token: int) -> None:
         if token in self._tok.stops:
@@ -350,7 +352,7 @@ class ResponseStreamTranslator:
             logger.info("response %s: content not parsed (%s)", self._response_id, exc)
             self._close_message("incomplete", broken=True)
             return
-        self._dirty = True
+        self._text.add(parser)
         item = self._item
         if item is not None and item.kind is ItemKind.REASONING:
             self._reasoning_tokens += 1
@@ -374,19 +376,19 @@ class ResponseStreamTranslator:
         parser = StreamableParser(self._encoding, Role.ASSISTANT)
         for token in self._tok.content_header:
             parser.process(token)
-        self._prefix = ""
+        self._text = MessageText()
         if not header_complete:
             if header.had_fields:
-                self._prefix = header.rest
+                self._text = MessageText(header.rest)
             else:
                 # Plain text: let harmony decode the tokens (a character split across
                 # tokens would be lost to a lossy decode of the first ones).
                 for token in self._header:
                     parser.process(token)
+                    self._text.add(parser)
         self._parser = parser
         self._open_item(header.channel, header.recipient)
         self._state = _State.CONTENT
-        self._dirty = True
         item = self._item
         plain_text = not header_complete and not header.had_fields
         if plain_text and item is not None and item.kind is ItemKind.MESSAGE:
@@ -416,8 +418,7 @@ class ResponseStreamTranslator:
         self._pending = []
         self._header = []
         self._header_logprobs = []
-        self._prefix = ""
-        self._dirty = False
+        self._text = MessageText()
         self._state = _State.EXPECT_START
 
     def _close_all(self, status: ItemStatus, *, ending: bool = True) -> None:
@@ -445,19 +446,16 @@ class ResponseStreamTranslator:
         self._item = None if hidden else open_item(self._writer, self.tools, channel, recipient)
 
     def _flush(self) -> None:
-        """Send the open item's new content, measured as growth of the decoded text.
-
-        ``last_content_delta`` is None while a UTF-8 character is split across tokens, so the
-        parser's whole ``current_content`` is compared with what was sent instead.
-        """
+        """Send the open item's text decoded since the last delta, as one delta."""
         item = self._item
-        if self._state is not _State.CONTENT or item is None or not self._dirty:
+        if self._state is not _State.CONTENT or item is None:
             return
-        self._dirty = False
-        parser = self._parser
-        if parser is None:  # `_require_parser`, inlined: once per chunk
-            raise RuntimeError("no harmony parser for the current message")
-        self._send_delta(item, self._prefix + parser.current_content)
+        delta = self._text.take()
+        if not delta:
+            return
+        self._writer.text(item, delta, self._pending)
+        if self._pending:
+            self._pending = []
 
     def _send_delta(self, item: OpenItem, text: str) -> None:
         """Send what ``text`` (the item's content so far) adds to what was sent."""
@@ -492,7 +490,7 @@ class ResponseStreamTranslator:
         is ``broken`` or harmony cannot finalise it, what was decoded of it so far."""
         text = None if broken else final_text(self._require_parser(), stop_token, self._response_id)
         text = current_text(self._parser) if text is None else text
-        return None if text is None else self._prefix + text
+        return None if text is None else self._text.prefix + text
 
     def _require_parser(self) -> StreamableParser:
         if self._parser is None:
