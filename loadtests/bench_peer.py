@@ -84,6 +84,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -522,14 +523,15 @@ def serve_balancer(port: int, backends: Sequence[str]) -> None:
 # --- part 1: the front ------------------------------------------------------------------------
 
 
-def front_body() -> dict[str, Any]:
-    # store: false, as Codex sends it; a key of its own per stream, as bench_stream.py.
+def front_body(answer_tokens: int = 0) -> dict[str, Any]:
+    """store: false, as Codex sends it; a key of its own per stream, as bench_stream.py; room
+    for the checkpoint's whole answer of ``answer_tokens``."""
     return {
         "model": MODEL,
         "input": PROMPT,
         "stream": True,
         "store": False,
-        "max_output_tokens": MAX_OUTPUT,
+        "max_output_tokens": MAX_OUTPUT + answer_tokens,
         "prompt_cache_key": str(uuid.uuid4()),
     }
 
@@ -573,15 +575,18 @@ def responses_per_client(count: int, answer_tokens: int, round_tokens: int) -> i
     return max(1, math.ceil(round_tokens / (count * answer_tokens)))
 
 
-def front_round(server: Server, count: int, per_client: int = 1) -> FrontRound:
-    """``count`` concurrent clients, each streaming ``per_client`` responses in a row; each
-    role's CPU over the round (processes found again at the end: those started during the
-    round count whole)."""
+def front_round(
+    server: Server, count: int, per_client: int = 1, answer_tokens: int = 0
+) -> FrontRound:
+    """``count`` concurrent clients, each streaming ``per_client`` responses (answers of
+    ``answer_tokens``) in a row; each role's CPU over the round (processes found again at the
+    end: those started during the round count whole)."""
     roles_before = server.roles()
     before = {pid: cpu_seconds(pid) for pid in roles_before}
 
     async def client() -> list[Stream]:
-        return [await sse_stream(server.port, front_body(), TEXT_DELTA) for _ in range(per_client)]
+        body = partial(front_body, answer_tokens)  # a key of its own per response
+        return [await sse_stream(server.port, body(), TEXT_DELTA) for _ in range(per_client)]
 
     async def streams() -> list[Stream]:
         return [s for mine in await asyncio.gather(*(client() for _ in range(count))) for s in mine]
@@ -753,7 +758,7 @@ def part_front(args: argparse.Namespace, folder: Path) -> str:
                     per_client = responses_per_client(
                         count, args.front_answer_tokens, args.round_tokens
                     )
-                    result = front_round(server, count, per_client)
+                    result = front_round(server, count, per_client, args.front_answer_tokens)
                     for spy in spies:
                         spy.wait()
                     if recording:
