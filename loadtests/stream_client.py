@@ -51,6 +51,43 @@ class Stream:
         return (self.tokens - 1) / (self.last_at - self.first_at)
 
 
+class ChunkedBody:
+    """An HTTP/1.1 body in the chunked transfer coding, decoded as its bytes arrive: a size
+    line's framing must not land inside an event (a large one spans several chunks)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._left = 0  # bytes of the current chunk still to come
+        self._crlf = False  # the CRLF after a chunk's data is next
+        self.done = False  # the last (empty) chunk came
+
+    def feed(self, data: bytes) -> bytes:
+        """The body's bytes ``data`` completes (none while only framing arrived)."""
+        self._buffer += data
+        body = []
+        while not self.done:
+            if self._left:
+                piece = self._buffer[: self._left]
+                body.append(piece)
+                self._left -= len(piece)
+                self._buffer = self._buffer[len(piece) :]
+                if self._left:
+                    break
+                self._crlf = True
+            if self._crlf:
+                if len(self._buffer) < 2:
+                    break
+                self._buffer, self._crlf = self._buffer[2:], False
+            line_end = self._buffer.find(b"\r\n")
+            if line_end < 0:
+                break
+            size = int(self._buffer[:line_end].split(b";", 1)[0], 16)
+            self._buffer = self._buffer[line_end + 2 :]
+            self._left = size
+            self.done = size == 0
+        return b"".join(body)
+
+
 async def sse_stream(port: int, body: Mapping[str, Any], delta_marker: bytes = ANY_DELTA) -> Stream:
     """POST ``body`` to ``/v1/responses`` on ``port`` and read its SSE stream to the end."""
     data = json.dumps(body).encode()
@@ -62,11 +99,22 @@ async def sse_stream(port: int, body: Mapping[str, Any], delta_marker: bytes = A
     ).encode()
     stream = Stream(sent_at=time.perf_counter())
     writer.write(head + data)
+    headers: bytes | None = b""  # until the body starts
+    chunked: ChunkedBody | None = None
     pending = b""
     try:
         while chunk := await reader.read(1 << 16):
             now = time.perf_counter()
-            pending += chunk
+            if headers is not None:
+                headers += chunk
+                split = headers.find(b"\r\n\r\n")
+                if split < 0:
+                    continue
+                chunk, headers = headers[split + 4 :], headers[:split].lower()
+                if b"transfer-encoding: chunked" in headers:
+                    chunked = ChunkedBody()
+                headers = None
+            pending += chunked.feed(chunk) if chunked is not None else chunk
             end = pending.rfind(b"\n\n")
             if end < 0:
                 continue
