@@ -725,9 +725,11 @@ def part_front(args: argparse.Namespace, folder: Path) -> str:
     model = write_checkpoint(folder, args.front_answer_tokens)
     options = engine_options(model, 4096, max(args.streams))
     print(f"\n## front: engine options {options}", flush=True)
+    # Room for the whole answer: vLLM's generation config caps a request's own bound.
+    max_output = MAX_OUTPUT + args.front_answer_tokens
     systems = [
-        start_vllm("front-vllm", options, folder),
-        start_serve_app("front-serve_app", options, 1, folder),
+        start_vllm("front-vllm", options, folder, max_output=max_output),
+        start_serve_app("front-serve_app", options, 1, folder, max_output),
     ]
     rounds: list[FrontRound] = []
     try:
