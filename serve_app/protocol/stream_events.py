@@ -213,7 +213,7 @@ class ResponseEventWriter(ToolCallEvents, ClientCallWriting, WholeItemWriting):
     def text(self, item: OpenItem, delta: str, logprobs: Sequence[TextLogprob] = ()) -> None:
         """The item's content grew by ``delta`` (a message's: with the logprobs of the tokens
         whose text first shows in it)."""
-        item.text += delta
+        item.sent.append(delta)
         if item.kind is ItemKind.MESSAGE:
             item.logprobs.extend(logprobs)
         elif item.kind is ItemKind.SERVER_TOOL_CALL:

@@ -78,8 +78,9 @@ class OpenItem:
     name: str = ""
     call_id: str = ""
     namespace: str | None = None
-    # Content sent in deltas so far.
-    text: str = ""
+    # Content sent in deltas so far (`text`), in pieces: appending to one string copied all
+    # of it again with every delta, a cost growing with the item's length.
+    sent: list[str] = field(default_factory=list)
     # Logprobs of the output_text sent so far (messages only).
     logprobs: list[TextLogprob] = field(default_factory=list)
     # A server-run call's tool kind (``ToolSpec.kind``), and what its builder keeps between
@@ -88,6 +89,14 @@ class OpenItem:
     # (`data[CALL_CHANNEL]`: the harmony channel the model called it on; its output goes
     # back on the same one.)
     data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """The content sent in deltas so far (its pieces joined once, when read)."""
+        sent = self.sent
+        if len(sent) > 1:
+            sent[:] = ["".join(sent)]
+        return sent[0] if sent else ""
 
 
 # --- single events and items -----------------------------------------------------------------
