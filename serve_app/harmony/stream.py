@@ -376,21 +376,19 @@ class ResponseStreamTranslator:
         parser = StreamableParser(self._encoding, Role.ASSISTANT)
         for token in self._tok.content_header:
             parser.process(token)
-        self._text = MessageText()
-        if not header_complete:
-            if header.had_fields:
-                self._text = MessageText(header.rest)
-            else:
-                # Plain text: let harmony decode the tokens (a character split across
-                # tokens would be lost to a lossy decode of the first ones).
-                for token in self._header:
-                    parser.process(token)
-                    self._text.add(parser)
+        salvaged = not header_complete and header.had_fields
+        plain_text = not header_complete and not header.had_fields
+        self._text = MessageText(header.rest if salvaged else "")
+        if plain_text:
+            # Let harmony decode the tokens (a character split across tokens would be lost
+            # to a lossy decode of the first ones).
+            for token in self._header:
+                parser.process(token)
+                self._text.add(parser)
         self._parser = parser
         self._open_item(header.channel, header.recipient)
         self._state = _State.CONTENT
         item = self._item
-        plain_text = not header_complete and not header.had_fields
         if plain_text and item is not None and item.kind is ItemKind.MESSAGE:
             # The "header" tokens are the message's first text.
             self._pending.extend(text_logprob(t, e) for t, e in self._header_logprobs)
@@ -451,14 +449,11 @@ class ResponseStreamTranslator:
         if self._state is not _State.CONTENT or item is None:
             return
         delta = self._text.take()
-        if not delta:
-            return
-        self._writer.text(item, delta, self._pending)
-        if self._pending:
-            self._pending = []
+        if delta:
+            self._send(item, delta)
 
-    def _send_delta(self, item: OpenItem, text: str) -> None:
-        """Send what ``text`` (the item's content so far) adds to what was sent."""
+    def _send_rest(self, item: OpenItem, text: str) -> None:
+        """Send what ``text`` (the item's whole content, at its end) adds to what was sent."""
         sent = item.text
         if len(text) <= len(sent):
             return
@@ -467,7 +462,11 @@ class ResponseStreamTranslator:
             # what was sent rather than send text that contradicts it.
             logger.error("response %s: content changed under the stream", self._response_id)
             return
-        self._writer.text(item, text[len(sent) :], self._pending)
+        self._send(item, text[len(sent) :])
+
+    def _send(self, item: OpenItem, delta: str) -> None:
+        """One delta, with the logprobs of the tokens whose text first shows in it."""
+        self._writer.text(item, delta, self._pending)
         if self._pending:
             self._pending = []
 
@@ -481,7 +480,7 @@ class ResponseStreamTranslator:
             return
         final = self._closing_text(stop_token, broken=broken)
         if final is not None:
-            self._send_delta(item, final)
+            self._send_rest(item, final)
         self._writer.close(item, status, self._pending)
         self._reset_message()
 
