@@ -19,7 +19,7 @@ from prometheus_client.samples import Sample
 
 from serve_app import telemetry
 from tests.support import MODEL, ray_metrics
-from tests.support.helpers import scrape_metrics
+from tests.support.helpers import WEATHER_TOOL, scrape_metrics
 from tests.support.replicas import replica_actors
 from tests.support.websocket import connected, until_terminal
 
@@ -121,6 +121,10 @@ def test_every_ingress_and_engine_replica_is_on_the_nodes_metrics_export(
     ), exported.get(f"{PREFIX}engine_replica_ongoing_requests")
 
 
+# The scripted model calls a tool no request declares (tests/fixtures/engine_script.yaml).
+UNKNOWN_TOOL_TASK = "UNKNOWN-TOOL-TASK: where is the tool loop?"
+
+
 def test_every_metric_the_dashboard_queries_is_exported(
     client: OpenAI, app_url: str, app_cluster: None
 ) -> None:
@@ -135,6 +139,12 @@ def test_every_metric_the_dashboard_queries_is_exported(
     history = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"}]
     compacted = client.responses.compact(model=MODEL, input=history)
     assert compacted.output[-1].type == "compaction"
+    # The model calls a tool the request lacks (the server answers it); a web_search with no
+    # browser tool server is served without.
+    unknown = client.responses.create(model=MODEL, input=UNKNOWN_TOOL_TASK, tools=[WEATHER_TOOL])
+    assert unknown.status == "completed"
+    searched = client.responses.create(model=MODEL, input="Hi", tools=[{"type": "web_search"}])
+    assert searched.status == "completed"
 
     exported = export_until(lambda exported: wanted <= exported.keys())
     assert wanted <= exported.keys(), sorted(wanted - exported.keys())
