@@ -20,7 +20,10 @@ must go on both nodes: old replicas drain on both while new ones start on both).
 - Affinity is kept: once the new replicas serve a conversation, its turns find their prefix
   cached as before the upgrade (hit rate of the turns after the rollout whose turn before was
   after it too, against the turns before the upgrade, within ``HIT_RATE_MARGIN``), and no
-  conversation lost its cache more often than there were engine replicas to replace.
+  conversation lost its cache more than twice for each engine replica replaced: once when its
+  home stops, and once more at most while the ingress routers learn where another one placed
+  it (each re-places a conversation whose home is gone on its own, and one that has not yet
+  had the new home's report, a period, may place it on a replica started since).
 - Every background run ends ``completed``, those on a replaced ingress replica too.
 """
 
@@ -183,8 +186,10 @@ def check(upgrade: Upgrade, cluster: ClusterApp) -> None:
     per_session: dict[str, int] = {}
     for miss in timeline.cache_misses(upgrade.turns):
         per_session[miss["session"]] = per_session.get(miss["session"], 0) + 1
+    # Twice per replaced replica: the move when its home stops, and one re-placement made by
+    # another ingress router before the new home's report reached it.
     replaced = len(upgrade.old[ENGINE])
-    assert max(per_session.values(), default=0) <= replaced, per_session
+    assert max(per_session.values(), default=0) <= 2 * replaced, per_session
 
     runs = upgrade.background
     assert runs and all(run.get("status_code") == 200 for run in runs), runs
