@@ -489,4 +489,3 @@ def _latest_reports(
             latest[replica] = before
     latest.update(first)
     return [*renewed, *first]
-
