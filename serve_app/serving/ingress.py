@@ -64,6 +64,9 @@ _HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
 # Names the tools a request was served without (a web_search with no browser server), comma-
 # separated: what a client sent that the model was not offered (docs/protocol.md).
 OMITTED_TOOLS_HEADER = "x-serve-app-omitted-tools"
+# How long a starting ingress replica waits for a render worker before taking requests: a
+# worker's start took 12.7 s on a loaded machine (docs/reliability.md).
+RENDER_WARM_TIMEOUT_S = 60.0
 
 
 def app_store(url: str, args: AppArgs) -> SqlResponseStore:
@@ -421,10 +424,24 @@ class ResponsesIngress:
         # Background responses whose replica died (or whose app restarted) are ended now.
         self._api.state.background.start_sweeping()
         self._shutdown_grace_s = args.background.shutdown_grace_s
-        self._api.state.service.warm()  # its render workers, started before any request
+        await self._warm(self._api.state.service)
         # Expired responses are deleted by every replica (sweeps may overlap).
         self._retention = RetentionSweep(self._store, args.store)
         self._retention.start()
+
+    @staticmethod
+    async def _warm(service: ResponsesService) -> None:
+        """Its render workers started, and one ready before the replica takes a request (Serve
+        sends none until ``__init__`` returns); past `RENDER_WARM_TIMEOUT_S` it takes them
+        anyway: a large request then waits for a worker, a small one renders here."""
+        started = time.monotonic()
+        service.warm()
+        if await service.warmed(RENDER_WARM_TIMEOUT_S):
+            logger.info("render workers ready in %.1f s", time.monotonic() - started)
+        else:
+            logger.warning(
+                "render workers not ready after %.0f s: taking requests", RENDER_WARM_TIMEOUT_S
+            )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return self._api

@@ -36,7 +36,7 @@ import time
 from array import array
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -65,6 +65,7 @@ class RenderPool:
         self._limits = args.limits
         self._executor: ProcessPoolExecutor | None = None
         self._queued: Counter[str | None] = Counter()  # characters queued or rendering, by owner
+        self._warming: list[Future] = []  # the jobs `warm` sent
 
     async def token_ids(self, context: Context, owner: str | None, truncate: bool) -> list[int]:
         """``context``'s prompt token ids, rendered here when it is small, else in a worker."""
@@ -112,8 +113,25 @@ class RenderPool:
         """Start the workers now, not at the first request that needs one (a worker takes
         seconds to start in a Ray replica: measured 12.7 s under load, docs/reliability.md)."""
         pool = self._pool()
-        for _ in range(self._limits.render_workers):
-            pool.submit(_warm)
+        self._warming = [pool.submit(_warm) for _ in range(self._limits.render_workers)]
+
+    async def warmed(self, timeout_s: float) -> bool:
+        """Wait until the jobs `warm` sent are done, so that a worker has loaded harmony's
+        encoding, at most ``timeout_s``: whether they are. A replica that took requests before
+        would hold every large one it got until then (each of them waited seconds in a rolling
+        upgrade, when Serve's proxy sends most requests to the replica with the fewest). A
+        worker that failed to start is logged: the first request that needs one starts another."""
+        if not self._warming:
+            return True
+        jobs = [asyncio.wrap_future(job) for job in self._warming]
+        done, pending = await asyncio.wait(jobs, timeout=timeout_s)
+        for job in pending:
+            job.cancel()  # the wrapper only: the job itself still starts its worker
+        failed = [job.exception() for job in done if job.exception() is not None]
+        if failed:
+            self._executor = None
+            logger.error("a render worker did not start: %r", failed[0])
+        return not pending and not failed
 
     def queued(self, owner: str | None) -> int:
         """The characters of the owner's requests queued or rendering in the pool now."""

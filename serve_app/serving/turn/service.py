@@ -105,6 +105,10 @@ class ResponsesService:
         """Start the render workers now (an ingress replica starting)."""
         self._renderer.pool.warm()
 
+    async def warmed(self, timeout_s: float) -> bool:
+        """Wait until a render worker `warm` started is ready, at most ``timeout_s``."""
+        return await self._renderer.pool.warmed(timeout_s)
+
     def close(self) -> None:
         """Stop the render workers, if any started, and end the MCP sessions (the replica is
         going away): `aclose` waits for the sessions to end."""

@@ -350,3 +350,20 @@ def test_a_worker_outlives_no_replica_killed_while_it_starts(delay_s: float) -> 
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in workers), f"worker {workers} outlived its replica"
+
+
+async def test_warmed_waits_until_a_worker_has_started() -> None:
+    """An ingress replica starting waits on `warmed` before it takes requests: it returns once
+    a worker has started (harmony's encoding loaded), not at once; within a timeout too short
+    for a spawn it says not yet."""
+    warming = RenderPool(ARGS, VAULT, render_token_ids)
+    try:
+        assert await warming.warmed(0.001)  # nothing started: nothing to wait for
+        warming.warm()
+        assert not await warming.warmed(0.001)  # a spawned interpreter takes longer than that
+        assert await warming.warmed(120)
+        context = _context({"input": "Hello"})
+        expected = render_token_ids(ARGS, VAULT, context, None, True)
+        assert await asyncio.wait_for(warming.token_ids(context, None, True), 30) == expected
+    finally:
+        warming.close()
