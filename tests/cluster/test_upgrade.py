@@ -92,11 +92,22 @@ class Upgrade:
             "hit_rate_during": timeline.hit_rate(during),
             "hit_rate_after": timeline.hit_rate(rehomed(self.turns, self.rolled)),
             "cache_misses": len(timeline.cache_misses(self.turns)),
+            # What a user waits for a first token while replicas are replaced (printed only: a
+            # machine this loaded makes no latency bound).
+            "ttft_p90_ms_before": ttft_p90(before),
+            "ttft_p90_ms_during": ttft_p90(during),
+            "turns_waiting_over_2s": sum(1 for t in self.turns if (t.get("ttft_ms") or 0) > 2000),
             "background_runs": len(self.background),
             "background_completed": sum(
                 1 for run in self.background if run.get("response", {}).get("status") == "completed"
             ),
         }
+
+
+def ttft_p90(turns: list[dict[str, Any]]) -> float | None:
+    waits = [t["ttft_ms"] for t in timeline.acked(turns) if t.get("ttft_ms") is not None]
+    p90 = timeline.percentile(waits, 0.9)
+    return None if p90 is None else round(p90)
 
 
 def rehomed(turns: list[dict[str, Any]], since: float) -> list[dict[str, Any]]:
